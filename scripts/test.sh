@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): set up everything the tests need, then run them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+python3 -m pytest tests -q -ra "$@"
+rc=$?
+# pytest exits 5 when it collected no test: that is a broken suite here, not a pass.
+if [ $rc -eq 5 ]; then echo "test.sh: pytest collected no tests" >&2; exit 1; fi
+exit $rc

@@ -1,0 +1,29 @@
+"""T1: actor-critic RL for LLM agents on long-horizon terminal tasks (TITO + R3 on MoE policies)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="t1",
+    version="0.1.0",
+    description="Warm-started PPO for MoE agents in Docker sandboxes, with exact-token training and routing replay",
+    python_requires=">=3.10",
+    packages=find_packages(include=["kernels", "kernels.*", "t1core", "t1core.*", "rollout", "rollout.*",
+                                    "sandbox", "sandbox.*", "bench", "bench.*", "tests", "tests.*"]),
+    package_data={"t1core": ["assets/*", "assets/**/*", "configs/*.toml"]},
+    install_requires=[
+        # torch: install the build for your machine first (scripts/setup.sh takes the CPU wheel on CPU boxes);
+        # a floor here so that an existing install is kept and no CUDA build is pulled in.
+        "torch>=2.4",
+        "docker>=7.0",
+        "tokenizers>=0.19",
+        "safetensors>=0.4",
+        "numpy>=1.24",
+        "tqdm>=4.60",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "triton": ["triton>=3.0"],
+        "gpu": ["triton>=3.0", "vllm>=0.10", "flash-attn>=2.6", "nvidia-ml-py>=12.0"],
+        "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51"],
+    },
+)
