@@ -20,6 +20,7 @@ setup(
         "numpy>=1.24",
         "tqdm>=4.60",
         "matplotlib>=3.7",
+        "tomli>=2.0; python_version < '3.11'",
     ],
     extras_require={
         "triton": ["triton>=3.0"],

@@ -1,0 +1,113 @@
+"""Sandbox runtime speed: command round trip, pool acquire vs cold start, aggregate commands/s.
+
+Targets on a 2-core box: median round trip <= 1 ms, pool acquire <= 50 ms, >= 400 commands/s over 16-32
+sandboxes (Terminal-Bench's tmux round trip: 138-202 ms). Run: `python -m pytest bench/test_bench_sandbox.py -s`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+
+import pytest
+
+from sandbox import DaemonUnreachable, DockerSandbox, SandboxPool, ensure_base_image
+from sandbox.docker_sandbox import docker_client
+
+RUN_ID = f"bench-sandbox-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    try:
+        docker_client()
+    except DaemonUnreachable as e:
+        pytest.skip(f"no Docker daemon answers: {e}")
+    return ensure_base_image()
+
+
+def _ms(seconds: list[float]) -> str:
+    q = statistics.quantiles(seconds, n=20) if len(seconds) > 1 else seconds * 19
+    return f"median {statistics.median(seconds) * 1e3:.3f} ms, p95 {q[18] * 1e3:.3f} ms (n={len(seconds)})"
+
+
+def test_round_trip_true(benchmark, image):
+    with DockerSandbox(image, run_id=RUN_ID) as sb:
+        assert sb.run("true").exit_code == 0 and sb.run("echo $((6 * 7))").output == "42\n"  # correctness first
+        times = []
+        for _ in range(2000):
+            t0 = time.perf_counter()
+            sb.run("true")
+            times.append(time.perf_counter() - t0)
+        benchmark.pedantic(sb.run, args=("true",), rounds=500, iterations=1)
+    print(f"\nround trip of `true`: {_ms(times)}  [target: median <= 1 ms]")
+
+
+def test_pool_acquire_vs_cold_start(benchmark, image):
+    cold = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        sb = DockerSandbox(image, run_id=RUN_ID)
+        cold.append(time.perf_counter() - t0)
+        assert sb.run("echo cold").output == "cold\n"
+        sb.close()
+    warm = []
+    with SandboxPool(image, size=4, run_id=RUN_ID) as pool:
+        for _ in range(8):
+            deadline = time.monotonic() + 60
+            while pool.num_idle < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)  # measure acquire from a warm pool, not the refill
+            t0 = time.perf_counter()
+            sb = pool.acquire(timeout=60)
+            warm.append(time.perf_counter() - t0)
+            assert sb.run("echo warm").output == "warm\n"
+            pool.release(sb)
+        while pool.num_idle < 4:
+            time.sleep(0.05)
+
+        def acquire_release() -> None:
+            pool.release(pool.acquire(timeout=60))
+
+        benchmark.pedantic(acquire_release, rounds=1, iterations=1)
+    print(f"\ncold start (create + start + shell): {_ms(cold)}\npool acquire: {_ms(warm)}  "
+          "[target: <= 50 ms]")
+
+
+@pytest.mark.parametrize("num_sandboxes", [16, 32])
+def test_aggregate_commands_per_second(benchmark, image, num_sandboxes):
+    boxes = []
+    try:
+        for i in range(num_sandboxes):
+            boxes.append(DockerSandbox(image, run_id=RUN_ID, memory="256m"))
+        errors: list[str] = []
+        counts = [0] * num_sandboxes
+        start = threading.Barrier(num_sandboxes + 1)
+        duration_s = 3.0
+
+        def worker(i: int) -> None:
+            sb = boxes[i]
+            start.wait()
+            stop = time.monotonic() + duration_s
+            while time.monotonic() < stop:
+                r = sb.run(f"echo {i}")
+                if r.output != f"{i}\n":
+                    errors.append(repr(r))
+                counts[i] += 1
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(num_sandboxes)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        assert not errors, errors[:3]
+        benchmark.pedantic(boxes[0].run, args=("true",), rounds=100, iterations=1)
+    finally:
+        for sb in boxes:
+            sb.close()
+    print(f"\n{num_sandboxes} sandboxes: {sum(counts) / elapsed:.0f} commands/s in aggregate "
+          f"(min per sandbox {min(counts)}, max {max(counts)} in {elapsed:.1f} s)  [target: >= 400/s]")

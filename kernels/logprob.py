@@ -1,0 +1,132 @@
+"""Log-probabilities (and entropy) of exact token IDs under the LM head, without materialising [N, V] logits.
+
+Legend: N rows (tokens), D model dim, V vocab. Backends: Triton kernels (`logprob_triton`, CUDA or the
+interpreter) and a chunked torch path (`logprob_torch`, CPU); `kernels.backend.select_backend` picks one.
+Both run the same autograd Function: the forward saves only the per-row log-sum-exp and E_p[z] (O(N)), the
+backward recomputes the logits block by block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from kernels import logprob_torch
+from kernels.backend import Backend, select_backend
+
+_OP = "token_logprobs"
+
+
+def _impl(backend: Backend):
+    if backend == "torch":
+        return logprob_torch.chunked_logprob_fwd, logprob_torch.chunked_logprob_bwd
+    from kernels import logprob_triton  # imported lazily: importing triton is slow and optional on CPU
+    return logprob_triton.triton_logprob_fwd, logprob_triton.triton_logprob_bwd
+
+
+class TokenLogprobsFunction(torch.autograd.Function):
+    """(hidden_ND, weight_VD, targets_N) -> (logp_N, entropy_N); gradients reach hidden and weight."""
+
+    @staticmethod
+    def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,
+                temperature: float, ignore_index: int, with_entropy: bool, backend: Backend):
+        fwd, _ = _impl(backend)
+        logp_N, ent_N, lse_N, mean_z_N = fwd(hidden_ND, weight_VD, targets_N, temperature=temperature,
+                                             ignore_index=ignore_index, with_entropy=with_entropy)
+        ctx.save_for_backward(hidden_ND, weight_VD, targets_N, lse_N, mean_z_N)
+        ctx.temperature, ctx.ignore_index, ctx.backend = temperature, ignore_index, backend
+        ctx.set_materialize_grads(False)  # an unused entropy output brings None, and its term is skipped
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent_N)
+        return logp_N, ent_N
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logp_N: torch.Tensor | None, grad_ent_N: torch.Tensor | None):
+        hidden_ND, weight_VD, targets_N, lse_N, mean_z_N = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if (grad_logp_N is None and grad_ent_N is None) or not (need_h or need_w):
+            return None, None, None, None, None, None, None
+        _, bwd = _impl(ctx.backend)
+        d_hidden, d_weight = bwd(hidden_ND, weight_VD, targets_N, lse_N, mean_z_N,
+                                 _contiguous(grad_logp_N), _contiguous(grad_ent_N),
+                                 temperature=ctx.temperature, ignore_index=ctx.ignore_index,
+                                 need_hidden=need_h, need_weight=need_w)
+        return d_hidden, d_weight, None, None, None, None, None
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
+
+
+def _validate(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+              ignore_index: int) -> None:
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+        raise ValueError(f"hidden: expected a 2-D tensor [N, D], got {_describe(hidden)}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight: expected a 2-D tensor [V, D], got {_describe(weight)}")
+    if not isinstance(targets, torch.Tensor) or targets.dim() != 1:
+        raise ValueError(f"targets: expected a 1-D tensor [N], got {_describe(targets)}")
+    if hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"weight: expected [V, D] with D = hidden.shape[1] = {hidden.shape[1]}, "
+                         f"got shape {tuple(weight.shape)}")
+    if targets.shape[0] != hidden.shape[0]:
+        raise ValueError(f"targets: expected [N] with N = hidden.shape[0] = {hidden.shape[0]}, "
+                         f"got shape {tuple(targets.shape)}")
+    if weight.shape[0] == 0:
+        raise ValueError("weight: expected a non-empty vocabulary, got V = 0")
+    if not hidden.dtype.is_floating_point:
+        raise ValueError(f"hidden: expected a floating dtype, got {hidden.dtype}")
+    if weight.dtype != hidden.dtype:
+        raise ValueError(f"weight: expected dtype {hidden.dtype} (same as hidden), got {weight.dtype}")
+    if targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"targets: expected int64 or int32, got {targets.dtype}")
+    if weight.device != hidden.device or targets.device != hidden.device:
+        raise ValueError(f"weight/targets: expected device {hidden.device} (hidden's), got weight on "
+                         f"{weight.device}, targets on {targets.device}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature: expected a number > 0, got {temperature!r}")
+    V = weight.shape[0]
+    bad_N = (targets != ignore_index) & ((targets < 0) | (targets >= V))
+    if bool(bad_N.any()):  # sync: bad IDs would read out of bounds in the kernel; checking needs the host
+        first = int(bad_N.nonzero()[0, 0])
+        raise ValueError(f"targets: expected IDs in [0, {V}) or ignore_index={ignore_index}, got "
+                         f"{int(targets[first])} at position {first}")
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                   temperature: float = 1.0, return_entropy: bool = False, ignore_index: int = -100,
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each target token under softmax(hidden @ weight.T / temperature).
+
+    Args:
+        hidden: [N, D] floating (fp32/bf16/fp16), the final hidden states.
+        weight: [V, D], the LM head, same dtype and device as `hidden`.
+        targets: [N] int64/int32 token IDs in [0, V), or `ignore_index`.
+        temperature: > 0; logits are divided by it (the sampler's temperature, so logp matches rollout).
+        return_entropy: also return the entropy of each row's distribution.
+        ignore_index: rows with this target give logp = entropy = 0 and no gradient.
+
+    Returns:
+        logp [N] fp32, or (logp [N] fp32, entropy [N] fp32). Differentiable w.r.t. `hidden` and `weight`
+        through both outputs.
+
+    Memory: never holds [N, V]. The vocabulary is walked in blocks with an online max / log-sum-exp in fp32;
+    extra memory is O(N * D) plus a fixed number of [block_rows, block_cols] tiles, and the backward
+    recomputes logits blockwise. Deterministic: fixed reduction order, no float atomics.
+
+    Raises:
+        ValueError naming the argument: wrong ranks/shapes/dtypes/devices, temperature <= 0, target IDs out
+        of [0, V) other than ignore_index. RuntimeError when Triton is required but cannot run.
+    """
+    _validate(hidden, weight, targets, temperature, ignore_index)
+    backend = select_backend(hidden, weight, targets, op=_OP)
+    logp_N, ent_N = TokenLogprobsFunction.apply(hidden, weight, targets, float(temperature), int(ignore_index),
+                                                bool(return_entropy), backend)
+    return (logp_N, ent_N) if return_entropy else logp_N

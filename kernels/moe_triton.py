@@ -1,0 +1,410 @@
+"""Triton kernels of the fused MoE dispatch: forward and backward, grouped by expert, no host synchronisation.
+
+Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, P = T*K (token, slot) pairs,
+M = padded row count (pairs sorted by expert, each expert's rows padded to a multiple of BLOCK_M).
+
+Layout: `align_by_expert` sorts the P pairs by expert on device and gives every expert a BLOCK_M-aligned
+segment of a row buffer sized by the upper bound P + min(E, P) * (BLOCK_M - 1), so no count is read on the host.
+Blocks past the last expert's segment exit at once. Each program of the grouped GEMMs handles BLOCK_M rows of a
+single expert. Outputs per pair are written to the sorted rows and reduced over K by a gather-sum kernel
+(fixed order: deterministic, no float atomics). Weight gradients: one program per (expert, tile) loops over
+that expert's rows with an fp32 accumulator (no atomics). Pointer offsets are int64 (packed RL batches pass
+2^31 elements). fp32 inputs use IEEE dots (PREC="ieee": TF32 would miss fp32 tolerances); bf16/fp16 take
+the default tensor-core path (PREC="tf32", which only affects fp32 operands) and accumulate in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import interpreter_on
+
+
+@dataclass(frozen=True)
+class ExpertAlignment:
+    """Pairs grouped by expert into BLOCK_M-aligned segments of a row buffer (all tensors on device)."""
+
+    sorted_pair_M: torch.Tensor
+    """int32 [M]: pair index (t * K + k) of each row; -1 for padding rows."""
+    block_expert_B: torch.Tensor
+    """int32 [M / BLOCK_M]: expert of each row block; E for blocks past the last segment (they exit)."""
+    seg_start_E1: torch.Tensor
+    """int64 [E + 1]: first row of each expert's segment; the last entry ends the last segment."""
+    row_of_pair_P: torch.Tensor
+    """int64 [P]: row of each pair (the gather index of the combine)."""
+    block_m: int
+    """Rows per block (segment alignment)."""
+
+
+def align_by_expert(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int) -> ExpertAlignment:
+    """Sort pairs by expert (stable) and pad each expert's rows to block_m, with device ops only."""
+    dev = topk_ids_TK.device
+    ids_P = topk_ids_TK.reshape(-1).long()
+    P = ids_P.numel()
+    # Integer scatter-add: exact and order-independent (torch.bincount would read its max on the host).
+    counts_E = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, ids_P, torch.ones_like(ids_P))
+    padded_E = (counts_E + block_m - 1) // block_m * block_m
+    seg_end_E = torch.cumsum(padded_E, 0)
+    seg_start_E1 = torch.cat([seg_end_E.new_zeros(1), seg_end_E])
+    first_E = torch.cumsum(counts_E, 0) - counts_E
+    order_P = torch.sort(ids_P, stable=True).indices
+    ids_sorted = ids_P[order_P]
+    row_sorted = seg_start_E1[ids_sorted] + torch.arange(P, device=dev) - first_E[ids_sorted]
+    num_rows = triton.cdiv(P + min(num_experts, P) * (block_m - 1), block_m) * block_m
+    sorted_pair_M = torch.full((num_rows,), -1, dtype=torch.int32, device=dev)
+    sorted_pair_M[row_sorted] = order_P.to(torch.int32)
+    row_of_pair_P = torch.empty_like(ids_P)
+    row_of_pair_P[order_P] = row_sorted
+    block_starts = torch.arange(0, num_rows, block_m, device=dev)
+    block_expert_B = torch.searchsorted(seg_end_E, block_starts, right=True).to(torch.int32)
+    return ExpertAlignment(sorted_pair_M, block_expert_B, seg_start_E1, row_of_pair_P, block_m)
+
+
+@triton.jit
+def _sigmoid(g):
+    # exp-based (no libdevice): the interpreter cannot run libdevice calls.
+    return 1.0 / (1.0 + tl.exp(-g))
+
+
+@triton.jit
+def _row_block(block_expert_ptr, sorted_pair_ptr, N, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Program -> (expert, rows [BLOCK_M] int64, pair, valid, token int64, column offsets [BLOCK_N])."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_n
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_pair_ptr + rows)
+    valid = pair >= 0
+    tok = tl.where(valid, pair // TOPK, 0).to(tl.int64)
+    offs_n = (pid % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return e, rows, pair, valid, tok, offs_n
+
+
+@triton.jit
+def _expert_tile(NI, NJ, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Program -> (expert, offsets [BLOCK_I], offsets [BLOCK_J]) of one tile of a per-expert weight gradient."""
+    pid = tl.program_id(0)
+    num_i = tl.cdiv(NI, BLOCK_I)
+    num_j = tl.cdiv(NJ, BLOCK_J)
+    e = pid // (num_i * num_j)
+    offs_i = ((pid // num_j) % num_i) * BLOCK_I + tl.arange(0, BLOCK_I)
+    offs_j = (pid % num_j) * BLOCK_J + tl.arange(0, BLOCK_J)
+    return e, offs_i, offs_j
+
+
+@triton.jit
+def _row_slice(sorted_pair_ptr, r0, TOPK: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Rows r0 .. r0 + BLOCK_M of one expert's segment -> (rows, pair, valid, token int64)."""
+    rows = r0 + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_pair_ptr + rows)
+    valid = pair >= 0
+    return rows, pair, valid, tl.where(valid, pair // TOPK, 0).to(tl.int64)
+
+
+@triton.jit
+def _moe_up_kernel(x_ptr, w13_ptr, out_ptr, sorted_pair_ptr, block_expert_ptr,
+                   D, F, s_xt, s_xd, s_we, s_wf, s_wd, s_om, s_of,
+                   E: tl.constexpr, TOPK: tl.constexpr, STORE_H: tl.constexpr,
+                   PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows r of one expert e: [g; u] = w13[e] @ x[token(r)]; writes h=[g; u] (STORE_H) or a = silu(g) u."""
+    e, rows, pair, valid, tok, offs_f = _row_block(block_expert_ptr, sorted_pair_ptr, F, TOPK, BLOCK_M, BLOCK_N)
+    if e >= E:
+        return
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tok[:, None] * s_xt + offs_k[None, :] * s_xd  # [BLOCK_M, BLOCK_K]
+    wg_ptrs = w13_ptr + e * s_we + offs_f[None, :].to(tl.int64) * s_wf + offs_k[:, None] * s_wd  # [BLOCK_K, BLOCK_N]
+    wu_ptrs = wg_ptrs + F * s_wf
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k_ok = offs_k < D - k0
+        xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & (offs_f[None, :] < F)
+        wg = tl.load(wg_ptrs, mask=w_mask, other=0.0)
+        wu = tl.load(wu_ptrs, mask=w_mask, other=0.0)
+        acc_g = tl.dot(xt, wg, acc_g, input_precision=PREC)
+        acc_u = tl.dot(xt, wu, acc_u, input_precision=PREC)
+        x_ptrs += BLOCK_K * s_xd
+        wg_ptrs += BLOCK_K * s_wd
+        wu_ptrs += BLOCK_K * s_wd
+    out_ptrs = out_ptr + rows[:, None] * s_om + offs_f[None, :] * s_of  # [BLOCK_M, BLOCK_N]
+    f_ok = (offs_f < F)[None, :]
+    if STORE_H:
+        tl.store(out_ptrs, acc_g.to(out_ptr.dtype.element_ty), mask=f_ok)
+        tl.store(out_ptrs + F * s_of, acc_u.to(out_ptr.dtype.element_ty), mask=f_ok)
+    else:
+        a = acc_g * _sigmoid(acc_g) * acc_u
+        tl.store(out_ptrs, a.to(out_ptr.dtype.element_ty), mask=f_ok)
+
+
+@triton.jit
+def _moe_rows_gemm_kernel(a_ptr, w_ptr, out_ptr, weights_ptr, sorted_pair_ptr, block_expert_ptr,
+                          N, J, s_am, s_aj, s_we, s_wn, s_wj, s_om, s_on,
+                          E: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                          PREC: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows r of one expert e: out[r, n] = (weight[pair(r)] *) sum_j a[r, j] W[e, n, j].
+
+    Forward down projection (a = act, W = w2) and backward input gradient (a = dh, W = w13 read transposed).
+    """
+    e, rows, pair, valid, _, offs_n = _row_block(block_expert_ptr, sorted_pair_ptr, N, 1, BLOCK_M, BLOCK_N)
+    if e >= E:
+        return
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * s_am + offs_k[None, :] * s_aj  # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + e * s_we + offs_n[None, :].to(tl.int64) * s_wn + offs_k[:, None] * s_wj  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, J, BLOCK_K):
+        k_ok = offs_k < J - k0
+        at = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w_ptrs, mask=k_ok[:, None] & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(at, wt, acc, input_precision=PREC)
+        a_ptrs += BLOCK_K * s_aj
+        w_ptrs += BLOCK_K * s_wj
+    if MUL_WEIGHT:
+        wt_r = tl.load(weights_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
+        acc = acc * wt_r[:, None]
+    out_ptrs = out_ptr + rows[:, None] * s_om + offs_n[None, :] * s_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _moe_combine_kernel(src_ptr, row_of_pair_ptr, out_ptr, T, D, s_sm, s_sd, s_ot, s_od,
+                        TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[t] = sum_k src[row(t, k)], summed over k in index order in fp32 (deterministic)."""
+    offs_t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    t_ok = offs_t < T
+    mask = t_ok[:, None] & (offs_d < D)[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)  # [BLOCK_T, BLOCK_D]
+    for k in range(TOPK):
+        rows = tl.load(row_of_pair_ptr + offs_t * TOPK + k, mask=t_ok, other=0)
+        acc += tl.load(src_ptr + rows[:, None] * s_sm + offs_d[None, :] * s_sd, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_t[:, None] * s_ot + offs_d[None, :] * s_od, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _moe_dact_kernel(dy_ptr, w2_ptr, h_ptr, weights_ptr, dh_ptr, dwp_ptr, sorted_pair_ptr, block_expert_ptr,
+                     D, F, s_yt, s_yd, s_we, s_wd, s_wf, s_hm, s_hf, s_pm, s_pn,
+                     E: tl.constexpr, TOPK: tl.constexpr,
+                     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows r of expert e: s = w2[e]^T dy[token(r)]; partial dtopk_weights = <s, a> over this F tile;
+    dh = [w s u silu'(g); w s silu(g)] with [g; u] = h[r] and w = topk_weights[pair(r)]."""
+    e, rows, pair, valid, tok, offs_f = _row_block(block_expert_ptr, sorted_pair_ptr, F, TOPK, BLOCK_M, BLOCK_N)
+    if e >= E:
+        return
+    pid_n = tl.program_id(0) % tl.cdiv(F, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    f_ok = offs_f < F
+    dy_ptrs = dy_ptr + tok[:, None] * s_yt + offs_k[None, :] * s_yd  # [BLOCK_M, BLOCK_K]
+    w_ptrs = w2_ptr + e * s_we + offs_k[:, None].to(tl.int64) * s_wd + offs_f[None, :] * s_wf  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k_ok = offs_k < D - k0
+        dyt = tl.load(dy_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w_ptrs, mask=k_ok[:, None] & f_ok[None, :], other=0.0)
+        acc = tl.dot(dyt, wt, acc, input_precision=PREC)
+        dy_ptrs += BLOCK_K * s_yd
+        w_ptrs += BLOCK_K * s_wd
+    h_ptrs = h_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf
+    hm = valid[:, None] & f_ok[None, :]
+    g = tl.load(h_ptrs, mask=hm, other=0.0).to(tl.float32)
+    u = tl.load(h_ptrs + F * s_hf, mask=hm, other=0.0).to(tl.float32)
+    sig = _sigmoid(g)
+    silu = g * sig
+    tl.store(dwp_ptr + rows * s_pm + pid_n * s_pn, tl.sum(acc * silu * u, axis=1), mask=valid)
+    da = acc * tl.load(weights_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)[:, None]
+    dh_ptrs = dh_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf
+    tl.store(dh_ptrs, (da * u * sig * (1.0 + g * (1.0 - sig))).to(dh_ptr.dtype.element_ty), mask=hm)
+    tl.store(dh_ptrs + F * s_hf, (da * silu).to(dh_ptr.dtype.element_ty), mask=hm)
+
+
+@triton.jit
+def _moe_dw2_kernel(dy_ptr, h_ptr, weights_ptr, dw2_ptr, sorted_pair_ptr, seg_start_ptr,
+                    D, F, s_yt, s_yd, s_hm, s_hf, s_ge, s_gd, s_gf,
+                    TOPK: tl.constexpr, PREC: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    """dw2[e, d, f] = sum over expert e's rows r of w[pair(r)] dy[token(r), d] * silu(g[r, f]) u[r, f]."""
+    e, offs_d, offs_f = _expert_tile(D, F, BLOCK_I, BLOCK_J)
+    d_ok = offs_d < D
+    f_ok = offs_f < F
+    start = tl.load(seg_start_ptr + e)
+    end = tl.load(seg_start_ptr + e + 1)
+    acc = tl.zeros((BLOCK_I, BLOCK_J), dtype=tl.float32)  # [BLOCK_I (d), BLOCK_J (f)]
+    for r0 in range(start, end, BLOCK_M):
+        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, TOPK, BLOCK_M)
+        wt_r = tl.load(weights_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
+        dyt = tl.load(dy_ptr + tok[None, :] * s_yt + offs_d[:, None] * s_yd,
+                      mask=valid[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_M]
+        do_t = (dyt.to(tl.float32) * wt_r[None, :]).to(dyt.dtype)
+        h_ptrs = h_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf  # [BLOCK_M, BLOCK_J]
+        hm = valid[:, None] & f_ok[None, :]
+        g = tl.load(h_ptrs, mask=hm, other=0.0).to(tl.float32)
+        u = tl.load(h_ptrs + F * s_hf, mask=hm, other=0.0).to(tl.float32)
+        a = (g * _sigmoid(g) * u).to(dyt.dtype)
+        acc = tl.dot(do_t, a, acc, input_precision=PREC)
+    out = dw2_ptr + e.to(tl.int64) * s_ge + offs_d[:, None].to(tl.int64) * s_gd + offs_f[None, :] * s_gf
+    tl.store(out, acc.to(dw2_ptr.dtype.element_ty), mask=d_ok[:, None] & f_ok[None, :])
+
+
+@triton.jit
+def _moe_dw13_kernel(dh_ptr, x_ptr, dw13_ptr, sorted_pair_ptr, seg_start_ptr,
+                     F2, D, s_hm, s_hf, s_xt, s_xd, s_ge, s_gf, s_gd,
+                     TOPK: tl.constexpr, PREC: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    """dw13[e, j, d] = sum over expert e's rows r of dh[r, j] * x[token(r), d]."""
+    e, offs_f, offs_d = _expert_tile(F2, D, BLOCK_I, BLOCK_J)
+    f_ok = offs_f < F2
+    d_ok = offs_d < D
+    start = tl.load(seg_start_ptr + e)
+    end = tl.load(seg_start_ptr + e + 1)
+    acc = tl.zeros((BLOCK_I, BLOCK_J), dtype=tl.float32)  # [BLOCK_I (2F), BLOCK_J (d)]
+    for r0 in range(start, end, BLOCK_M):
+        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, TOPK, BLOCK_M)
+        dht = tl.load(dh_ptr + rows[None, :] * s_hm + offs_f[:, None] * s_hf,
+                      mask=valid[None, :] & f_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_M]
+        xt = tl.load(x_ptr + tok[:, None] * s_xt + offs_d[None, :] * s_xd,
+                     mask=valid[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_J]
+        acc = tl.dot(dht, xt, acc, input_precision=PREC)
+    out = dw13_ptr + e.to(tl.int64) * s_ge + offs_f[:, None].to(tl.int64) * s_gf + offs_d[None, :] * s_gd
+    tl.store(out, acc.to(dw13_ptr.dtype.element_ty), mask=f_ok[:, None] & d_ok[None, :])
+
+
+@dataclass(frozen=True)
+class _Config:
+    """Tile sizes and launch settings of one call (fixed, not autotuned: the interpreter cannot autotune)."""
+
+    block_m: int
+    """Rows per block of the grouped GEMMs (and segment alignment)."""
+    block_n: int
+    """Output columns per program of the grouped GEMMs; also the dW tile edge."""
+    block_k: int
+    """Reduction step of the grouped GEMMs."""
+    num_warps: int
+    """Warps of the single-accumulator GEMMs."""
+    up_warps: int
+    """Warps of the up projection (two accumulators: gate and up)."""
+    dw_warps: int
+    """Warps of the weight-gradient kernels (block_n x block_n accumulator)."""
+    num_stages: int
+    """Software pipeline depth."""
+    prec: str
+    """tl.dot input precision: "ieee" for fp32 operands; bf16/fp16 ignore it (default "tf32")."""
+
+
+def _config(x: torch.Tensor) -> _Config:
+    # Interpreter: the smallest tiles tl.dot accepts (programs run one by one in numpy).
+    # GPU: tiles for the H100/H200 class at Qwen3-MoE widths (D 2048, F 768); fp32 runs IEEE dots (slow path,
+    # for tests) with smaller tiles to stay inside shared memory.
+    if interpreter_on() or not x.is_cuda:
+        return _Config(16, 16, 16, num_warps=1, up_warps=1, dw_warps=1, num_stages=1, prec="ieee")
+    if x.dtype == torch.float32:
+        return _Config(64, 64, 32, num_warps=4, up_warps=4, dw_warps=4, num_stages=2, prec="ieee")
+    return _Config(64, 128, 64, num_warps=4, up_warps=8, dw_warps=8, num_stages=3, prec="tf32")
+
+
+def _new(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype, fill: float | None) -> torch.Tensor:
+    """Scratch buffer; tests pass fill=nan so that a read of a row no kernel wrote shows up."""
+    if fill is None:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    return torch.full(shape, fill, dtype=dtype, device=like.device)
+
+
+def _up(x, w13, al: ExpertAlignment, cfg: _Config, *, store_h: bool, fill: float | None) -> torch.Tensor:
+    """[M, 2F] pre-activations (store_h) or [M, F] activations of the sorted rows."""
+    E, F2, D = w13.shape
+    F = F2 // 2
+    out = _new((al.sorted_pair_M.numel(), F2 if store_h else F), x, x.dtype, fill)
+    grid = (al.block_expert_B.numel() * triton.cdiv(F, cfg.block_n),)
+    _moe_up_kernel[grid](x, w13, out, al.sorted_pair_M, al.block_expert_B, D, F,
+                         x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
+                         out.stride(0), out.stride(1), E=E, TOPK=al.row_of_pair_P.numel() // x.shape[0],
+                         STORE_H=store_h, PREC=cfg.prec, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                         BLOCK_K=cfg.block_k, num_warps=cfg.up_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def _rows_gemm(a, w, w_strides: tuple[int, int, int], N: int, weights, al: ExpertAlignment, cfg: _Config,
+               out_dtype: torch.dtype, fill: float | None) -> torch.Tensor:
+    """out[r, n] = (weights[pair(r)] *) sum_j a[r, j] W[e, n, j], W given by its (e, n, j) strides."""
+    E, J = w.shape[0], a.shape[1]
+    out = _new((a.shape[0], N), a, out_dtype, fill)
+    grid = (al.block_expert_B.numel() * triton.cdiv(N, cfg.block_n),)
+    _moe_rows_gemm_kernel[grid](a, w, out, weights if weights is not None else a, al.sorted_pair_M,
+                                al.block_expert_B, N, J, a.stride(0), a.stride(1), *w_strides,
+                                out.stride(0), out.stride(1), E=E, MUL_WEIGHT=weights is not None, PREC=cfg.prec,
+                                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def _combine(src: torch.Tensor, al: ExpertAlignment, T: int, out_dtype: torch.dtype) -> torch.Tensor:
+    D = src.shape[1]
+    out = torch.empty((T, D), dtype=out_dtype, device=src.device)
+    block_d = 64 if src.is_cuda and not interpreter_on() else 16
+    grid = (triton.cdiv(T, 16), triton.cdiv(D, block_d))
+    _moe_combine_kernel[grid](src, al.row_of_pair_P, out, T, D, src.stride(0), src.stride(1),
+                              out.stride(0), out.stride(1), TOPK=al.row_of_pair_P.numel() // T,
+                              BLOCK_T=16, BLOCK_D=block_d)
+    return out
+
+
+def moe_fwd_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                   topk_weights: torch.Tensor, *, scratch_fill: float | None = None) -> torch.Tensor:
+    """Forward of `kernels.moe.fused_moe` (inputs contiguous and checked there). Scratch: [M, F] + [M, D]."""
+    T, D = x.shape
+    if T == 0:
+        return x.new_zeros((0, D))
+    cfg = _config(x)
+    al = align_by_expert(topk_ids, w13.shape[0], cfg.block_m)
+    act = _up(x, w13, al, cfg, store_h=False, fill=scratch_fill)
+    o = _rows_gemm(act, w2, (w2.stride(0), w2.stride(1), w2.stride(2)), D, topk_weights, al, cfg, x.dtype,
+                   scratch_fill)
+    return _combine(o, al, T, x.dtype)
+
+
+def moe_bwd_triton(dy: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                   topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, scratch_fill: float | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw13, dw2, dtopk_weights); recomputes h = w13 x per row. Scratch: 2 x [M, 2F] + [M, D]."""
+    T, D = x.shape
+    E, F2, _ = w13.shape
+    F = F2 // 2
+    if T == 0:
+        return x.new_zeros((0, D)), torch.zeros_like(w13), torch.zeros_like(w2), torch.zeros_like(topk_weights)
+    cfg = _config(x)
+    al = align_by_expert(topk_ids, E, cfg.block_m)
+    M, K = al.sorted_pair_M.numel(), topk_ids.shape[1]
+    h = _up(x, w13, al, cfg, store_h=True, fill=scratch_fill)
+    dh = _new((M, F2), x, x.dtype, scratch_fill)
+    num_fn = triton.cdiv(F, cfg.block_n)
+    dwp = _new((M, num_fn), x, torch.float32, scratch_fill)
+    _moe_dact_kernel[(al.block_expert_B.numel() * num_fn,)](
+        dy, w2, h, topk_weights, dh, dwp, al.sorted_pair_M, al.block_expert_B, D, F,
+        dy.stride(0), dy.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), h.stride(0), h.stride(1),
+        dwp.stride(0), dwp.stride(1), E=E, TOPK=K, PREC=cfg.prec, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    # Per-pair sum over the F tiles in tile order (deterministic), then back to (token, slot) order.
+    dtopk_w = dwp.sum(dim=1)[al.row_of_pair_P].view(T, K).to(topk_weights.dtype)
+    # dx rows: W[e, n=d, j] = w13[e, j, d], i.e. w13 read with its last two strides swapped.
+    dxs = _rows_gemm(dh, w13, (w13.stride(0), w13.stride(2), w13.stride(1)), D, None, al, cfg, torch.float32,
+                     scratch_fill)
+    dx = _combine(dxs, al, T, x.dtype)
+    dw2 = torch.empty_like(w2)
+    bi = bj = cfg.block_n
+    _moe_dw2_kernel[(E * triton.cdiv(D, bi) * triton.cdiv(F, bj),)](
+        dy, h, topk_weights, dw2, al.sorted_pair_M, al.seg_start_E1, D, F, dy.stride(0), dy.stride(1),
+        h.stride(0), h.stride(1), dw2.stride(0), dw2.stride(1), dw2.stride(2), TOPK=K, PREC=cfg.prec,
+        BLOCK_M=cfg.block_m, BLOCK_I=bi, BLOCK_J=bj, num_warps=cfg.dw_warps, num_stages=cfg.num_stages)
+    dw13 = torch.empty_like(w13)
+    _moe_dw13_kernel[(E * triton.cdiv(F2, bi) * triton.cdiv(D, bj),)](
+        dh, x, dw13, al.sorted_pair_M, al.seg_start_E1, F2, D, dh.stride(0), dh.stride(1),
+        x.stride(0), x.stride(1), dw13.stride(0), dw13.stride(1), dw13.stride(2), TOPK=K, PREC=cfg.prec,
+        BLOCK_M=cfg.block_m, BLOCK_I=bi, BLOCK_J=bj, num_warps=cfg.dw_warps, num_stages=cfg.num_stages)
+    return dx, dw13, dw2, dtopk_w

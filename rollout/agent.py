@@ -1,0 +1,295 @@
+"""Multi-turn agent episodes in Docker sandboxes, many at once, sharing one engine.
+
+One episode: the system prompt and the task instruction are tokenized once; then, each turn, the engine
+samples a reply to the full token sequence so far, the tool call is parsed from the decoded reply (decoding
+is for parsing and display only; the IDs are kept verbatim), the sandbox runs the command, and the output
+is tokenized on its own as the next user message and appended (see `rollout.tito`). The episode ends when
+the agent writes the done marker without a tool call, or at the turn limit, the token budget or the wall-clock limit; then
+the task's verifiers run and the dense reward (verifiers passed) is attached.
+
+A reply without a parseable tool call is answered with an error observation (counted in metrics). A
+sandbox failure (`SandboxError`: container died, shell gone) ends that episode with the reason recorded,
+reward 0 and no verification; the other episodes go on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.engine import Engine, SamplingParams
+from rollout.sampling import derive_seed
+from rollout.tito import TitoBuilder, glue_ids
+from rollout.trajectory import Trajectory
+from sandbox.errors import SandboxError
+from sandbox.tasks import Task
+from sandbox.verify import run_verifiers
+from t1core.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
+
+DONE_MARKER = "TASK_DONE"
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous agent working in a Linux shell inside a container. Solve the user's task by "
+    "running shell commands. To run a command, reply with exactly one tool call:\n"
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "<shell command>"}}\n</tool_call>\n'
+    "Its output comes back inside <tool_response>. When the task is complete, reply without a tool call "
+    f"and write {DONE_MARKER}."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """Limits and sampling of one episode."""
+
+    max_turns: int = 32
+    """Assistant replies per episode at most."""
+    max_tokens: int = 8192
+    """Token budget of the whole episode (prompt, replies, observations)."""
+    max_reply_tokens: int = 512
+    """Sampled tokens per reply at most (a longer reply is cut; glue closes the turn)."""
+    wall_clock_s: float | None = None
+    """Wall-clock limit of the agent phase; None uses the task's agent_timeout_s."""
+    command_timeout_s: float = 60.0
+    """Timeout of each shell command (the sandbox interrupts, then kills, the command's processes)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus mass."""
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """The system message; it must explain the tool-call format and the done marker."""
+    verify: bool = True
+    """Run the task's verifiers at the end (reward = verifiers passed)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tokens", "max_reply_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.command_timeout_s <= 0:
+            raise ValueError(f"AgentConfig.command_timeout_s must be > 0, got {self.command_timeout_s}")
+        if self.temperature < 0:
+            raise ValueError(f"AgentConfig.temperature must be >= 0, got {self.temperature}")
+        if self.wall_clock_s is not None and self.wall_clock_s <= 0:
+            raise ValueError(f"AgentConfig.wall_clock_s must be > 0 or None, got {self.wall_clock_s}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"AgentConfig.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Action:
+    """What a reply asks for: run `command`, or finish, or neither (`error` says why)."""
+
+    command: str | None
+    finish: bool
+    error: str | None
+
+
+def parse_action(text: str) -> Action:
+    """The reply's action. A tool call wins over the done marker; a reply with neither is an error."""
+    call = parse_tool_call(text)
+    if isinstance(call, ToolCall):
+        return Action(call.command, False, None)
+    if call.kind == "no_tool_call" and DONE_MARKER in text:
+        return Action(None, True, None)
+    return Action(None, False, f"{call.kind}: {call.message}")
+
+
+def _error_observation(message: str) -> str:
+    return (f"ERROR: {message}. Reply with exactly one tool call, e.g.\n{format_tool_call('ls')}\n"
+            f"or, when the task is complete, with {DONE_MARKER} and no tool call.")
+
+
+class _Episode:
+    """State of one running episode (kept out of `run_episode` to keep each step short)."""
+
+    def __init__(self, engine: Engine, tok: ChatTokenizer, sandbox: Any, task: Task, config: AgentConfig,
+                 seed: int) -> None:
+        self.engine, self.tok, self.sandbox, self.task, self.cfg, self.seed = engine, tok, sandbox, task, config, seed
+        self.builder = TitoBuilder(tok.encode_prompt(config.system_prompt, task.instruction))
+        self.turn_end = tok.assistant_turn_end_ids()
+        self.metrics: dict[str, float] = {"malformed_tool_calls": 0, "commands": 0, "command_timeouts": 0,
+                                          "cached_prompt_tokens": 0, "prefilled_prompt_tokens": 0,
+                                          "generate_s": 0.0, "command_s": 0.0}
+        self.versions: set[int] = set()
+        self.start = time.monotonic()
+        limit = config.wall_clock_s if config.wall_clock_s is not None else task.agent_timeout_s
+        self.deadline = self.start + limit
+
+    def _stop_reason(self) -> str | None:
+        if time.monotonic() >= self.deadline:
+            return "wall_clock"
+        # Room for the pending tokens plus at least one sampled token.
+        if len(self.builder.ids) + self.builder.pending_len() + 1 > self.cfg.max_tokens:
+            return "token_budget"
+        return None
+
+    def _sample(self, turn: int) -> tuple[list[int], Any]:
+        prompt = self.builder.next_prompt()
+        room = self.cfg.max_tokens - len(prompt)
+        params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                max_new_tokens=min(self.cfg.max_reply_tokens, room),
+                                stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn),
+                                prompt_routing_from=len(self.builder.ids))
+        t0 = time.monotonic()
+        comp = self.engine.submit(prompt, params).result()
+        self.metrics["generate_s"] += time.monotonic() - t0
+        self.metrics["cached_prompt_tokens"] += comp.num_cached_tokens
+        self.metrics["prefilled_prompt_tokens"] += len(prompt) - comp.num_cached_tokens
+        self.versions.add(comp.policy_version)
+        return prompt, comp
+
+    def step(self, turn: int) -> str | None:
+        """One turn; returns the episode's finish reason when it ends here, else None."""
+        prompt, comp = self._sample(turn)
+        sampled = comp.token_ids
+        body = sampled[:-1] if comp.finish_reason == "stop" else sampled
+        text = self.tok.decode(body)
+        self.builder.add_reply(prompt, comp, text=text)
+        action = parse_action(text)
+        if action.finish:
+            return "done"
+        if action.error is not None:
+            self.metrics["malformed_tool_calls"] += 1
+            output, exit_code = _error_observation(action.error), None
+        else:
+            t0 = time.monotonic()
+            timeout = min(self.cfg.command_timeout_s, max(1.0, self.deadline - time.monotonic()))
+            res = self.sandbox.run(action.command, timeout=timeout)  # SandboxError propagates: episode over
+            self.metrics["command_s"] += time.monotonic() - t0
+            self.metrics["commands"] += 1
+            self.metrics["command_timeouts"] += int(res.timed_out)
+            output = res.output + (f"\n[command timed out after {timeout:.0f}s]" if res.timed_out else "")
+            exit_code = None if res.timed_out else res.exit_code
+        self.builder.set_turn_result(command=action.command, output=output, exit_code=exit_code,
+                                     tool_error=action.error)
+        self.builder.add_observation(glue_ids(sampled, comp.finish_reason, self.turn_end),
+                                     self.tok.encode_tool_response(output))
+        return None
+
+    def run(self) -> Trajectory:
+        reason = "max_turns"
+        try:
+            for turn in range(self.cfg.max_turns):
+                stop = self._stop_reason()
+                if stop is not None:
+                    reason = stop
+                    break
+                done = self.step(turn)
+                if done is not None:
+                    reason = done
+                    break
+        except SandboxError as e:
+            reason = f"sandbox_error: {type(e).__name__}: {e}"
+        return self._finish(reason)
+
+    def _finish(self, reason: str) -> Trajectory:
+        verifier, reward = None, 0.0
+        if self.cfg.verify and not reason.startswith("sandbox_error"):
+            try:
+                result = run_verifiers(self.sandbox, self.task)
+                verifier, reward = result.to_json(), float(result.reward)
+            except SandboxError as e:
+                reason = f"{reason}; verifier sandbox_error: {type(e).__name__}: {e}"
+        if len(self.versions) > 1:
+            raise AssertionError(f"episode spans weight versions {sorted(self.versions)}")
+        self.metrics.update(turns=len(self.builder.turns), wall_s=time.monotonic() - self.start,
+                            tito_prefix_breaks=self.builder.prefix_breaks)
+        return self.builder.build(task_name=self.task.name, finish_reason=reason,
+                                  policy_version=next(iter(self.versions), self.engine.policy_version),
+                                  reward=reward, verifier=verifier, metrics=self.metrics,
+                                  system_prompt=self.cfg.system_prompt, instruction=self.task.instruction)
+
+
+def run_episode(engine: Engine, tok: ChatTokenizer, sandbox: Any, task: Task, *, config: AgentConfig | None = None,
+                seed: int = 0) -> Trajectory:
+    """Run one episode of `task` in `sandbox` (a started sandbox.DockerSandbox of the task's image)."""
+    return _Episode(engine, tok, sandbox, task, config or AgentConfig(), seed).run()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSpec:
+    """One episode to run: a task (with its built image) and the episode's seed."""
+
+    task: Task
+    image: str
+    seed: int
+
+
+def sandbox_kwargs(task: Task) -> dict[str, Any]:
+    """DockerSandbox limits of a task's environment."""
+    return {"cpus": task.cpus, "memory": f"{task.memory_mb}m", "network": task.network, "workdir": task.workdir}
+
+
+def _failed_episode(spec: EpisodeSpec, tok: ChatTokenizer, config: AgentConfig, reason: str,
+                    version: int) -> Trajectory:
+    """The record of an episode that never got a sandbox: no tokens, the reason, reward 0."""
+    empty = TitoBuilder(tok.encode_prompt(config.system_prompt, spec.task.instruction))
+    return empty.build(task_name=spec.task.name, finish_reason=reason, policy_version=version,
+                       system_prompt=config.system_prompt, instruction=spec.task.instruction)
+
+
+def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *, config: AgentConfig | None = None,
+                 num_parallel: int = 8, pool_size: int | None = None,
+                 on_done: Callable[[int, Trajectory], None] | None = None) -> list[Trajectory]:
+    """Run episodes concurrently (threads), each in its own sandbox from a per-environment `SandboxPool`,
+    all sharing `engine`; returns trajectories in the order of `specs`.
+
+    A sandbox that cannot be acquired or dies mid-episode ends only that episode, with the reason in
+    `finish_reason`. `on_done(index, trajectory)` is called as each episode finishes (from its thread).
+    """
+    from sandbox import SandboxPool  # the runtime's warm-container pool
+
+    if num_parallel < 1:
+        raise ValueError(f"num_parallel must be >= 1, got {num_parallel}")
+    config = config or AgentConfig()
+    keys = [(s.image, *sorted(sandbox_kwargs(s.task).items())) for s in specs]
+    remaining = Counter(keys)
+    pools: dict[tuple, Any] = {}
+    pools_lock = threading.Lock()
+
+    def pool_for(index: int) -> Any:
+        key = keys[index]
+        with pools_lock:
+            if key not in pools:
+                size = pool_size if pool_size is not None else min(num_parallel, remaining[key])
+                pools[key] = SandboxPool(specs[index].image, size=size, **sandbox_kwargs(specs[index].task))
+            return pools[key]
+
+    def done_with(index: int) -> None:
+        # A pool refills after every acquire: close it once its last episode is over, not at the very end.
+        with pools_lock:
+            remaining[keys[index]] -= 1
+            pool = pools.pop(keys[index]) if remaining[keys[index]] == 0 else None
+        if pool is not None:
+            pool.close()
+
+    def one(index: int) -> Trajectory:
+        spec = specs[index]
+        try:
+            try:
+                pool = pool_for(index)
+                sb = pool.acquire()
+            except SandboxError as e:
+                reason = f"sandbox_error: {type(e).__name__}: {e}"
+                traj = _failed_episode(spec, tok, config, reason, engine.policy_version)
+            else:
+                try:
+                    traj = run_episode(engine, tok, sb, spec.task, config=config, seed=spec.seed)
+                finally:
+                    pool.release(sb)
+        finally:
+            done_with(index)
+        if on_done is not None:
+            on_done(index, traj)
+        return traj
+
+    try:
+        with ThreadPoolExecutor(max_workers=num_parallel, thread_name_prefix="t1-episode") as ex:
+            return list(ex.map(one, range(len(specs))))
+    finally:
+        for pool in list(pools.values()):
+            pool.close()

@@ -1,0 +1,148 @@
+"""Collect trajectories: run agent episodes of a policy on tasks and write them to a directory.
+
+    python -m rollout.collect [--tasks DIR] [--split train|heldout] [--episodes N] [--checkpoint PATH] --out DIR
+
+Defaults: the built-in task suite (`sandbox.suite`, the given split) and the tiny untrained policy
+(`ModelConfig.tiny()`, seed 0) with the built-in tokenizer. `--tasks DIR` takes a task directory or a
+directory of task directories (Harbor or Terminal-Bench 1 layout). Episode i runs task i mod #tasks.
+Writes NNNNNN.safetensors/.json per trajectory (rollout.trajectory) and summary.json; the last line
+printed is the output directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout.sampling import derive_seed
+from rollout.torch_engine import EngineConfig, TorchEngine
+from rollout.trajectory import Trajectory, save_trajectory
+from sandbox import suite
+from sandbox.images import build_task_image, default_base_image_overrides, parse_override
+from sandbox.tasks import Task, load_task
+from t1core.model import ModelConfig, MoEModel
+from t1core.tokenizer import ChatTokenizer
+
+
+def load_tasks(tasks_dir: str | None, *, split: str, work_dir: Path, num_per_family: int, seed: int) -> list[Task]:
+    """Tasks from a directory (one task, or one task per subdirectory), else the built-in suite's split."""
+    if tasks_dir is None:
+        if split == "train":
+            return suite.train_tasks(work_dir, num_per_family=num_per_family, seed=seed)
+        fam, fixed = suite.heldout_tasks(work_dir, num_per_family=num_per_family, seed=seed)
+        return fam + fixed
+    root = Path(tasks_dir)
+    if (root / "task.toml").is_file() or (root / "task.yaml").is_file():
+        return [load_task(root)]
+    dirs = sorted(p for p in root.iterdir() if (p / "task.toml").is_file() or (p / "task.yaml").is_file())
+    if not dirs:
+        raise ValueError(f"--tasks {root}: no task directories (task.toml / task.yaml) found")
+    return [load_task(p) for p in dirs]
+
+
+def load_policy(checkpoint: str | None, *, device: str) -> tuple[MoEModel, ChatTokenizer]:
+    """The checkpoint's model and tokenizer (its tokenizer.json, else the built-in one), or the tiny default."""
+    if checkpoint is None:
+        model = MoEModel(ModelConfig.tiny(), seed=0, device=device)
+        tok = ChatTokenizer.builtin()
+    else:
+        model = MoEModel.from_pretrained(checkpoint, device=device)
+        has_tok = (Path(checkpoint) / "tokenizer.json").is_file()
+        tok = ChatTokenizer.from_pretrained(checkpoint) if has_tok else ChatTokenizer.builtin()
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.config.vocab_size}")
+    return model, tok
+
+
+def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
+    """Aggregate figures of a collection run."""
+    n = len(trajs)
+    verified = [t for t in trajs if t.verifier is not None]
+    turns = sum(len(t.turns) for t in trajs)
+    return {
+        "episodes": n,
+        "mean_reward": sum(t.reward for t in trajs) / max(n, 1),
+        "solved": sum(bool(t.verifier and t.verifier.get("outcome")) for t in verified),
+        "verified": len(verified),
+        "finish_reasons": dict(Counter(t.finish_reason.split(":")[0] for t in trajs)),
+        "turns": turns,
+        "tokens": sum(t.num_tokens for t in trajs),
+        "sampled_tokens": sum(int(t.loss_mask.sum()) for t in trajs),
+        "malformed_tool_call_rate": sum(t.metrics.get("malformed_tool_calls", 0) for t in trajs) / max(turns, 1),
+        "per_episode": [{"task": t.task_name, "reward": t.reward, "finish_reason": t.finish_reason,
+                         "turns": len(t.turns), "tokens": t.num_tokens,
+                         "wall_s": round(t.metrics.get("wall_s", 0.0), 3)} for t in trajs],
+    }
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m rollout.collect", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default=None, help="task dir or dir of task dirs (default: built-in suite)")
+    p.add_argument("--split", choices=("train", "heldout"), default="train", help="built-in suite split")
+    p.add_argument("--episodes", type=int, default=None, help="number of episodes (default: one per task)")
+    p.add_argument("--checkpoint", default=None, help="HF Qwen3-MoE checkpoint dir (default: tiny untrained)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--num-per-family", type=int, default=1, help="built-in family instances per family")
+    p.add_argument("--parallel", type=int, default=4, help="episodes running at once")
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-reply-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per episode")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
+                   help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
+    p.add_argument("--no-verify", action="store_true", help="skip the verifiers (reward 0)")
+    args = p.parse_args(argv)
+    if args.episodes is not None and args.episodes < 1:
+        p.error(f"--episodes must be >= 1, got {args.episodes}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = load_tasks(args.tasks, split=args.split, work_dir=out / "tasks", num_per_family=args.num_per_family,
+                       seed=args.seed)
+    overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
+    images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in tasks}
+    n = args.episodes if args.episodes is not None else len(tasks)
+    specs = [EpisodeSpec(task=tasks[i % len(tasks)], image=images[tasks[i % len(tasks)].name],
+                         seed=derive_seed(args.seed, i)) for i in range(n)]
+    model, tok = load_policy(args.checkpoint, device=args.device)
+    config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
+                         temperature=args.temperature, top_p=args.top_p, verify=not args.no_verify)
+    engine_cfg = EngineConfig(max_batch=max(args.parallel, 1), num_slots=2 * max(args.parallel, 1),
+                              max_seq_len=args.max_tokens + 1)
+    print(f"collect: {n} episodes over {len(tasks)} tasks, {args.parallel} at once, policy "
+          f"{args.checkpoint or 'tiny untrained'} on {args.device}", flush=True)
+
+    def on_done(i: int, traj: Trajectory) -> None:
+        save_trajectory(traj, out, i)
+        print(f"  [{i:4d}] {traj.task_name:32s} reward {traj.reward:4.1f}  turns {len(traj.turns):3d}  "
+              f"tokens {traj.num_tokens:6d}  {traj.finish_reason}", flush=True)
+
+    t0 = time.monotonic()
+    with TorchEngine(model, engine_cfg) as engine:
+        trajs = run_episodes(engine, tok, specs, config=config, num_parallel=args.parallel, on_done=on_done)
+        stats = dict(engine.stats)
+    summary = summarize(trajs) | {"wall_s": time.monotonic() - t0, "engine": stats, "args": vars(args)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"mean reward {summary['mean_reward']:.2f}, solved {summary['solved']}/{summary['verified']}, "
+          f"{summary['sampled_tokens']} sampled tokens, {summary['wall_s']:.1f}s")
+    print(out.resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

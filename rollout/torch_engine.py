@@ -1,0 +1,346 @@
+"""`TorchEngine`: the built-in engine over `t1core.model.MoEModel` with a slotted KV cache.
+
+Legend: B running requests, D model dim, V vocab, L_moe MoE layers, K top-k, S cache length.
+
+One engine thread owns the model and the cache and runs the batch loop; any thread may `submit`. Each loop
+step (1) admits queued requests into free cache slots, (2) runs one `extend` over the new prompt tails
+(prefill) and one over the decoding requests (one token each), (3) samples the next token of every row that
+is still generating, and (4) retires finished requests. Requests join and leave between steps (continuous
+batching), so an episode waiting on its sandbox never stalls the others.
+
+Every request ends with one extra "flush" feed of its last sampled token: it yields that token's routing
+(so `Completion.routing` covers every sampled token) and leaves the slot holding exactly prompt + reply,
+which is what the same episode's next prompt starts with.
+
+Prefix reuse: a slot remembers the token ids it caches, the weight version that produced them and the
+routing of those tokens. A new prompt takes the free slot sharing its longest prefix with the same version
+(truncating the rest), else the least recently used free slot. Shared prefixes (the same system prompt in
+many episodes) are reused too; their routing is served from the slot's history, so a request gets the
+prompt routing it asks for (`SamplingParams.prompt_routing_from`) whether or not its prefix was cached. `update_weights` waits for the running batch to drain, loads the
+weights, bumps the version and forgets every slot: nothing computed by older weights is ever reused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rollout.engine import Completion, SamplingParams, generate_via_submit
+from rollout.sampling import sample_tokens, uniform
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Sizes of the running batch and the KV cache."""
+
+    max_batch: int = 16
+    """Requests decoding at once."""
+    num_slots: int = 32
+    """KV-cache slots (>= max_batch); idle slots keep finished sequences around for prefix reuse."""
+    max_seq_len: int = 4096
+    """Tokens per slot (prompt + reply); a reply reaching it finishes with reason "length"."""
+    max_prefill_tokens: int = 8192
+    """Prompt tokens prefilled per step at most (a later request waits a step; one longer prompt still runs)."""
+    prefix_reuse: bool = True
+    """Reuse cached KV of a slot whose tokens prefix the new prompt (same weight version only)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "num_slots", "max_seq_len", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_slots < self.max_batch:
+            raise ValueError(f"EngineConfig.num_slots must be >= max_batch={self.max_batch}, got {self.num_slots}")
+
+
+@dataclass
+class _Slot:
+    tokens: list[int] = field(default_factory=list)  # ids whose KV the slot holds (== cache.lengths[slot])
+    version: int = -1
+    last_used: int = 0
+    busy: bool = False
+    routing: torch.Tensor | None = None  # host [max_seq_len, L_moe, K]: routing of tokens[:num_routed]
+    num_routed: int = 0  # leading tokens whose routing is recorded (capture may have been off)
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    future: Future
+    slot: int = -1
+    feed: list[int] = field(default_factory=list)  # tokens to run in the next step
+    prefilling: bool = True
+    num_cached: int = 0
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_routing: torch.Tensor | None = None
+    finish_reason: str | None = None  # set once sampling is over; the flush feed follows
+    submitted_s: float = 0.0
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix, by binary search over C-speed slice comparisons."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class TorchEngine:
+    """Continuous-batching engine over an `MoEModel` (see the module docstring). Use as a context manager
+    or call `close()`; the engine thread starts on the first request."""
+
+    def __init__(self, model: nn.Module, config: EngineConfig | None = None) -> None:
+        self.model = model.eval()
+        self.config = cfg = config or EngineConfig()
+        self.cache = model.new_kv_cache(num_slots=cfg.num_slots, max_seq_len=cfg.max_seq_len)
+        self._slots = [_Slot() for _ in range(cfg.num_slots)]
+        self._queue: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._cv = threading.Condition()
+        self._version = 0
+        self._paused = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._step = 0
+        self.stats = {"steps": 0, "prefill_tokens": 0, "cached_tokens": 0, "decode_tokens": 0}
+
+    # ---- public API ----
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
+        """Queue one request; thread-safe. ValueError for an empty or too long prompt."""
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        if len(prompt) >= self.config.max_seq_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; the engine's max_seq_len is "
+                             f"{self.config.max_seq_len} (a reply needs room for at least one token)")
+        if params.prompt_routing_from > len(prompt):
+            raise ValueError(f"params.prompt_routing_from={params.prompt_routing_from} exceeds the prompt length "
+                             f"{len(prompt)}")
+        vocab = self.model.lm_head.weight.shape[0]
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt ids must be in [0, {vocab}), got min {min(prompt)} max {max(prompt)}")
+        fut: Future[Completion] = Future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._queue.append(_Request(prompt=list(prompt), params=params, future=fut,
+                                        submitted_s=time.perf_counter()))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="t1-engine", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return fut
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return generate_via_submit(self, prompts, params)
+
+    def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> int:
+        """Load new policy weights (a model or a state dict) between steps; returns the new version.
+
+        Waits until the running batch has drained (queued requests wait and are served with the new
+        weights), then invalidates every cached slot.
+        """
+        state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+        with self._cv:
+            self._paused = True
+            self._cv.wait_for(lambda: not self._running)
+            try:
+                self.model.load_state_dict(state, strict=True)
+                self._version += 1
+                self.cache.reset()
+                for slot in self._slots:
+                    slot.tokens, slot.version = [], -1
+            finally:
+                self._paused = False
+                self._cv.notify_all()
+        return self._version
+
+    def close(self) -> None:
+        """Stop the engine thread; requests not finished get a RuntimeError."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        for req in list(self._queue) + self._running:
+            if not req.future.done():
+                req.future.set_exception(RuntimeError("engine closed before the request finished"))
+
+    def __enter__(self) -> TorchEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- engine thread ----
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closed or self._running or (self._queue and not self._paused))
+                    if self._closed:
+                        return
+                    if not self._paused:
+                        self._admit()
+                    running = list(self._running)
+                if running:
+                    self._run_step(running)
+        except BaseException as e:  # re-raised: futures must not hang on a dead engine thread
+            with self._cv:
+                self._closed = True
+                for req in list(self._queue) + self._running:
+                    if not req.future.done():
+                        req.future.set_exception(e)
+            raise
+
+    def _admit(self) -> None:
+        budget = self.config.max_prefill_tokens
+        while self._queue and len(self._running) < self.config.max_batch:
+            req = self._queue[0]
+            slot, cached = self._pick_slot(req)
+            if slot < 0 or (len(req.prompt) - cached > budget and budget < self.config.max_prefill_tokens):
+                return
+            self._queue.popleft()
+            budget -= len(req.prompt) - cached
+            self._step += 1
+            s = self._slots[slot]
+            s.busy, s.last_used, s.version = True, self._step, self._version
+            s.tokens = req.prompt[:cached]
+            s.num_routed = min(s.num_routed, cached)
+            self.cache.lengths[slot] = cached  # truncation: KV past a slot's length is never read
+            req.slot, req.num_cached, req.feed = slot, cached, req.prompt[cached:]
+            self.stats["cached_tokens"] += cached
+            self._running.append(req)
+
+    def _pick_slot(self, req: _Request) -> tuple[int, int]:
+        """(slot, reusable prefix length) for a new request; slot -1 when none is free."""
+        prompt = req.prompt
+        best, best_len, lru, lru_used = -1, 0, -1, None
+        for i, s in enumerate(self._slots):
+            if s.busy:
+                continue
+            if lru_used is None or s.last_used < lru_used:
+                lru, lru_used = i, s.last_used
+            if self.config.prefix_reuse and s.version == self._version and s.tokens:
+                n = _common_prefix_len(s.tokens, prompt)
+                if req.params.return_routing:
+                    n = min(n, s.num_routed)  # the cached part's routing must be servable from the history
+                if n > best_len:
+                    best, best_len = i, n
+        if best >= 0:
+            return best, min(best_len, len(prompt) - 1)  # one prompt token must run to give the first logits
+        return lru, 0
+
+    def _run_step(self, running: list[_Request]) -> None:
+        prefill = [r for r in running if r.prefilling]
+        decode = [r for r in running if not r.prefilling]
+        # Prefills and one-token decodes run as separate extends: mixed chunk lengths would pad every decode
+        # row of the attention to the longest prompt tail.
+        for group in (prefill, decode):
+            if group:
+                hidden_TD, rows = self._extend(sorted(group, key=lambda r: r.slot))
+                if rows:
+                    self._sample(rows, hidden_TD)
+        self.stats["steps"] += 1
+        done = [r for r in running if r.finish_reason is not None and not r.feed]
+        if done:
+            with self._cv:
+                for r in done:
+                    self._finish(r)
+                self._cv.notify_all()
+
+    def _extend(self, group: list[_Request]) -> tuple[torch.Tensor, list[tuple[_Request, int]]]:
+        """Run each request's pending feed; returns the hidden states and (request, row) of rows to sample."""
+        device = self.model.lm_head.weight.device
+        lens = [len(r.feed) for r in group]
+        ids_T = torch.tensor([t for r in group for t in r.feed], dtype=torch.long, device=device)
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        hidden_TD, routing_TLK = self.model.extend(ids_T, cache=self.cache, slot_ids=[r.slot for r in group],
+                                                   cu_seqlens=cu)
+        capture = any(r.params.return_routing for r in group)
+        if capture:
+            routing_TLK = routing_TLK.cpu()  # sync: one host copy of the step's routing for all rows
+        rows = []
+        for i, r in enumerate(group):
+            a, b = cu[i], cu[i + 1]
+            slot = self._slots[r.slot]
+            start = len(slot.tokens)
+            slot.tokens += r.feed
+            if capture and slot.num_routed == start:
+                self._record_routing(slot, start, routing_TLK[a:b])
+            if r.prefilling:
+                self.stats["prefill_tokens"] += b - a
+                if r.params.return_routing:
+                    r.prompt_routing = slot.routing[r.params.prompt_routing_from:len(r.prompt)].clone()
+                r.prefilling = False
+            r.feed = []
+            if r.finish_reason is None:
+                rows.append((r, b - 1))
+        return hidden_TD, rows
+
+    def _record_routing(self, slot: _Slot, start: int, routing_NLK: torch.Tensor) -> None:
+        end = start + routing_NLK.shape[0]
+        if slot.routing is None:
+            slot.routing = torch.empty((self.config.max_seq_len, *routing_NLK.shape[1:]), dtype=routing_NLK.dtype)
+        slot.routing[start:end] = routing_NLK
+        slot.num_routed = end
+
+    def _sample(self, rows: list[tuple[_Request, int]], hidden_TD: torch.Tensor) -> None:
+        weight_VD = self.model.lm_head.weight
+        device = weight_VD.device
+        reqs = [r for r, _ in rows]
+        hidden_BD = hidden_TD.index_select(0, torch.tensor([i for _, i in rows], device=device))
+        logits_BV = hidden_BD.float() @ weight_VD.float().T
+        temps = [r.params.temperature for r in reqs]
+        top_ps = [r.params.top_p for r in reqs]
+        uniforms = [uniform(r.params.seed, len(r.tokens)) for r in reqs]
+        tokens_B, logp_B = sample_tokens(
+            logits_BV, temperature_B=torch.tensor(temps, dtype=torch.float32, device=device),
+            top_p_B=torch.tensor(top_ps, dtype=torch.float32, device=device),
+            uniform_B=torch.tensor(uniforms, dtype=torch.float64, device=device),
+            any_top_p=min(top_ps) < 1, any_greedy=min(temps) <= 0)
+        tokens, logps = tokens_B.tolist(), logp_B.tolist()  # sync: the host decides stops and the next feed
+        self.stats["decode_tokens"] += len(tokens)
+        max_len = self.config.max_seq_len
+        for r, tok, lp in zip(reqs, tokens, logps):
+            r.tokens.append(tok)
+            r.logprobs.append(lp)
+            r.feed = [tok]
+            if tok in r.params.stop_token_ids:
+                r.finish_reason = "stop"
+            elif len(r.tokens) >= r.params.max_new_tokens or len(self._slots[r.slot].tokens) + 1 >= max_len:
+                r.finish_reason = "length"
+
+    def _finish(self, r: _Request) -> None:
+        self._running.remove(r)
+        slot = self._slots[r.slot]
+        slot.busy = False
+        self._step += 1
+        slot.last_used = self._step
+        n_prompt, n_new = len(r.prompt), len(r.tokens)
+        routing = None
+        if r.params.return_routing:
+            if slot.num_routed < n_prompt + n_new:
+                raise AssertionError(f"slot routing covers {slot.num_routed} tokens, expected {n_prompt + n_new}")
+            routing = slot.routing[n_prompt:n_prompt + n_new].clone()
+        comp = Completion(token_ids=r.tokens, logprobs=torch.tensor(r.logprobs, dtype=torch.float32),
+                          routing=routing, finish_reason=r.finish_reason, prompt_routing=r.prompt_routing,
+                          prompt_routing_start=r.params.prompt_routing_from, policy_version=slot.version,
+                          num_cached_tokens=r.num_cached, extra={"latency_s": time.perf_counter() - r.submitted_s})
+        r.future.set_result(comp)

@@ -1,0 +1,49 @@
+"""Seeded task families: each synthesizes task instances (other names, contents, numbers, bugs) from a seed.
+
+`FAMILIES` maps a family name to its generator `(random.Random, split) -> TaskSpec`. `SHORT_FAMILIES` are
+the ones a tiny model can learn from scratch: a one- or two-sentence instruction and a one-command solution
+whose arguments all appear verbatim in the instruction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import random
+
+from sandbox.families import basic, data, text
+from sandbox.families.common import Split, TaskSpec, write_harbor_task
+
+Generator = Callable[[random.Random, Split], TaskSpec]
+
+FAMILIES: dict[str, Generator] = {
+    "create_file": basic.create_file,
+    "append_line": basic.append_line,
+    "make_dir": basic.make_dir,
+    "copy_file": basic.copy_file,
+    "rename_file": basic.rename_file,
+    "chmod_exec": basic.chmod_exec,
+    "count_lines": text.count_lines,
+    "sort_file": text.sort_file,
+    "replace_word": text.replace_word,
+    "head_lines": text.head_lines,
+    "grep_lines": text.grep_lines,
+    "json_field": data.json_field,
+    "csv_column_sum": data.csv_column_sum,
+    "fix_script": data.fix_script,
+}
+SHORT_FAMILIES: tuple[str, ...] = (
+    "create_file", "append_line", "make_dir", "copy_file", "rename_file", "chmod_exec", "count_lines",
+    "sort_file", "replace_word", "head_lines", "grep_lines", "json_field",
+)
+
+
+def generate(family: str, seed: int, split: Split) -> TaskSpec:
+    """The instance of `family` for `seed` (deterministic: same inputs, same task)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown task family {family!r}; expected one of {sorted(FAMILIES)}")
+    if split not in ("train", "heldout"):
+        raise ValueError(f"expected split 'train' or 'heldout', got {split!r}")
+    return FAMILIES[family](random.Random(f"{family}:{split}:{seed}"), split)
+
+
+__all__ = ["FAMILIES", "SHORT_FAMILIES", "Split", "TaskSpec", "generate", "write_harbor_task"]

@@ -1,0 +1,136 @@
+"""What a task family produces (`TaskSpec`), how it becomes a Harbor task directory, and shared vocabulary.
+
+A family is a function `generate(rng, split) -> TaskSpec`. Everything random comes from `rng` (a
+`random.Random` seeded by the suite), so one (family, seed) always yields the same task. `split` picks the
+parity of the number embedded in every generated file name (train even, held-out odd), which keeps training
+and held-out instances disjoint even where two seeds would otherwise draw the same words.
+
+Generated tests follow one rule for the tiny learners that train on them: each instance has >= 3 test
+functions giving partial credit, and the untouched starting state passes fewer than half of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import textwrap
+from pathlib import Path
+from typing import Literal
+
+Split = Literal["train", "heldout"]
+
+WORDS = (
+    "apple", "banana", "cherry", "grape", "lemon", "mango", "melon", "peach", "plum", "kiwi",
+    "tiger", "zebra", "otter", "eagle", "whale", "panda", "koala", "camel", "horse", "mouse",
+    "red", "blue", "green", "amber", "coral", "ivory", "olive", "slate", "teal", "violet",
+    "river", "cloud", "stone", "maple", "cedar", "ocean", "storm", "frost", "ember", "delta",
+)
+STEMS = ("notes", "memo", "todo", "draft", "list", "info", "report", "items", "names", "words")
+LETTERS = "abcdefghjkmnpqrstuvwxyz"
+
+# Harbor's test entry point; T1 runs the test_*.py files itself and does not need it (see sandbox.verify).
+TEST_SH = """#!/usr/bin/env bash
+# Harbor entry point: run this task's tests and write the reward file Harbor reads.
+cd "$(dirname "$0")"
+mkdir -p /logs/verifier
+if python3 -m pytest -q -p no:cacheprovider test_*.py; then r=1; else r=0; fi
+echo "$r" > /logs/verifier/reward.txt
+"""
+
+# Helpers every generated test file starts with (stdlib only: the tests run in the task's image).
+TEST_PRELUDE = '''import hashlib
+import os
+import pathlib
+import stat
+import subprocess
+
+
+def read(path):
+    return pathlib.Path(path).read_text()
+
+
+def sha(path):
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=20, **kw)
+
+
+def unchanged(files):
+    return all(pathlib.Path(p).is_file() and sha(p) == h for p, h in files.items())
+'''
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """One generated task instance, before it is written out as a Harbor directory."""
+
+    instruction: str
+    """What the agent is told (short: one or two sentences)."""
+    files: dict[str, str]
+    """Starting files: absolute path under /app -> text content."""
+    solution: str
+    """Reference solution: bash, usually one short command."""
+    tests: str
+    """Body of tests/test_outputs.py (after TEST_PRELUDE and the constants)."""
+    constants: dict[str, object]
+    """Names the tests use (rendered with repr)."""
+    category: str
+    """Suite category (files, text, data, fix, permissions)."""
+    modes: dict[str, int] = dataclasses.field(default_factory=dict)
+    """File modes to set on starting files (default 0644)."""
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.files if not p.startswith("/app/")]
+        if bad:
+            raise ValueError(f"expected starting files under /app/, got {bad}")
+        if len(re.findall(r"^\s*def test_", self.tests, flags=re.MULTILINE)) < 3:
+            raise ValueError("expected at least 3 test functions in a generated task")
+
+
+def ident(rng: random.Random, split: Split) -> str:
+    """A short name tag like 'k4' whose number is even for train and odd for held-out instances."""
+    n = 2 * rng.randrange(50) + (0 if split == "train" else 1)
+    return f"{rng.choice(LETTERS)}{n}"
+
+
+def distinct_words(rng: random.Random, k: int, *, exclude: tuple[str, ...] = ()) -> list[str]:
+    """k different words, none containing (or contained in) an excluded word."""
+    pool = [w for w in WORDS if not any(w in e or e in w for e in exclude)]
+    return rng.sample(pool, k)
+
+
+def sha_of(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, split: Split) -> Path:
+    """Write `spec` as a Harbor task directory at `out_dir` (created; must not exist) and return it."""
+    out_dir.mkdir(parents=True, exist_ok=False)
+    (out_dir / "instruction.md").write_text(spec.instruction.strip() + "\n")
+    (out_dir / "task.toml").write_text(
+        f'version = "1.0"\n\n[metadata]\ncategory = "{spec.category}"\ndifficulty = "easy"\n'
+        f'family = "{family}"\nseed = {seed}\nsplit = "{split}"\n\n'
+        "[agent]\ntimeout_sec = 120.0\n\n[verifier]\ntimeout_sec = 60.0\n\n"
+        "[environment]\ncpus = 1\nmemory_mb = 512\nnetwork = false\n")
+    env = out_dir / "environment"
+    env.mkdir()
+    for path, content in spec.files.items():
+        dst = env / "app" / Path(path).relative_to("/app")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(content)
+        dst.chmod(spec.modes.get(path, 0o644))
+    copy = "COPY app/ /app/\n" if spec.files else "RUN mkdir -p /app\n"
+    (env / "Dockerfile").write_text(f"FROM debian:bookworm\n{copy}WORKDIR /app\n")
+    (out_dir / "solution").mkdir()
+    (out_dir / "solution" / "solve.sh").write_text(f"#!/usr/bin/env bash\n{spec.solution.strip()}\n")
+    tests = out_dir / "tests"
+    tests.mkdir()
+    (tests / "test.sh").write_text(TEST_SH)
+    consts = "\n".join(f"{k} = {v!r}" for k, v in spec.constants.items())
+    (tests / "test_outputs.py").write_text(f"{TEST_PRELUDE}\n{consts}\n\n\n{textwrap.dedent(spec.tests).strip()}\n")
+    return out_dir

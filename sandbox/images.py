@@ -1,0 +1,193 @@
+"""Task images: `docker build` of a task's environment, cached by a content hash.
+
+No registry is reachable from T1's machines, so every `FROM` must name an image that is present locally.
+`base_image_overrides` maps glob patterns on the image name (`debian:*`, `ubuntu:*`, `python:*`) to a local
+image; the FROM line is rewritten in a temporary copy of the build context. The image tag is a hash of the
+build context's files, the rewritten Dockerfile and the resolved base image ids, so identical environments
+(for example many instances of one task family) share one image, and a rebuilt base invalidates its tasks.
+A Dockerfile that is only `FROM` (plus WORKDIR/ENV/comments that the sandbox sets itself) runs on the base
+image directly, with no build.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from sandbox.tasks import Task
+
+IMAGE_REPO = "t1-task"
+DEFAULT_OVERRIDE_PATTERNS = ("debian:*", "ubuntu:*", "python:*")
+_FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+_BUILD_LOCKS_GUARD = threading.Lock()
+
+
+class TaskImageError(RuntimeError):
+    """A task image could not be built: missing base image, bad Dockerfile, failed build step."""
+
+
+def default_base_image_overrides() -> dict[str, str]:
+    """debian:*, ubuntu:* and python:* -> the local sandbox base image (built if missing)."""
+    from sandbox.image import ensure_base_image  # the runtime's base image (Debian bookworm minbase)
+
+    base = ensure_base_image()
+    return {pattern: base for pattern in DEFAULT_OVERRIDE_PATTERNS}
+
+
+def parse_override(spec: str) -> tuple[str, str]:
+    """'PATTERN=IMAGE' (the CLI's --base-image) -> (pattern, image)."""
+    pattern, sep, image = spec.partition("=")
+    if not sep or not pattern.strip() or not image.strip():
+        raise ValueError(f"--base-image: expected PATTERN=IMAGE (e.g. 'debian:*=t1-base:latest'), got {spec!r}")
+    return pattern.strip(), image.strip()
+
+
+def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | None = None,
+                     client: docker.DockerClient | None = None) -> str:
+    """Build (or reuse) the image of `task`'s environment and return its reference.
+
+    `base_image_overrides`: glob on the FROM image name -> local image; the first matching pattern wins.
+    None means no overrides (pass `default_base_image_overrides()` for the usual mapping).
+    Raises TaskImageError naming the Dockerfile line when a FROM image is not present locally.
+    """
+    client = client or docker.from_env()
+    overrides = dict(base_image_overrides or {})
+    text = task.dockerfile.read_text()
+    rewritten, base_refs = _rewrite_from_lines(text, overrides, task.dockerfile)
+    base_ids = [_local_image_id(client, ref, task.dockerfile) for ref in base_refs]
+    if len(base_refs) == 1 and _only_from(rewritten):
+        return base_refs[0]
+    digest = _context_hash(task.dockerfile_dir, task.dockerfile, rewritten, base_ids)
+    ref = f"{IMAGE_REPO}:{digest}"
+    with _lock_for(ref):
+        if _image_exists(client, ref):
+            return ref
+        _build(client, task, rewritten, ref)
+    return ref
+
+
+def _rewrite_from_lines(text: str, overrides: Mapping[str, str], dockerfile: Path) -> tuple[str, list[str]]:
+    """Apply overrides to every FROM; return the new text and the external images it needs."""
+    stages: set[str] = set()
+    bases: list[str] = []
+    lines = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _FROM_RE.match(line)
+        if not m:
+            lines.append(line)
+            continue
+        head, flags, image, tail = m.groups()
+        if "$" in image:
+            raise TaskImageError(f"{dockerfile}:{lineno}: FROM {image}: build-arg substitution in FROM is not "
+                                 "supported (name the image literally)")
+        alias = tail.split()
+        if len(alias) == 2 and alias[0].upper() == "AS":
+            stage_name = alias[1].lower()
+        else:
+            stage_name = None
+        if image.lower() in stages:  # FROM an earlier build stage: not an external image
+            lines.append(line)
+        else:
+            image = _resolve_override(image, overrides)
+            bases.append(image)
+            lines.append(f"{head}{flags}{image}{tail}")
+        if stage_name:
+            stages.add(stage_name)
+    if not bases:
+        raise TaskImageError(f"{dockerfile}: no FROM line")
+    return "\n".join(lines) + "\n", bases
+
+
+def _resolve_override(image: str, overrides: Mapping[str, str]) -> str:
+    candidates = [image]
+    for prefix in ("docker.io/library/", "docker.io/", "library/"):
+        if image.startswith(prefix):
+            candidates.append(image[len(prefix):])
+    for pattern, target in overrides.items():
+        if any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
+            return target
+    return image
+
+
+def _local_image_id(client: docker.DockerClient, ref: str, dockerfile: Path) -> str:
+    try:
+        return client.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        raise TaskImageError(
+            f"{dockerfile}: FROM {ref}: image not present locally and no registry is reachable; load it with "
+            f"`docker load`, or map it with --base-image '{_repository(ref)}:*=<local image>'") from None
+
+
+def _repository(ref: str) -> str:
+    """'registry:5000/name:tag' -> 'registry:5000/name' (a colon after the last slash starts the tag)."""
+    head, sep, tail = ref.rpartition(":")
+    return head if sep and "/" not in tail else ref
+
+
+def _only_from(dockerfile_text: str) -> bool:
+    """True when the Dockerfile adds nothing the sandbox does not set itself (no COPY/RUN/USER/...)."""
+    neutral = {"FROM", "WORKDIR", "LABEL", "MAINTAINER"}
+    for line in dockerfile_text.splitlines():
+        s = line.strip()
+        if s and not s.startswith("#") and s.split()[0].upper() not in neutral:
+            return False
+    return True
+
+
+def _context_hash(context: Path, dockerfile: Path, dockerfile_text: str, base_ids: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(dockerfile_text.encode())
+    for base_id in base_ids:
+        h.update(base_id.encode())
+    for p in sorted(context.rglob("*")):
+        rel = p.relative_to(context).as_posix()
+        if p == dockerfile:
+            continue
+        # Mode bits are part of the hash: COPY keeps them, and tasks depend on them (permissions tasks).
+        h.update(f"\0{rel}\0{p.lstat().st_mode:o}\0".encode())
+        if p.is_symlink():
+            h.update(str(p.readlink()).encode())
+        elif p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _lock_for(ref: str) -> threading.Lock:
+    with _BUILD_LOCKS_GUARD:
+        return _BUILD_LOCKS.setdefault(ref, threading.Lock())
+
+
+def _image_exists(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _build(client: docker.DockerClient, task: Task, dockerfile_text: str, ref: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="t1-build-") as tmp:
+        ctx = Path(tmp) / "ctx"
+        shutil.copytree(task.dockerfile_dir, ctx, symlinks=True)
+        (ctx / task.dockerfile.name).write_text(dockerfile_text)
+        try:
+            # The Engine API's classic builder (what `docker build` runs without buildx); pull=False: the
+            # bases were checked to be local, and no registry is reachable anyway.
+            client.images.build(path=str(ctx), dockerfile=task.dockerfile.name, tag=ref, pull=False, rm=True,
+                                forcerm=True, labels={"t1.kind": "task-image"})
+        except docker.errors.BuildError as e:
+            tail = "".join(str(c.get("stream", c.get("error", ""))) for c in list(e.build_log)[-15:])
+            raise TaskImageError(f"task {task.name}: docker build of {task.dockerfile} failed: {e.msg}\n"
+                                 f"{tail}") from None
+        except docker.errors.APIError as e:
+            raise TaskImageError(f"task {task.name}: docker build of {task.dockerfile} failed: {e}") from None

@@ -1,0 +1,141 @@
+"""SandboxPool: warm sandboxes (container started, shell handshaken) ready for the next episode.
+
+Creating a sandbox costs ~0.4 s (container create + start + shell start); `acquire()` from a warm pool costs a
+queue pop plus a peek at the shell's stream (a dead container ends it). A released sandbox is destroyed, never handed
+to another episode: nothing an episode did can leak into the next.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from sandbox.docker_sandbox import DockerSandbox
+from sandbox.errors import SandboxError
+
+
+class SandboxPool:
+    """Keeps `size` idle sandboxes of `image` warm; `sandbox_kwargs` go to every `DockerSandbox`."""
+
+    def __init__(self, image: str, *, size: int, max_parallel_starts: int = 4, retry_after_error_s: float = 2.0,
+                 **sandbox_kwargs: Any) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        if max_parallel_starts < 1:
+            raise ValueError(f"max_parallel_starts must be >= 1, got {max_parallel_starts}")
+        self.image = image
+        self.size = size
+        self._kwargs = sandbox_kwargs
+        self._max_parallel = max_parallel_starts
+        self._retry_s = retry_after_error_s
+        self._cv = threading.Condition()
+        self._idle: collections.deque[DockerSandbox] = collections.deque()
+        self._lent: set[DockerSandbox] = set()
+        self._starting = 0
+        self._error: SandboxError | None = None
+        self._error_at = 0.0
+        self._closed = False
+        self._starter = ThreadPoolExecutor(max_workers=max_parallel_starts, thread_name_prefix="t1-pool-start")
+        self._filler = threading.Thread(target=self._fill_loop, name="t1-pool-fill", daemon=True)
+        self._filler.start()
+
+    def _fill_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._wants_more():
+                    self._cv.wait(timeout=max(0.05, self._retry_s))
+                if self._closed:
+                    return
+                self._starting += 1
+            self._starter.submit(self._start_one)
+
+    def _wants_more(self) -> bool:
+        if self._error is not None and time.monotonic() - self._error_at < self._retry_s:
+            return False  # back off: a bad image or a dead daemon would otherwise spin
+        return len(self._idle) + self._starting < self.size and self._starting < self._max_parallel
+
+    def _start_one(self) -> None:
+        try:
+            sb = DockerSandbox(self.image, **self._kwargs)
+        except SandboxError as e:
+            with self._cv:
+                self._starting -= 1
+                self._error, self._error_at = e, time.monotonic()
+                self._cv.notify_all()
+            return
+        with self._cv:
+            self._starting -= 1
+            if not self._closed:
+                self._idle.append(sb)
+                self._error = None
+                self._cv.notify_all()
+                return
+        sb.close()  # the pool closed while this one was starting
+
+    def acquire(self, *, timeout: float | None = None) -> DockerSandbox:
+        """A warm sandbox (waits for one when none is idle). Raises the start error when starting fails, and
+        TimeoutError when `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cv:
+                while not self._idle and self._error is None and not self._closed:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(f"no warm sandbox within {timeout} s (pool size {self.size})")
+                    self._cv.wait(timeout=remaining)
+                if self._closed:
+                    raise SandboxError("acquire() on a closed SandboxPool")
+                if not self._idle:
+                    error, self._error = self._error, None
+                    assert error is not None
+                    raise error
+                sb = self._idle.popleft()
+                self._lent.add(sb)
+                self._cv.notify_all()  # the filler refills
+            if sb.shell_stream_open():  # a peek, not a round trip: a loaded box makes round trips slow
+                return sb
+            self.release(sb)  # died while idle (reaped, killed from outside): take the next one
+
+    def release(self, sb: DockerSandbox) -> None:
+        """Destroy a sandbox obtained from `acquire()` (it is never reused)."""
+        with self._cv:
+            self._lent.discard(sb)
+        sb.close()
+
+    @property
+    def num_idle(self) -> int:
+        with self._cv:
+            return len(self._idle)
+
+    def close(self) -> None:
+        """Stop refilling and remove every sandbox of this pool, idle and lent."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+        self._filler.join()
+        self._starter.shutdown(wait=True)
+        with self._cv:
+            doomed = list(self._idle) + list(self._lent)
+            self._idle.clear()
+            self._lent.clear()
+        errors: list[SandboxError] = []
+        for sb in doomed:
+            try:
+                sb.close()
+            except SandboxError as e:
+                errors.append(e)
+        if errors:
+            raise SandboxError(f"{len(errors)} sandbox(es) could not be removed; first: {errors[0]}")
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,66 @@
+"""Remove sandbox containers that a crashed or killed run left behind.
+
+Every sandbox container carries labels naming its run (`t1.run_id`) and its owner process (`t1.owner_pid`,
+`t1.owner_start`: the process start time, so a recycled pid is not mistaken for the owner, `t1.owner_host`).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from sandbox.docker_sandbox import (LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_START, docker_client,
+                                    docker_errors)
+from sandbox.errors import SandboxError
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """Whether the process that created a container still runs. Containers made on another host (a shared
+    daemon) count as alive: their owner cannot be checked from here."""
+    if labels.get(LABEL_HOST) != socket.gethostname():
+        return True
+    try:
+        pid = int(labels.get(LABEL_PID, ""))
+    except ValueError:
+        return False  # a T1 container without an owner is nobody's
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return False
+    return start == labels.get(LABEL_START, start)
+
+
+def reap(run_id: str | None = None, *, everything: bool = False) -> int:
+    """Force-remove T1 sandbox containers; return how many were removed.
+
+    Always removes those whose owner process is gone (on this host). With `run_id`, also every container of
+    that run, live owner or not (a restarted trainer reusing its run id). With `everything=True`, every T1
+    container on the daemon (other live runs included: use with care).
+    """
+    api = docker_client()
+    with docker_errors("listing T1 containers"):
+        containers = api.containers(all=True, filters={"label": LABEL_RUN})
+    removed = 0
+    for c in containers:
+        labels = c.get("Labels") or {}
+        doomed = everything or (run_id is not None and labels.get(LABEL_RUN) == run_id) or not owner_alive(labels)
+        if not doomed:
+            continue
+        try:
+            with docker_errors(f"removing container {c['Id'][:12]}"):
+                api.remove_container(c["Id"], force=True)
+            removed += 1
+        except SandboxError as e:
+            if "No such container" not in str(e) and "already in progress" not in str(e):
+                raise  # removed concurrently (its owner closing it) is fine; anything else is not
+    return removed
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m sandbox.reap", description=reap.__doc__)
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--everything", action="store_true")
+    args = parser.parse_args()
+    print(f"removed {reap(args.run_id, everything=args.everything)} container(s)")

@@ -1,0 +1,120 @@
+"""T1's built-in task suite: fixed Harbor tasks in tasks/fixed/ and seeded task families.
+
+Fixed tasks are split once, by name, in tasks/split.toml (`train = [...]`, `heldout = [...]`). Family
+instances are written out as ordinary Harbor task directories under a caller-chosen `out_dir`; training and
+held-out instances never coincide: the split is part of every instance's random stream and decides the
+parity of the number in its file names (train even, held-out odd).
+
+    tasks = suite.train_tasks(out, num_per_family=8, seed=0)               # families + fixed train tasks
+    fam, fixed = suite.heldout_tasks(out, num_per_family=4, seed=0)        # held-out families, fixed tasks
+    cmd = suite.reference_solution(task)                                   # solve.sh body (SFT target)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+from sandbox.families import FAMILIES, SHORT_FAMILIES, Split, generate, write_harbor_task
+from sandbox.tasks import Task, TaskFormatError, load_task
+
+TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
+FIXED_DIR = TASKS_DIR / "fixed"
+SPLIT_FILE = TASKS_DIR / "split.toml"
+# Seeds of one call occupy [seed * _SEED_STRIDE, seed * _SEED_STRIDE + num_per_family).
+_SEED_STRIDE = 100_000
+
+
+def fixed_task_names(split: Split) -> list[str]:
+    """Names of the fixed tasks in `split`, as listed in tasks/split.toml (checked against tasks/fixed/)."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"expected split 'train' or 'heldout', got {split!r}")
+    try:
+        cfg = tomllib.loads(SPLIT_FILE.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise TaskFormatError(SPLIT_FILE, "toml", f"invalid TOML: {e}") from e
+    lists = {}
+    for key in ("train", "heldout"):
+        names = cfg.get(key)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise TaskFormatError(SPLIT_FILE, key, f"expected a list of task names, got {names!r}")
+        lists[key] = names
+    on_disk = {p.name for p in FIXED_DIR.iterdir() if p.is_dir()}
+    listed = lists["train"] + lists["heldout"]
+    if sorted(listed) != sorted(on_disk):
+        raise TaskFormatError(SPLIT_FILE, "train/heldout", "must list every directory of tasks/fixed/ exactly "
+                              f"once; missing {sorted(on_disk - set(listed))}, unknown or repeated "
+                              f"{sorted(n for n in set(listed) if listed.count(n) > 1 or n not in on_disk)}")
+    return list(lists[split])
+
+
+def fixed_tasks(split: Split) -> list[Task]:
+    """The fixed tasks of `split`, loaded."""
+    return [load_task(FIXED_DIR / name) for name in fixed_task_names(split)]
+
+
+def family_tasks(out_dir: str | Path, *, split: Split, num_per_family: int, seed: int = 0,
+                 families: Sequence[str] | None = None) -> list[Task]:
+    """Write `num_per_family` instances of each family for `split` under `out_dir` and load them.
+
+    A directory that already exists under the same name is replaced (generation is deterministic, so the
+    content is the same unless the generator changed). `families=None` means all of FAMILIES.
+    """
+    if num_per_family < 0 or seed < 0:
+        raise ValueError(f"expected num_per_family >= 0 and seed >= 0, got {num_per_family}, {seed}")
+    names = list(FAMILIES) if families is None else list(families)
+    unknown = [f for f in names if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown task families {unknown}; expected names from {sorted(FAMILIES)}")
+    out = Path(out_dir)
+    tasks = []
+    for family in names:
+        for i in range(num_per_family):
+            instance_seed = seed * _SEED_STRIDE + i
+            path = out / f"{family}-{split}-{instance_seed}"
+            if path.exists():
+                _remove_generated(path)
+            spec = generate(family, instance_seed, split)
+            tasks.append(load_task(write_harbor_task(spec, path, family=family, seed=instance_seed, split=split)))
+    return tasks
+
+
+def train_tasks(out_dir: str | Path, *, num_per_family: int, seed: int = 0,
+                families: Sequence[str] | None = None, include_fixed: bool = True) -> list[Task]:
+    """Training tasks: family instances (train split) followed by the fixed train tasks."""
+    tasks = family_tasks(out_dir, split="train", num_per_family=num_per_family, seed=seed, families=families)
+    return tasks + (fixed_tasks("train") if include_fixed else [])
+
+
+def heldout_tasks(out_dir: str | Path, *, num_per_family: int, seed: int = 0,
+                  families: Sequence[str] | None = None) -> tuple[list[Task], list[Task]]:
+    """Held-out evaluation tasks: (family instances of the held-out split, fixed held-out tasks)."""
+    fam = family_tasks(out_dir, split="heldout", num_per_family=num_per_family, seed=seed, families=families)
+    return fam, fixed_tasks("heldout")
+
+
+def reference_solution(task: Task) -> str:
+    """The task's reference solution as one bash tool call: solve.sh without shebang and leading comments.
+
+    For the family tasks this is a single short command, the SFT warm-start target of a tiny policy.
+    """
+    if task.solution_script is None:
+        raise ValueError(f"task {task.name} has no reference solution")
+    lines = task.solution_script.read_text().splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")):
+        lines.pop(0)
+    return "\n".join(lines).strip()
+
+
+def _remove_generated(path: Path) -> None:
+    """Delete a previously generated instance; refuse anything this module did not write."""
+    toml = path / "task.toml"
+    if not toml.is_file() or "family" not in tomllib.loads(toml.read_text()).get("metadata", {}):
+        raise ValueError(f"{path} exists and is not a generated family task; choose another out_dir")
+    shutil.rmtree(path)
+
+
+__all__ = ["FAMILIES", "SHORT_FAMILIES", "fixed_task_names", "fixed_tasks", "family_tasks", "train_tasks",
+           "heldout_tasks", "reference_solution"]

@@ -1,0 +1,371 @@
+"""Run a task's verifiers in its sandbox after the agent's episode and count them.
+
+Dense reward = number of verifiers passed; outcome = all passed (and there is at least one).
+
+Each step closes a way for the agent to influence its own score:
+1. Kill every process the agent left, its persistent shell included, from a fresh `docker exec` (that shell
+   holds functions and traps the agent wrote; nothing of ours runs in it).
+2. Tamper check: `docker diff` (computed by the daemon, not inside the container) must show no change to
+   the interpreter, pytest, site-packages, the shells and tools the verifier calls, shared libraries or the
+   ld.so configuration. A tampered sandbox scores 0 of the static test count, with the paths reported.
+   Changed .pyc files there do not count as tampering: Python then runs with a fresh `pycache_prefix`,
+   so it compiles from source and never reads them.
+3. Remove /tests and /logs/verifier (anything planted there), copy the task's tests into a fresh directory
+   with a random 128-bit name, and link /tests to it (tests written for /tests keep working).
+4. pytest kind: a fresh `docker exec` runs pytest as root with an empty environment (`env -i` plus the
+   container's configured Env, without PYTHON*/LD_* variables), `python3 -I -B`, our own ini file,
+   `--rootdir`/`--confcutdir` at the test directory (no conftest.py above it is loaded), no cache
+   provider, plugin autoload off, under `timeout -k`. Results come from pytest's JUnit XML at a random
+   path; a small in-process recorder also writes collection and per-test outcomes as they happen, so a run
+   cut at its timeout still knows its total and which tests finished (the rest count as failed).
+   Printed text is never parsed.
+   script kind (Harbor test.sh only): run tests/test.sh the same way, then read
+   /logs/verifier/reward.json (every key is one verifier; a value >= 1 passes), else reward.txt (one
+   verifier, passes when the number is >= 1); no reward file -> 0 of 1.
+5. Kill every process again before reading results (tests may start agent code that forks).
+
+`total` is never below the number of test functions found statically in tests/test_*.py, so a test module
+that fails to import (e.g. the agent deleted something it imports) counts all its tests as failed.
+Limit of the threat model: code the tests themselves execute (the agent's programs) runs as root inside the
+container during verification. Built-in tests therefore run agent code only in subprocesses with timeouts,
+never imported into the pytest process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import secrets
+import shlex
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from sandbox.docker_sandbox import DockerSandbox, docker_client, docker_errors
+from sandbox.errors import SandboxError
+from sandbox.tasks import Task
+
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_KILL_GRACE_S = 5
+_OUTPUT_TAIL = 16_000
+# `docker diff` paths that mark the sandbox as tampered: the verifier's own machinery. Any path starting with
+# one of _PROTECTED_PREFIXES, or equal to one of _PROTECTED_FILES.
+_PROTECTED_PREFIXES = (
+    "/usr/bin/python", "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/python", "/usr/local/bin/pytest",
+    "/usr/local/bin/py.test", "/usr/lib/python3", "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
+    "/usr/lib/x86_64-linux-gnu/", "/lib/x86_64-linux-gnu/", "/usr/lib/aarch64-linux-gnu/",
+    "/lib/aarch64-linux-gnu/", "/lib64/", "/usr/lib64/",
+)
+_PROTECTED_FILES = frozenset(
+    f"{d}/{name}" for d in ("/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin")
+    for name in ("env", "timeout", "tail", "bash", "sh", "dash", "rm", "mkdir", "chmod", "ln")
+)
+# Out-of-band process sweep (bash builtins only): kill everything but init, the container's keepalive (the
+# child of docker-init that started first) and the calling script, the agent's persistent shell included
+# (its traps would run agent code when its children die). Zombies are skipped: only their parent reaps.
+_SWEEP = r'''
+sweep() {
+  local keepalive= best= init_comm p st pid pass f=() pids=() keep
+  read -r init_comm < /proc/1/comm
+  for p in /proc/[1-9]*; do
+    read -r st < "$p/stat" 2>/dev/null || continue
+    st=${st##*') '}; f=($st)
+    if [[ $init_comm == docker-init && ${f[1]} == 1 ]] && { [[ -z $best ]] || (( f[19] < best )); }; then
+      best=${f[19]}; keepalive=${p#/proc/}
+    fi
+  done
+  keep=" 1 $keepalive $$ "
+  for pass in {1..100}; do
+    pids=()
+    for p in /proc/[1-9]*; do
+      pid=${p#/proc/}
+      [[ $keep == *" $pid "* ]] && continue
+      read -r st < "$p/stat" 2>/dev/null || continue
+      st=${st##*') '}
+      [[ ${st:0:1} == Z ]] && continue
+      pids+=("$pid"); kill -STOP "$pid" 2>/dev/null
+    done
+    (( ${#pids[@]} )) || return 0
+    kill -KILL "${pids[@]}" 2>/dev/null
+  done
+  return 1
+}
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifierResult:
+    """Outcome of one verifier run. Dense reward = `passed`; outcome = `passed == total > 0`."""
+
+    passed: int
+    """Verifiers (test cases) that passed: no failure, error or skip in any phase."""
+    failed: int
+    """total - passed (failures, errors, skips, unfinished and uncollected tests)."""
+    total: int
+    """Number of verifiers."""
+    per_test: dict[str, bool]
+    """Test id ('test_file.py::test_x', or the reward.json key) -> passed."""
+    timed_out: bool
+    """The verifier run was cut at the task's verifier timeout."""
+    error: str | None = None
+    """Why the count is not from a normal run (tampering, no results, broken reward file), else None."""
+    tampered: tuple[str, ...] = ()
+    """Paths the tamper check found changed (non-empty -> everything counted failed)."""
+    duration_s: float = 0.0
+    """Wall time of the whole verification, kill to last read."""
+    output: str = ""
+    """Tail of the verifier's console output, for people (never parsed)."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.passed <= self.total and self.failed == self.total - self.passed):
+            raise ValueError(f"expected 0 <= passed <= total and failed = total - passed, got passed="
+                             f"{self.passed} failed={self.failed} total={self.total}")
+
+    @property
+    def reward(self) -> int:
+        """Dense process reward: the absolute number of verifiers passed."""
+        return self.passed
+
+    @property
+    def outcome(self) -> bool:
+        """True when every verifier passed (and there was at least one)."""
+        return self.total > 0 and self.passed == self.total
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tampered"] = list(self.tampered)
+        d["outcome"] = self.outcome
+        return d
+
+
+def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
+    """Verify the state the agent left in `sandbox` (a DockerSandbox running the task's image).
+
+    Verifier commands run in fresh `docker exec`s, never in the agent's persistent shell (whose functions
+    and traps the agent controls: even the runtime's `kill_all_processes` runs there, so it is not used);
+    files move through the daemon's archive API. The agent's shell is killed with everything else; the
+    sandbox starts a fresh one if it is used again.
+    """
+    start = time.monotonic()
+    work = f"/.t1-verify-{secrets.token_hex(16)}"
+    tests = f"{work}/tests"
+    # Kill every process the agent left, then clear planted results.
+    prep = f"sweep || exit 1; rm -rf /tests /logs/verifier && mkdir -p /logs/verifier && ln -s {tests} /tests"
+    code, out = _exec(sandbox, prep, env={"PATH": _PATH})
+    if code != 0:
+        raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): {out[-300:]}")
+    tampered, pyc_changed = _inspect_changes(sandbox)
+    if tampered:
+        return _all_failed(task, start, error="tampered: the verifier's interpreter, shells or libraries were "
+                           f"modified ({len(tampered)} paths)", tampered=tuple(tampered))
+    _upload_work_dir(sandbox, task, work)
+    env = _clean_env(sandbox, tests, work, pyc_changed=pyc_changed)
+    if task.verifier_kind == "pytest":
+        junit, progress = f"{work}/out/junit.xml", f"{work}/out/progress.jsonl"
+        args = [tests, "-c", f"{work}/pytest.ini", "--rootdir", tests, "--confcutdir", tests, "-p",
+                "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1", "-q", "--color=no"]
+        # Bytecode the agent may have planted is only read when it exists: with a fresh pycache_prefix
+        # Python compiles everything from source (~0.4 s CPU more), so take that cost only when needed.
+        pyc_flag = f"-X pycache_prefix={work}/pyc " if pyc_changed else ""
+        cmd = f"/usr/bin/python3 -I -B {pyc_flag}{work}/runner.py {progress} {shlex.join(args)}"
+    else:
+        assert task.test_script is not None, "script verifiers need tests/test.sh (checked by load_task)"
+        cmd = f"/bin/bash {tests}/{task.test_script.name}"
+    # One exec: the verifier under `timeout -k`, then a sweep (tests may have started agent code that
+    # forked), then the log tail and, as the very last line, the verifier's exit status.
+    script = (f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
+              f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
+              f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; echo \"t1-exit $rc\"")
+    sweep_code, out = _exec(sandbox, script, env=env, cwd=tests)
+    out, _, last = out.rstrip("\n").rpartition("\n")
+    if sweep_code != 0 or not last.startswith("t1-exit "):
+        raise SandboxError(f"the verifier run in {sandbox!r} did not finish its sweep (exit {sweep_code})")
+    code = int(last.split()[1])
+    timed_out = code in (124, 137)
+    error = None
+    if task.verifier_kind == "script":
+        per_test, error = _read_reward(sandbox)
+    else:
+        junit_xml = _read_optional(sandbox, junit)
+        if junit_xml is not None and not timed_out:
+            per_test = _parse_junit(junit_xml)
+        else:
+            per_test = _parse_progress(_read_optional(sandbox, progress) or b"")
+            if not per_test:
+                error = f"no results (exit code {code}): {out[-300:].strip()}"
+        for test_id in task.static_test_ids:
+            per_test.setdefault(test_id, False)
+    passed = sum(per_test.values())
+    return VerifierResult(passed=passed, failed=len(per_test) - passed, total=len(per_test), per_test=per_test,
+                          timed_out=timed_out, error=error, duration_s=time.monotonic() - start, output=out)
+
+
+def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
+    """One archive into /: {work}/ (0700) with tests/, out/, pyc/, runner.py and pytest.ini, all root's."""
+    buf = io.BytesIO()
+    name = work.lstrip("/")
+
+    def add_bytes(tar: tarfile.TarFile, path: str, data: bytes) -> None:
+        info = tarfile.TarInfo(path)
+        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+
+    def add_dir(tar: tarfile.TarFile, path: str, mode: int) -> None:
+        info = tarfile.TarInfo(path)
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
+        tar.addfile(info)
+
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        add_dir(tar, name, 0o700)
+        for sub in ("out", "pyc"):
+            add_dir(tar, f"{name}/{sub}", 0o755)
+        tar.add(task.tests_dir, arcname=f"{name}/tests", filter=as_root)
+        add_bytes(tar, f"{name}/runner.py", _RUNNER.encode())
+        add_bytes(tar, f"{name}/pytest.ini", b"[pytest]\n")
+    with docker_errors(f"uploading the tests of {task.name}"):
+        docker_client().put_archive(sandbox.id, "/", buf.getvalue())
+
+
+def tampered_paths(sandbox: DockerSandbox) -> list[str]:
+    """Paths under the verifier's machinery that differ from the image (from the daemon's `docker diff`)."""
+    return _inspect_changes(sandbox)[0]
+
+
+def _inspect_changes(sandbox: DockerSandbox) -> tuple[list[str], bool]:
+    """(tampered paths, whether any .pyc under the protected prefixes changed)."""
+    with docker_errors("listing the sandbox's file changes"):
+        changes = docker_client().diff(sandbox.id) or []
+    bad, pyc = [], False
+    for change in changes:
+        path = change["Path"]
+        protected = path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
+        if path.endswith(".pyc") or path.endswith("/__pycache__"):
+            pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
+        elif protected:
+            bad.append(path)
+    return sorted(bad), pyc
+
+
+def _clean_env(sandbox: DockerSandbox, tests: str, work: str, *, pyc_changed: bool) -> dict[str, str]:
+    """The container's configured Env (set by the image and the host, not by the agent) plus our own."""
+    with docker_errors("inspecting the sandbox"):
+        configured = docker_client().inspect_container(sandbox.id).get("Config", {}).get("Env") or []
+    env: dict[str, str] = {}
+    for item in configured:
+        key, _, value = item.partition("=")
+        if not key.startswith(("PYTHON", "PYTEST", "LD_", "BASH_ENV", "ENV")):
+            env[key] = value
+    env.update(PATH=_PATH, HOME="/root", LANG="C.UTF-8", TEST_DIR=tests, PYTHONDONTWRITEBYTECODE="1",
+               PYTHONNOUSERSITE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    if pyc_changed:
+        env["PYTHONPYCACHEPREFIX"] = f"{work}/pyc"
+    return env
+
+
+def _exec(sandbox: DockerSandbox, script: str, *, env: dict[str, str], cwd: str = "/") -> tuple[int, str]:
+    """Run `script` in a fresh bash (a new `docker exec` as root, environment exactly `env`, the function
+    `sweep` defined); return (exit code, output)."""
+    argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in sorted(env.items())), "/bin/bash", "--noprofile",
+            "--norc", "-c", f"{_SWEEP}\n{script}"]
+    api = docker_client()
+    with docker_errors("running a verifier command"):
+        exec_id = api.exec_create(sandbox.id, argv, user="root", workdir=cwd)["Id"]
+        output = api.exec_start(exec_id)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+    return (-1 if code is None else int(code)), output.decode("utf-8", errors="replace")
+
+
+def _read_reward(sandbox: DockerSandbox) -> tuple[dict[str, bool], str | None]:
+    """reward.json (dict of numbers: each key one verifier, >= 1 passes), else reward.txt (one verifier)."""
+    raw = _read_optional(sandbox, "/logs/verifier/reward.json")
+    if raw is not None:
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            return {"reward": False}, f"reward.json is not JSON: {e}"
+        if not isinstance(data, dict) or not data or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
+            return {"reward": False}, f"reward.json: expected a non-empty dict of numbers, got {raw[:200]!r}"
+        return {str(k): float(v) >= 1.0 for k, v in data.items()}, None
+    raw = _read_optional(sandbox, "/logs/verifier/reward.txt")
+    if raw is None:
+        return {"reward": False}, "no reward file (/logs/verifier/reward.json or reward.txt)"
+    try:
+        return {"reward": float(raw.decode().strip()) >= 1.0}, None
+    except ValueError:
+        return {"reward": False}, f"reward.txt: expected one number, got {raw[:100]!r}"
+
+
+def _read_optional(sandbox: DockerSandbox, path: str) -> bytes | None:
+    try:
+        return sandbox.read_file(path)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def _parse_junit(xml_bytes: bytes) -> dict[str, bool]:
+    """JUnit XML (xunit1: file/classname/name) -> {'file.py::Class::name': passed}."""
+    root = ET.fromstring(xml_bytes)
+    per_test: dict[str, bool] = {}
+    for case in root.iter("testcase"):
+        file = case.get("file") or ""
+        classname = case.get("classname") or ""
+        name = case.get("name") or ""
+        module = file[:-3].replace("/", ".") if file.endswith(".py") else ""
+        cls = classname[len(module) + 1:] if module and classname.startswith(module + ".") else ""
+        key = "::".join(p for p in (file or classname, cls, name) if p)
+        ok = not any(child.tag in ("failure", "error", "skipped") for child in case)
+        per_test[key] = per_test.get(key, True) and ok
+    return per_test
+
+
+def _parse_progress(raw: bytes) -> dict[str, bool]:
+    """The recorder's JSON lines: collected ids (all start failed), then each finished test's outcome."""
+    per_test: dict[str, bool] = {}
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the kill at timeout
+        if "collected" in rec:
+            per_test.update({str(i): False for i in rec["collected"]})
+        elif "id" in rec:
+            per_test[str(rec["id"])] = bool(rec["passed"])
+    return per_test
+
+
+def _all_failed(task: Task, start: float, *, error: str, tampered: tuple[str, ...] = ()) -> VerifierResult:
+    ids = task.static_test_ids or ("reward",)
+    return VerifierResult(passed=0, failed=len(ids), total=len(ids), per_test={i: False for i in ids},
+                          timed_out=False, error=error, tampered=tampered, duration_s=time.monotonic() - start)
+
+
+# Runs inside the sandbox: pytest.main with a recorder plugin that appends JSON lines as results arrive.
+_RUNNER = r'''
+import json, sys
+import pytest
+
+class Recorder:
+    def __init__(self, path):
+        self.f = open(path, "a", buffering=1)
+        self.ok = {}
+
+    def pytest_collection_finish(self, session):
+        self.f.write(json.dumps({"collected": [i.nodeid for i in session.items]}) + "\n")
+
+    def pytest_runtest_logreport(self, report):
+        ok = self.ok.get(report.nodeid, True) and report.outcome == "passed"
+        self.ok[report.nodeid] = ok
+        if report.when == "teardown":
+            self.f.write(json.dumps({"id": report.nodeid, "passed": ok}) + "\n")
+
+sys.exit(int(pytest.main(sys.argv[2:], plugins=[Recorder(sys.argv[1])])))
+'''

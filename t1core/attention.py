@@ -1,0 +1,205 @@
+"""Causal attention over packed documents and over a slotted KV cache.
+
+Legend: T packed tokens, B documents/slots, H query heads, Hkv KV heads, Dh head dim, S cache length, N chunk length.
+
+Two entry points, both GQA-aware (H is a multiple of Hkv):
+- `packed_causal_attention`: training / full forward. Each document of a packed row attends causally to itself only.
+  On CUDA with fp16/bf16 and `flash_attn` installed it runs `flash_attn_varlen_func`; otherwise torch SDPA, one call
+  when all documents have the same length, else one call per document (a block-diagonal mask would cost T^2).
+- `cached_attention`: incremental decoding. New chunks of several slots attend to their slot's cached keys plus
+  causally within the chunk, in one batched SDPA call with a boolean mask.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_attn_varlen() -> Callable | None:
+    """`flash_attn_varlen_func` when flash-attn is importable, else None (looked up once, lazily)."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def uses_flash_attn(q_THD: torch.Tensor) -> bool:
+    """Whether `packed_causal_attention` runs flash-attn for this query (CUDA, half precision, package present)."""
+    return q_THD.is_cuda and q_THD.dtype in (torch.float16, torch.bfloat16) and _flash_attn_varlen() is not None
+
+
+def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
+                            doc_lens: list[int], cu_seqlens_B1: torch.Tensor, scale: float) -> torch.Tensor:
+    """Block-diagonal causal attention over packed documents; returns [T, H, Dh].
+
+    `doc_lens` are the document lengths on the host (they decide how to batch the SDPA calls), `cu_seqlens_B1` the
+    same as int32/int64 offsets on the tensors' device (for flash-attn).
+    """
+    if uses_flash_attn(q_THD):
+        flash = _flash_attn_varlen()
+        cu_B1 = cu_seqlens_B1.to(device=q_THD.device, dtype=torch.int32)
+        max_len = max(doc_lens)
+        return flash(q_THD, k_TKD, v_TKD, cu_B1, cu_B1, max_len, max_len, softmax_scale=scale, causal=True)
+    num_heads, num_kv_heads = q_THD.shape[1], k_TKD.shape[1]
+    gqa = num_heads != num_kv_heads
+    if len(set(doc_lens)) == 1:
+        # Equal lengths (typical for benchmarks and fixed-length packing): one batched call.
+        num_docs, n = len(doc_lens), doc_lens[0]
+        q_BHND = q_THD.view(num_docs, n, num_heads, -1).transpose(1, 2)
+        k_BKND = k_TKD.view(num_docs, n, num_kv_heads, -1).transpose(1, 2)
+        v_BKND = v_TKD.view(num_docs, n, num_kv_heads, -1).transpose(1, 2)
+        o_BHND = F.scaled_dot_product_attention(q_BHND, k_BKND, v_BKND, is_causal=True, scale=scale, enable_gqa=gqa)
+        return o_BHND.transpose(1, 2).reshape(q_THD.shape)
+    outs = []
+    for q_NHD, k_NKD, v_NKD in zip(q_THD.split(doc_lens), k_TKD.split(doc_lens), v_TKD.split(doc_lens)):
+        o_HND = F.scaled_dot_product_attention(q_NHD.transpose(0, 1), k_NKD.transpose(0, 1), v_NKD.transpose(0, 1),
+                                               is_causal=True, scale=scale, enable_gqa=gqa)
+        outs.append(o_HND.transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
+def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, *,
+                     mask_B1NS: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Attention of padded new chunks [B, H, N, Dh] to gathered cache entries [B, Hkv, S, Dh] (new keys included).
+
+    `mask_B1NS` (bool, True = attend) encodes each slot's cached length and the causal order inside the chunk;
+    None means every query sees every key (one-token decode where S is exactly each slot's length).
+    """
+    gqa = q_BHND.shape[1] != k_BKSD.shape[1]
+    return F.scaled_dot_product_attention(q_BHND, k_BKSD, v_BKSD, attn_mask=mask_B1NS, scale=scale, enable_gqa=gqa)
+
+
+class KVCache:
+    """Preallocated keys/values of `num_slots` sequences: k, v [L, num_slots, Hkv, S, Dh]; lengths on the host.
+
+    Layer-major so that one layer's cache is a contiguous [num_slots, Hkv, S, Dh] block (gathered per step).
+    Allocated with zeros: positions past a slot's length are masked out of attention, but masked values still
+    enter the weighted sum as 0 * v, so they must be finite.
+    """
+
+    def __init__(self, *, num_layers: int, num_slots: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        for name, value in (("num_slots", num_slots), ("max_seq_len", max_seq_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"KVCache.{name}: expected a positive int, got {value!r}")
+        shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(num_slots, dtype=torch.int64)
+        """Tokens cached per slot (host tensor: bookkeeping never waits on the device)."""
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.k.shape[3]
+
+    def reset(self, slot: int | None = None) -> None:
+        """Forget a slot's tokens (all slots when None); the memory is reused, not cleared."""
+        if slot is None:
+            self.lengths.zero_()
+            return
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot: expected an index in [0, {self.num_slots}), got {slot}")
+        self.lengths[slot] = 0
+
+    def advance(self, slots: list[int], num_new: list[int]) -> None:
+        """Record that `num_new[b]` tokens were written after slot `slots[b]`'s cached ones."""
+        self.lengths[slots] += torch.tensor(num_new, dtype=torch.int64)
+
+
+class AttnContext:
+    """Where a layer's keys/values come from: `attend` returns o [T, H, Dh] for this layer's q/k/v."""
+
+    positions_T: torch.Tensor
+
+    def attend(self, layer_idx: int, q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
+               scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PackedContext(AttnContext):
+    """Full forward of packed documents (no cache): block-diagonal causal attention."""
+
+    def __init__(self, doc_lens: list[int], cu_seqlens_B1: torch.Tensor, positions_T: torch.Tensor) -> None:
+        self.doc_lens, self.cu_seqlens_B1, self.positions_T = doc_lens, cu_seqlens_B1, positions_T
+
+    @classmethod
+    def build(cls, doc_lens: list[int], *, device: torch.device) -> PackedContext:
+        lens_B = torch.tensor(doc_lens, dtype=torch.int64)
+        cu_B1 = torch.nn.functional.pad(torch.cumsum(lens_B, 0), (1, 0))
+        total = int(cu_B1[-1])
+        positions_T = torch.arange(total) - torch.repeat_interleave(cu_B1[:-1], lens_B, output_size=total)
+        return cls(doc_lens, cu_B1.to(device), positions_T.to(device))
+
+    def attend(self, layer_idx: int, q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
+               scale: float) -> torch.Tensor:
+        return packed_causal_attention(q_THD, k_TKD, v_TKD, doc_lens=self.doc_lens, cu_seqlens_B1=self.cu_seqlens_B1,
+                                       scale=scale)
+
+
+class CachedContext(AttnContext):
+    """One `extend` step: chunk b continues slot slots[b] at positions lengths[slot] .. lengths[slot] + n_b - 1.
+
+    Index tensors and the attention mask are built once here and shared by all layers.
+    """
+
+    def __init__(self, cache: KVCache, **fields: object) -> None:
+        self.cache = cache
+        self.__dict__.update(fields)
+
+    @classmethod
+    def build(cls, cache: KVCache, slots: list[int], chunk_lens: list[int], *, device: torch.device) -> CachedContext:
+        if len(slots) != len(chunk_lens):
+            raise ValueError(f"slot_ids: expected one slot per chunk ({len(chunk_lens)}), got {len(slots)}")
+        if len(set(slots)) != len(slots) or any(not 0 <= s < cache.num_slots for s in slots):
+            raise ValueError(f"slot_ids: expected distinct slots in [0, {cache.num_slots}), got {slots}")
+        starts = cache.lengths[slots].tolist()
+        ends = [s + n for s, n in zip(starts, chunk_lens)]
+        if max(ends) > cache.max_seq_len:
+            raise ValueError(f"extend: slot lengths after this chunk {ends} exceed the cache's max_seq_len "
+                             f"{cache.max_seq_len}")
+        num_b, n_max, s_max = len(slots), max(chunk_lens), max(ends)
+        lens_B, starts_B = torch.tensor(chunk_lens), torch.tensor(starts)
+        offset_T = torch.cat([torch.arange(n) for n in chunk_lens]) if num_b > 1 else torch.arange(n_max)
+        chunk_T = torch.repeat_interleave(torch.arange(num_b), lens_B, output_size=sum(chunk_lens))
+        positions_T = starts_B[chunk_T] + offset_T
+        contiguous = slots == list(range(slots[0], slots[0] + num_b))
+        # A contiguous slot range gathers by slicing (a view, no copy): the common decode case.
+        slot_sel = slice(slots[0], slots[0] + num_b) if contiguous else torch.tensor(slots, device=device)
+        pad_T = None if len(set(chunk_lens)) == 1 else (chunk_T * n_max + offset_T).to(device)
+        mask = None
+        if n_max > 1 or len(set(starts)) > 1:
+            i_N, j_S = torch.arange(n_max), torch.arange(s_max)
+            mask = (j_S[None, None, :] <= (starts_B[:, None, None] + i_N[None, :, None])) \
+                & (j_S[None, None, :] < torch.tensor(ends)[:, None, None])
+            mask = mask[:, None].to(device)
+        return cls(cache, positions_T=positions_T.to(device), tok_slot_T=torch.tensor(slots)[chunk_T].to(device),
+                   tok_pos_T=positions_T.to(device), slot_sel=slot_sel, pad_T=pad_T, num_b=num_b, n_max=n_max,
+                   s_max=s_max, mask_B1NS=mask)
+
+    def attend(self, layer_idx: int, q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
+               scale: float) -> torch.Tensor:
+        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        k_cache[self.tok_slot_T, :, self.tok_pos_T] = k_TKD.to(k_cache.dtype)
+        v_cache[self.tok_slot_T, :, self.tok_pos_T] = v_TKD.to(v_cache.dtype)
+        k_BKSD = k_cache[self.slot_sel, :, :self.s_max].to(q_THD.dtype)
+        v_BKSD = v_cache[self.slot_sel, :, :self.s_max].to(q_THD.dtype)
+        num_heads, head_dim = q_THD.shape[1:]
+        if self.pad_T is None:
+            q_BNHD = q_THD.view(self.num_b, self.n_max, num_heads, head_dim)
+        else:
+            q_BNHD = q_THD.new_zeros(self.num_b * self.n_max, num_heads, head_dim)
+            q_BNHD[self.pad_T] = q_THD
+            q_BNHD = q_BNHD.view(self.num_b, self.n_max, num_heads, head_dim)
+        o_BHND = cached_attention(q_BNHD.transpose(1, 2), k_BKSD, v_BKSD, mask_B1NS=self.mask_B1NS, scale=scale)
+        o_PHD = o_BHND.transpose(1, 2).reshape(self.num_b * self.n_max, num_heads, head_dim)
+        return o_PHD if self.pad_T is None else o_PHD[self.pad_T]

@@ -1,0 +1,239 @@
+"""Atomic training checkpoints holding everything needed to continue a run bit for bit.
+
+Layout under a checkpoint root (e.g. RUN_DIR/checkpoints):
+    step_00000004/
+        state.pt      step, policy and critic state dicts, optimizer/scheduler states, RNG states, data state
+        config.toml   the run's resolved config
+        policy_hf/    the policy in HF format (only when the policy has `save_pretrained`)
+    latest            the name of the newest complete step directory
+A step directory is written as `.tmp-<name>-<pid>` beside its final place, fsynced, then renamed; `latest` is
+replaced atomically after that. A crash at any point leaves `latest` naming a complete checkpoint, and the
+loader never looks at `.tmp-*` directories.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from t1core.config import RunConfig, config_to_toml, load_config
+
+LATEST = "latest"
+_TMP_PREFIX = ".tmp-"
+
+AnyGenerator = torch.Generator | np.random.Generator | random.Random
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
+def _generator_state(gen: AnyGenerator) -> dict[str, Any]:
+    if isinstance(gen, torch.Generator):
+        return {"kind": "torch", "state": gen.get_state()}
+    if isinstance(gen, np.random.Generator):
+        return {"kind": "numpy", "state": gen.bit_generator.state}
+    if isinstance(gen, random.Random):
+        return {"kind": "python", "state": gen.getstate()}
+    raise TypeError(f"generator: expected torch.Generator, numpy Generator or random.Random, got {type(gen)}")
+
+
+def _set_generator_state(name: str, gen: AnyGenerator, saved: dict[str, Any]) -> None:
+    kind = _generator_state(gen)["kind"]
+    if kind != saved["kind"]:
+        raise ValueError(f"generator {name!r}: expected a {saved['kind']} generator (as saved), got {kind}")
+    if isinstance(gen, torch.Generator):
+        gen.set_state(saved["state"])
+    elif isinstance(gen, np.random.Generator):
+        gen.bit_generator.state = saved["state"]
+    else:
+        gen.setstate(saved["state"])
+
+
+def capture_rng_state(generators: Mapping[str, AnyGenerator] | None = None) -> dict[str, Any]:
+    """The global RNG states (python, numpy legacy, torch CPU, CUDA if initialised) and those of the
+    run's named generators. Contains only tensors and plain Python values (loadable with weights_only)."""
+    algo, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (algo, keys.tolist(), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+        # Only when CUDA is in use: asking for CUDA states would otherwise initialise it.
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "generators": {name: _generator_state(g) for name, g in (generators or {}).items()},
+    }
+
+
+def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, AnyGenerator] | None = None) -> None:
+    """Undo draws since `capture_rng_state`: the global RNGs, and `generators` in place. The names given must
+    be exactly those captured; without `generators`, only the global RNGs are restored."""
+    random.setstate(state["python"])
+    algo, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((algo, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        if not torch.cuda.is_available():
+            raise ValueError(f"rng state: holds {len(state['cuda'])} CUDA generator states, but CUDA is not "
+                             "available here (load with restore_rng=False to inspect the checkpoint)")
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generators is not None:
+        saved = state["generators"]
+        if set(generators) != set(saved):
+            raise ValueError(f"generators: expected the captured names {sorted(saved)}, got {sorted(generators)}")
+        for name, gen in generators.items():
+            _set_generator_state(name, gen, saved[name])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory under root to disk (children before the directories naming them)."""
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for filename in filenames:
+            with open(os.path.join(dirpath, filename), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{_TMP_PREFIX}{path.name}-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _read_latest(root: Path) -> str | None:
+    latest = root / LATEST
+    return latest.read_text().strip() if latest.exists() else None
+
+
+def _write_step_dir(tmp: Path, *, step: int, policy: torch.nn.Module, critic: torch.nn.Module | None,
+                    optimizers: Mapping[str, Stateful], rng_states: Mapping[str, Any], data_state: Any,
+                    config: RunConfig) -> None:
+    state = {
+        "step": step,
+        "policy": policy.state_dict(),
+        "critic": critic.state_dict() if critic is not None else None,
+        "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
+        "rng_states": dict(rng_states),
+        "data_state": data_state,
+    }
+    with open(tmp / "state.pt", "wb") as f:
+        torch.save(state, f)
+    (tmp / "config.toml").write_text(config_to_toml(config))
+    if hasattr(policy, "save_pretrained"):
+        policy.save_pretrained(str(tmp / "policy_hf"))
+
+
+def save_checkpoint(root: str | os.PathLike[str], *, step: int, policy: torch.nn.Module,
+                    critic: torch.nn.Module | None, optimizers: Mapping[str, Stateful],
+                    rng_states: Mapping[str, Any], data_state: Any, config: RunConfig,
+                    keep_last: int | None = None) -> Path:
+    """Write checkpoint `step` under `root` atomically, point `latest` at it, and return its directory.
+
+    optimizers: everything with state_dict/load_state_dict by name (optimizers, LR schedulers, grad scalers).
+    rng_states: from `capture_rng_state`. data_state: the data order/cursor (plain values and tensors only).
+    keep_last: afterwards delete all but the newest `keep_last` step directories (None keeps all).
+    Re-saving a step that exists but is not `latest` (left by a crash between rename and pointer update)
+    replaces it; re-saving the step `latest` names is refused.
+    """
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"step: expected an int >= 0, got {step!r}")
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last: expected >= 1 or None, got {keep_last}")
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config: expected RunConfig, got {type(config).__name__}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:08d}"
+    if _read_latest(root) == name:
+        raise ValueError(f"step: {root / name} is the latest checkpoint; refusing to overwrite it")
+    for stale in root.glob(f"{_TMP_PREFIX}*"):  # leftovers of a save that was killed
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
+    tmp = root / f"{_TMP_PREFIX}{name}-{os.getpid()}"
+    tmp.mkdir()
+    done = False
+    try:
+        _write_step_dir(tmp, step=step, policy=policy, critic=critic, optimizers=optimizers,
+                        rng_states=rng_states, data_state=data_state, config=config)
+        _fsync_tree(tmp)
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _write_text_atomic(root / LATEST, name + "\n")
+        done = True
+    finally:
+        if not done:  # the exception propagates; only our own half-written directory goes
+            shutil.rmtree(tmp, ignore_errors=True)
+    if keep_last is not None:
+        for old in sorted(root.glob("step_*"))[:-keep_last]:
+            shutil.rmtree(old)
+    return final
+
+
+def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The directory `latest` names under root, or None when root holds no checkpoint yet."""
+    name = _read_latest(Path(root))
+    return None if name is None else Path(root) / name
+
+
+def _resolve(path: Path) -> Path:
+    if (path / LATEST).exists():
+        path = path / _read_latest(path)
+    if path.name.startswith(_TMP_PREFIX) or not (path / "state.pt").exists():
+        raise FileNotFoundError(f"checkpoint: expected a checkpoint root with a `{LATEST}` file or a complete "
+                                f"step directory, got {path}")
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, policy: torch.nn.Module | None = None,
+                    critic: torch.nn.Module | None = None, optimizers: Mapping[str, Stateful] | None = None,
+                    generators: Mapping[str, AnyGenerator] | None = None, restore_rng: bool = True,
+                    map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint (a root, following `latest`, or one step directory) and return its contents:
+    {"path", "step", "policy", "critic", "optimizers", "rng_states", "data_state", "config"}.
+
+    Objects passed in are loaded in place (optimizers by name, which must match the saved names). With
+    restore_rng, the global RNG states and the given `generators` are restored (see restore_rng_state).
+    """
+    ckpt_dir = _resolve(Path(path))
+    with open(ckpt_dir / "state.pt", "rb") as f:
+        state = torch.load(f, map_location=map_location, weights_only=True)
+    if policy is not None:
+        policy.load_state_dict(state["policy"])
+    if critic is not None:
+        if state["critic"] is None:
+            raise ValueError(f"critic: the checkpoint {ckpt_dir} holds no critic")
+        critic.load_state_dict(state["critic"])
+    if optimizers is not None:
+        if set(optimizers) != set(state["optimizers"]):
+            raise ValueError(f"optimizers: expected the saved names {sorted(state['optimizers'])}, "
+                             f"got {sorted(optimizers)}")
+        for name, opt in optimizers.items():
+            opt.load_state_dict(state["optimizers"][name])
+    if restore_rng:
+        restore_rng_state(state["rng_states"], generators)
+    return {**state, "path": ckpt_dir, "config": load_config(str(ckpt_dir / "config.toml"), [])}

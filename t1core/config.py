@@ -1,0 +1,397 @@
+"""The one typed config tree of a T1 run: frozen keyword-only dataclasses, TOML + `--section.key=value`.
+
+Every field carries its help text in `metadata["help"]` (printed by `format_config(cfg, with_help=True)` and
+written as a comment above each key by `config_to_toml`). The defaults ARE the embedded default run: the tiny
+model on the built-in tasks, sized for a 2-core CPU. Optional fields take the string "none" in TOML and on
+the command line (TOML has no null).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 has no tomllib; tomli is the same parser (needs `pip install tomli`).
+    import tomli as tomllib
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def _field(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+def _check(ok: bool, name: str, expected: str, got: Any) -> None:
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}, got {got!r}")
+
+
+def _check_types(section: Any) -> None:
+    """Every field's value matches its annotation (catches e.g. a string where a float belongs)."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if not _matches(value, hints[f.name]):
+            raise ValueError(f"{type(section).__name__}.{f.name}: expected {_type_name(hints[f.name])}, "
+                             f"got {value!r} ({type(value).__name__})")
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
+    if tp is float:  # an int is a fine float; a bool is not
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "") if typing.get_args(tp) else tp.__name__
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    name: str = _field("tiny", "model preset name (e.g. 'tiny') or path to a HF Qwen3-MoE checkpoint directory")
+    dtype: str = _field("float32", f"parameter/compute dtype, one of {_DTYPES}")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(bool(self.name), "model.name", "a preset name or a path", self.name)
+        _check(self.dtype in _DTYPES, "model.dtype", f"one of {_DTYPES}", self.dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TasksSection:
+    source: str = _field("builtin", "'builtin' for the repo's suite, or a directory of Harbor/Terminal-Bench tasks")
+    families: tuple[str, ...] = _field((), "seeded task families to train on; empty = every built-in family")
+    num_per_family: int = _field(4, "training instances synthesized per family (seeds train_seed, train_seed+1, ...)")
+    num_heldout_per_family: int = _field(2, "held-out instances per family (seeds heldout_seed, heldout_seed+1, ...)")
+    train_seed: int = _field(0, "first seed of the training instances")
+    heldout_seed: int = _field(100_000, "first seed of the held-out instances; the two seed ranges must not overlap")
+    base_image_overrides: tuple[str, ...] = _field(
+        (), "'PATTERN=IMAGE' pairs mapping a Dockerfile FROM (glob, e.g. 'debian:*') onto a local image")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(bool(self.source), "tasks.source", "'builtin' or a directory", self.source)
+        _check(self.num_per_family >= 1, "tasks.num_per_family", ">= 1", self.num_per_family)
+        _check(self.num_heldout_per_family >= 0, "tasks.num_heldout_per_family", ">= 0",
+               self.num_heldout_per_family)
+        train = range(self.train_seed, self.train_seed + self.num_per_family)
+        heldout = range(self.heldout_seed, self.heldout_seed + self.num_heldout_per_family)
+        _check(not set(train) & set(heldout), "tasks seeds", "disjoint train and held-out seed ranges",
+               (train, heldout))
+        for pair in self.base_image_overrides:
+            pattern, sep, image = pair.partition("=")
+            _check(bool(sep and pattern and image), "tasks.base_image_overrides", "'PATTERN=IMAGE' items", pair)
+
+    def base_image_map(self) -> dict[str, str]:
+        """The overrides as {pattern: image}, in the given order."""
+        return dict(pair.split("=", 1) for pair in self.base_image_overrides)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSection:
+    cpus: float = _field(0.5, "CPU quota per sandbox container")
+    memory_mb: int = _field(512, "memory limit per sandbox container (MiB)")
+    pids: int = _field(128, "process limit per sandbox container")
+    command_timeout_s: float = _field(10.0, "wall-clock limit of one agent command; it is killed after that")
+    output_cap_bytes: int = _field(4096, "bytes of a command's output kept and shown to the agent (tail cut)")
+    pool_size: int = _field(4, "sandboxes kept started ahead of need")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.cpus > 0, "sandbox.cpus", "> 0", self.cpus)
+        _check(self.memory_mb >= 16, "sandbox.memory_mb", ">= 16", self.memory_mb)
+        _check(self.pids >= 8, "sandbox.pids", ">= 8", self.pids)
+        _check(self.command_timeout_s > 0, "sandbox.command_timeout_s", "> 0", self.command_timeout_s)
+        _check(self.output_cap_bytes >= 64, "sandbox.output_cap_bytes", ">= 64", self.output_cap_bytes)
+        _check(self.pool_size >= 1, "sandbox.pool_size", ">= 1", self.pool_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutSection:
+    episodes_per_step: int = _field(8, "episodes collected per RL step")
+    concurrency: int = _field(4, "episodes run at once (each holds one sandbox and one engine slot)")
+    max_turns: int = _field(6, "assistant turns per episode before it is cut")
+    max_new_tokens_per_turn: int = _field(48, "tokens sampled per assistant turn at most")
+    max_tokens: int = _field(2048, "token budget of an episode: prompt, replies and observations together")
+    wall_clock_limit_s: float = _field(120.0, "wall-clock limit of one episode, verification excluded")
+    temperature: float = _field(1.0, "sampling temperature (log-probs for training use the same one)")
+    top_p: float = _field(1.0, "nucleus sampling mass; 1.0 = off")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in ("episodes_per_step", "concurrency", "max_turns", "max_new_tokens_per_turn"):
+            _check(getattr(self, name) >= 1, f"rollout.{name}", ">= 1", getattr(self, name))
+        _check(self.max_tokens > self.max_new_tokens_per_turn, "rollout.max_tokens",
+               f"> max_new_tokens_per_turn ({self.max_new_tokens_per_turn})", self.max_tokens)
+        _check(self.wall_clock_limit_s > 0, "rollout.wall_clock_limit_s", "> 0", self.wall_clock_limit_s)
+        _check(self.temperature > 0, "rollout.temperature", "> 0", self.temperature)
+        _check(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgoSection:
+    gamma: float = _field(1.0, "discount per sampled token in GAE")
+    gae_lambda: float = _field(0.95, "GAE lambda")
+    clip_eps: float = _field(0.2, "PPO ratio clip: ratios outside [1-eps, 1+eps] get no gradient")
+    value_clip_eps: float | None = _field(0.2, "value clip around the rollout-time values; none = unclipped")
+    vf_coef: float = _field(0.5, "weight of the value loss")
+    entropy_coef: float = _field(0.0, "weight of the entropy bonus; 0 = reported only")
+    kl_coef: float = _field(0.0, "weight of the k3 KL penalty to the warm-started reference policy; 0 = off")
+    tis_cap: float | None = _field(2.0, "truncated importance sampling cap on pi_old/pi_rollout; none = off")
+    icepop: tuple[float, float] | None = _field(
+        None, "mask tokens whose pi_old/pi_rollout leaves [lo, hi], e.g. [0.5, 5.0]; none = off")
+    outcome_bonus: float = _field(1.0, "reward added when every verifier passes (on top of the verifier count)")
+    turn_penalty: float = _field(0.0, "reward subtracted per assistant turn (>= 0); 0 = off")
+    format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
+    use_tito: bool = _field(True, "train on the exact sampled token IDs (false: re-tokenize the transcript)")
+    use_r3: bool = _field(True, "replay the rollout's expert routing in every training forward")
+    ppo_epochs: int = _field(1, "passes over each step's batch")
+    minibatch_tokens: int = _field(4096, "tokens per optimizer step (whole trajectories are packed)")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(0 < self.gamma <= 1, "algo.gamma", "in (0, 1]", self.gamma)
+        _check(0 <= self.gae_lambda <= 1, "algo.gae_lambda", "in [0, 1]", self.gae_lambda)
+        _check(0 < self.clip_eps < 1, "algo.clip_eps", "in (0, 1)", self.clip_eps)
+        _check(self.value_clip_eps is None or self.value_clip_eps > 0, "algo.value_clip_eps", "> 0 or none",
+               self.value_clip_eps)
+        for name in ("vf_coef", "entropy_coef", "kl_coef", "outcome_bonus", "turn_penalty", "format_penalty"):
+            _check(getattr(self, name) >= 0, f"algo.{name}", ">= 0", getattr(self, name))
+        _check(self.tis_cap is None or self.tis_cap >= 1, "algo.tis_cap", ">= 1 or none", self.tis_cap)
+        _check(self.icepop is None or 0 < self.icepop[0] < 1 < self.icepop[1], "algo.icepop",
+               "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
+        _check(self.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", self.ppo_epochs)
+        _check(self.minibatch_tokens >= 1, "algo.minibatch_tokens", ">= 1", self.minibatch_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmstartSection:
+    sft_enabled: bool = _field(True, "supervised fine-tuning on reference-solution transcripts before RL")
+    sft_epochs: int = _field(3, "passes over the SFT transcripts")
+    sft_max_steps: int | None = _field(None, "stop SFT after this many optimizer steps; none = run all epochs")
+    sft_lr: float = _field(1e-3, "SFT learning rate of the actor")
+    critic_only_iterations: int = _field(2, "RL iterations that update only the critic before the first actor update")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.sft_epochs >= 1, "warmstart.sft_epochs", ">= 1", self.sft_epochs)
+        _check(self.sft_max_steps is None or self.sft_max_steps >= 1, "warmstart.sft_max_steps", ">= 1 or none",
+               self.sft_max_steps)
+        _check(self.sft_lr > 0, "warmstart.sft_lr", "> 0", self.sft_lr)
+        _check(self.critic_only_iterations >= 0, "warmstart.critic_only_iterations", ">= 0",
+               self.critic_only_iterations)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimSection:
+    lr_actor: float = _field(1e-4, "AdamW learning rate of the policy in RL")
+    lr_critic: float = _field(1e-3, "AdamW learning rate of the critic")
+    betas: tuple[float, float] = _field((0.9, 0.95), "AdamW betas")
+    weight_decay: float = _field(0.0, "AdamW decoupled weight decay")
+    grad_clip: float | None = _field(1.0, "global grad-norm clip per model; none = off")
+    warmup_steps: int = _field(0, "linear LR warmup in optimizer steps")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.lr_actor > 0, "optim.lr_actor", "> 0", self.lr_actor)
+        _check(self.lr_critic > 0, "optim.lr_critic", "> 0", self.lr_critic)
+        _check(all(0 <= b < 1 for b in self.betas), "optim.betas", "two values in [0, 1)", self.betas)
+        _check(self.weight_decay >= 0, "optim.weight_decay", ">= 0", self.weight_decay)
+        _check(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", "> 0 or none", self.grad_clip)
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", ">= 0", self.warmup_steps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSection:
+    seed: int = _field(0, "seed of every generator of the run (model init, sampling, task order)")
+    steps: int = _field(6, "RL steps (critic-only iterations included)")
+    eval_every: int = _field(0, "held-out evaluation every N RL steps; 0 = only before and after RL")
+    out_dir: str | None = _field(None, "run directory; none = runs/<time>-seed<seed>")
+    device: str = _field("cpu", "'cpu', 'cuda' or 'cuda:N'")
+    resume_dir: str | None = _field(None, "run directory to resume from (its latest checkpoint); none = fresh")
+    checkpoint_every: int = _field(3, "checkpoint every N RL steps (the final step is always saved); 0 = final only")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.steps >= 0, "run.steps", ">= 0", self.steps)
+        _check(self.eval_every >= 0, "run.eval_every", ">= 0", self.eval_every)
+        _check(self.out_dir is None or bool(self.out_dir), "run.out_dir", "a path or none", self.out_dir)
+        _check(bool(_DEVICE_RE.match(self.device)), "run.device", "'cpu', 'cuda' or 'cuda:N'", self.device)
+        _check(self.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", self.checkpoint_every)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    tasks: TasksSection = field(default_factory=TasksSection)
+    sandbox: SandboxSection = field(default_factory=SandboxSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    algo: AlgoSection = field(default_factory=AlgoSection)
+    warmstart: WarmstartSection = field(default_factory=WarmstartSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    run: RunSection = field(default_factory=RunSection)
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        # Minibatches pack whole trajectories, so the longest one must fit in one.
+        _check(self.algo.minibatch_tokens >= self.rollout.max_tokens, "algo.minibatch_tokens",
+               f">= rollout.max_tokens ({self.rollout.max_tokens})", self.algo.minibatch_tokens)
+
+
+def _sections() -> dict[str, type]:
+    return typing.get_type_hints(RunConfig)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """A TOML value (or a string from the command line) converted to the field type `tp`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, where)
+    if origin is tuple:
+        if isinstance(value, str):
+            text = value.strip().strip("[]()").strip()
+            value = [] if not text else [item.strip().strip("'\"") for item in text.split(",")]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        item_types = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
+        if len(item_types) != len(value):
+            raise ValueError(f"{where}: expected {len(args)} items, got {len(value)} ({value!r})")
+        return tuple(_coerce(v, t, where) for v, t in zip(value, item_types))
+    if isinstance(value, str) and tp is not str:
+        return _parse_scalar(value, tp, where)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value  # type errors are reported by the section's __post_init__
+
+
+def _parse_scalar(text: str, tp: Any, where: str) -> Any:
+    text = text.strip()
+    if tp is bool:
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{where}: expected a bool (true/false), got {text!r}")
+    try:
+        return tp(text)
+    except ValueError:
+        raise ValueError(f"{where}: expected {_type_name(tp)}, got {text!r}") from None
+
+
+def _build(raw: dict[str, dict[str, Any]]) -> RunConfig:
+    sections = {}
+    for name, cls in _sections().items():
+        hints = typing.get_type_hints(cls)
+        values = {key: _coerce(v, hints[key], f"{name}.{key}") for key, v in raw.get(name, {}).items()}
+        sections[name] = cls(**values)
+    return RunConfig(**sections)
+
+
+def _check_keys(raw: dict[str, Any], origin: str) -> None:
+    sections = _sections()
+    for name, values in raw.items():
+        if name not in sections:
+            raise ValueError(f"{origin}: unknown section {name!r}; valid sections: {sorted(sections)}")
+        if not isinstance(values, dict):
+            raise ValueError(f"{origin}: expected [{name}] to be a table, got {values!r}")
+        valid = [f.name for f in dataclasses.fields(sections[name])]
+        for key in values:
+            if key not in valid:
+                raise ValueError(f"{origin}: unknown key {name}.{key}; valid keys of [{name}]: {valid}")
+
+
+def parse_override(arg: str) -> tuple[str, str, str]:
+    """'--section.key=value' -> (section, key, value); the value stays a string until it meets its field."""
+    match = re.fullmatch(r"--([A-Za-z_]\w*)\.([A-Za-z_]\w*)=(.*)", arg, flags=re.DOTALL)
+    if match is None:
+        raise ValueError(f"override: expected '--section.key=value', got {arg!r}")
+    return match.group(1), match.group(2), match.group(3)
+
+
+def load_config(toml_path: str | None, overrides: list[str]) -> RunConfig:
+    """The embedded defaults, updated by a TOML file (if given), then by `--section.key=value` overrides."""
+    raw: dict[str, dict[str, Any]] = {}
+    if toml_path is not None:
+        with open(toml_path, "rb") as f:
+            raw = tomllib.load(f)
+        _check_keys(raw, toml_path)
+    for arg in overrides:
+        section, key, value = parse_override(arg)
+        _check_keys({section: {key: value}}, arg)
+        raw.setdefault(section, {})[key] = value
+    return _build(raw)
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return '"none"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # shortest round-tripping form; always has '.', 'e' or is inf/nan
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"config value of unsupported type {type(value).__name__}: {value!r}")
+
+
+def config_to_toml(cfg: RunConfig) -> str:
+    """TOML text that `load_config` reads back to an equal config; each key carries its help as a comment."""
+    lines: list[str] = []
+    for name in _sections():
+        section = getattr(cfg, name)
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(section):
+            lines.append(f"# {f.metadata['help']}")
+            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _display(value: Any) -> str:
+    return "none" if value is None else _toml_value(value)
+
+
+def format_config(cfg: RunConfig, *, with_help: bool = False) -> str:
+    """One 'section.key = value' line per field, for printing at the start of a run."""
+    rows = [(f"{name}.{f.name}", _display(getattr(getattr(cfg, name), f.name)), f.metadata["help"])
+            for name in _sections() for f in dataclasses.fields(getattr(cfg, name))]
+    width = max(len(key) for key, _, _ in rows)
+    value_width = max(len(value) for _, value, _ in rows)
+    if with_help:
+        return "\n".join(f"{k:<{width}} = {v:<{value_width}}  # {h}" for k, v, h in rows)
+    return "\n".join(f"{k:<{width}} = {v}" for k, v, _ in rows)

@@ -1,0 +1,181 @@
+"""Per-step metrics: a JSONL logger, a PNG of the curves, GPU memory/utilisation, a phase stopwatch.
+
+Keys are flat "group/name" strings; nested dicts are flattened with "/". The plot groups them by name:
+reward/* (dense reward), outcome/* (outcome rate), heldout/* (held-out success), mismatch/{gap,k3,
+extreme_frac} (train vs rollout log-probs), */loss (losses), time/* (seconds per phase, stacked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, prefix=f"{name}/"))
+        else:
+            flat[name] = _to_json(name, value)
+    return flat
+
+
+def _to_json(name: str, value: Any) -> Any:
+    """A JSON value; non-finite floats become null (strict JSON has no NaN)."""
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+        size = value.numel() if isinstance(value, torch.Tensor) else np.size(value)
+        if size != 1:
+            raise TypeError(f"metric {name!r}: expected a scalar, got shape {tuple(value.shape)}")
+        value = value.item()  # sync: once per logged scalar
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    raise TypeError(f"metric {name!r}: expected a number, string, bool or None, got {type(value).__name__}")
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a metrics JSONL file, in order."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsLogger:
+    """Appends one JSON row per step ({"step", "wall_time", ...metrics}) and flushes it at once.
+
+    A fresh run refuses a non-empty existing file; a resumed run passes `resume_step`, and rows logged after
+    that step (by the run that died) are dropped so that the resumed run's rows replace them.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, resume_step: int | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        if exists and resume_step is None:
+            raise ValueError(f"metrics: {self.path} exists; pass resume_step to continue it")
+        if exists:
+            kept = [row for row in read_metrics(self.path) if row["step"] <= resume_step]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
+            os.replace(tmp, self.path)
+        self._file = open(self.path, "a")
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Write one row and return it (as written: flat keys, plain values)."""
+        row = {"step": step, "wall_time": time.time(), **_flatten(metrics)}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        return row
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("dense reward", lambda k: k.startswith("reward/")),
+    ("outcome rate", lambda k: k.startswith("outcome/")),
+    ("held-out success", lambda k: k.startswith("heldout/")),
+    ("train/rollout log-prob gap", lambda k: k in ("mismatch/gap", "mismatch/k3", "mismatch/extreme_frac")),
+    ("losses", lambda k: k.endswith("/loss")),
+    ("time split (s)", lambda k: k.startswith("time/")),
+)
+
+
+def plot_metrics(jsonl_path: str | os.PathLike[str], png_path: str | os.PathLike[str]) -> Path:
+    """Draw the run's curves (one panel per group above, against step) into a PNG; returns its path."""
+    from matplotlib.figure import Figure  # lazy: plotting is off the training path; no pyplot global state
+
+    rows = read_metrics(jsonl_path)
+    steps = np.array([row["step"] for row in rows], dtype=float)
+    fig = Figure(figsize=(15, 8), layout="constrained")
+    for ax, (title, wanted) in zip(fig.subplots(2, 3, sharex=True).flat, _PANELS):
+        keys = sorted({k for row in rows for k in row if wanted(k) and isinstance(row[k], (int, float))})
+        series = {k: np.array([_as_float(row.get(k)) for row in rows]) for k in keys}
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if not keys:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        elif title.startswith("time"):
+            ax.stackplot(steps, *[np.nan_to_num(series[k]) for k in keys], labels=keys)
+        else:
+            for k in keys:
+                seen = ~np.isnan(series[k])  # sparse series (held-out evals) get markers, no gaps
+                ax.plot(steps[seen], series[k][seen], marker="o" if seen.sum() < 20 else None, label=k)
+        if keys:
+            ax.legend(fontsize=7)
+    png_path = Path(png_path)
+    fig.savefig(png_path, dpi=80)
+    return png_path
+
+
+def _as_float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml() -> ModuleType | None:
+    """pynvml, initialised; None when it is not installed or finds no driver (CPU machines)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    return pynvml
+
+
+def gpu_stats(device_index: int = 0) -> dict[str, float]:
+    """GPU memory (GiB) and utilisation (%) from NVML, plus torch's peak allocation when CUDA is in use.
+    {} without error where there is no GPU or nvidia-ml-py is not installed."""
+    nvml = _nvml()
+    if nvml is None:
+        return {}
+    handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+    mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+    stats = {"gpu/mem_used_gib": mem.used / 2**30, "gpu/mem_total_gib": mem.total / 2**30,
+             "gpu/util_pct": float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)}
+    if torch.cuda.is_initialized():
+        stats["gpu/torch_peak_alloc_gib"] = torch.cuda.max_memory_allocated(device_index) / 2**30
+    return stats
+
+
+class Stopwatch:
+    """Wall time per phase: `with sw.phase("generate"): ...`, then `sw.pop()` -> {"time/generate": s, ...}.
+    CUDA work is asynchronous: synchronise before a GPU phase ends if its time must be attributed to it."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._totals[name] = self._totals.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        """The accumulated seconds per phase since the last pop, keyed "time/<phase>"; resets."""
+        totals, self._totals = self._totals, {}
+        return {f"time/{name}": seconds for name, seconds in totals.items()}

@@ -1,0 +1,266 @@
+"""`python -m t1core.train [--config FILE] [--out DIR] [--resume RUN_DIR] [--section.key=value ...]`
+
+Warm-started actor-critic PPO on exact sampled tokens (TITO) with routing replay (R3):
+
+    warm start:  SFT on reference-solution transcripts   (built with the same TITO construction)
+    evaluate:    held-out tasks before RL
+    each step:   collect -> score -> update (critic only for the first N steps) -> sync weights to the engine
+    evaluate:    held-out tasks after RL; save the final checkpoint (HF format), metrics, plot
+
+Every random choice derives from (run.seed, step), so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from rollout.agent import EpisodeSpec, run_episodes
+from rollout.sampling import derive_seed
+from rollout.trajectory import save_trajectories
+from sandbox.reap import reap
+from t1core import world
+from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
+from t1core.config import RunConfig, config_to_toml, format_config, load_config
+from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
+from t1core.retokenize import retokenize
+from t1core.update import ppo_update, score, sft_update
+from t1core.warmstart import reference_transcripts
+
+
+class Trainer:
+    """Holds the run's parts; each method is one phase of the loop in `run`."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+        reap()  # containers left behind by crashed runs
+        self.tok = world.load_tokenizer(cfg)
+        self.tasks = world.load_tasks(cfg, run_dir)
+        world.build_images(self.tasks, cfg)
+        self.policy, self.critic = world.load_models(cfg, self.tok)
+        self.engine = world.make_engine(self.policy, cfg)
+        self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg)
+        self.opt_critic, self.sched_critic = world.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
+        self.ref_policy = None
+        self.clock = Stopwatch()
+        self.state = {"step": 0, "warm_started": False}
+
+    # ---- phases ----
+    def collect(self, tasks: list, *, seed: int, desc: str, temperature: float | None = None) -> list:
+        specs = [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
+                 for i, t in enumerate(tasks)]
+        bar = tqdm(total=len(specs), desc=desc, leave=False, file=sys.stdout, disable=None)
+        trajs = run_episodes(self.engine, self.tok, specs, config=world.agent_config(self.cfg, temperature=temperature),
+                             num_parallel=self.cfg.rollout.concurrency, on_done=lambda i, t: bar.update())
+        bar.close()
+        return trajs
+
+    def rewards(self, trajs: list) -> list[float]:
+        """Dense verifier count + outcome bonus - optional per-turn and format penalties."""
+        a = self.cfg.algo
+        out = []
+        for t in trajs:
+            v = t.verifier or {"passed": 0, "total": 0}
+            outcome = v["total"] > 0 and v["passed"] == v["total"]
+            out.append(v["passed"] + a.outcome_bonus * outcome - a.turn_penalty * len(t.turns)
+                       - a.format_penalty * t.metrics.get("malformed_tool_calls", 0))
+        return out
+
+    def warm_start(self) -> dict[str, float]:
+        """(a) SFT of the actor on reference transcripts; the critic-only steps are part of the RL loop."""
+        w = self.cfg.warmstart
+        if not w.sft_enabled:
+            return {}
+        with self.clock.phase("sft_transcripts"):
+            transcripts, metrics = reference_transcripts(
+                self.tasks.train, self.tasks.images, tok=self.tok, config=world.agent_config(self.cfg),
+                num_parallel=self.cfg.rollout.concurrency)
+        save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
+        opt, _ = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg)
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, 1 << 20))
+        steps = 0
+        for epoch in tqdm(range(w.sft_epochs), desc="sft", leave=False, file=sys.stdout, disable=None):
+            with self.clock.phase("sft_update"):
+                m = sft_update(transcripts, policy=self.policy, opt=opt, grad_clip=self.cfg.optim.grad_clip,
+                               minibatch_tokens=self.cfg.algo.minibatch_tokens, generator=gen)
+            steps += 1
+            if w.sft_max_steps is not None and steps >= w.sft_max_steps:
+                break
+        self.engine.update_weights(self.policy)
+        return {**metrics, **m, "sft/epochs": float(steps)}
+
+    def evaluate(self, tag: str) -> dict[str, float]:
+        """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately."""
+        out = {}
+        for name, tasks in (("family", self.tasks.heldout_family), ("fixed", self.tasks.heldout_fixed)):
+            if not tasks:
+                continue
+            trajs = self.collect(tasks, seed=derive_seed(self.cfg.run.seed, 1 << 21), desc=f"eval {tag} {name}")
+            save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
+            passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
+                      for t in trajs]
+            out[f"heldout/{name}_success"] = sum(p == 1.0 for p in passed) / len(trajs)
+            out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
+        return out
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """collect -> score -> update -> sync."""
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, step))
+        order = torch.randint(len(self.tasks.train), (cfg.rollout.episodes_per_step,), generator=gen).tolist()
+        with self.clock.phase("collect"):
+            trajs = self.collect([self.tasks.train[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
+                                 desc=f"step {step} rollout")
+        save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
+        rewards = self.rewards(trajs)
+        metrics = _rollout_metrics(trajs, rewards)
+        kept = [(t, r) for t, r in zip(trajs, rewards) if bool(t.loss_mask.any())]
+        if not kept:
+            return {**metrics, "skipped/no_sampled_tokens": 1.0}
+        train_trajs, drift = [t for t, _ in kept], 0
+        if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
+            pairs = [retokenize(t, self.tok) for t, _ in kept]
+            train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
+        metrics["tito/drift_tokens"] = float(drift)
+        update_actor = step >= cfg.warmstart.critic_only_iterations
+        with self.clock.phase("update"):
+            scored, fidelity = score(train_trajs, [r for _, r in kept], policy=self.policy, critic=self.critic,
+                                     ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature)
+            upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
+                             opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
+                             algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,
+                             update_actor=update_actor, generator=gen)
+        with self.clock.phase("sync"):
+            # Also after critic-only steps: it resets the engine's prefix cache at every step boundary,
+            # so a resumed run (which starts with an empty cache) computes exactly what a straight run does.
+            self.engine.update_weights(self.policy)
+        return {**metrics, **fidelity, **upd, "train/actor_updated": float(update_actor)}
+
+    # ---- the loop ----
+    def run(self) -> None:
+        cfg = self.cfg
+        logger = MetricsLogger(self.run_dir / "metrics.jsonl", resume_step=self._maybe_resume())
+        if not self.state["warm_started"]:
+            logger.log(-1, {**self.warm_start(), **self.evaluate("before"), **_times(self.clock)})
+            if cfg.algo.kl_coef > 0:
+                self.ref_policy = _frozen_copy(self.policy)
+            self.state["warm_started"] = True
+        for step in tqdm(range(self.state["step"], cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
+            t0 = time.perf_counter()
+            m = self.train_step(step)
+            self.state["step"] = step + 1
+            if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
+                m.update(self.evaluate(f"step{step + 1}"))
+            m.update(_times(self.clock), **gpu_stats(), **{"time/step_s": time.perf_counter() - t0})
+            logger.log(step, m)
+            last = step + 1 == cfg.run.steps
+            if last or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
+                self.checkpoint()
+        if self.state["step"] == cfg.run.steps and self.state.get("evaluated_at") != cfg.run.steps:
+            logger.log(cfg.run.steps, self.evaluate("after"))
+            self.state["evaluated_at"] = cfg.run.steps
+        logger.close()
+        plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
+        self.policy.save_pretrained(self.run_dir / "final")
+
+    def checkpoint(self) -> Path:
+        return save_checkpoint(self.run_dir / "checkpoints", step=self.state["step"], policy=self.policy,
+                               critic=self.critic, optimizers=self._optimizers(), rng_states=capture_rng_state(),
+                               data_state=dict(self.state), config=self.cfg, keep_last=2)
+
+    def _optimizers(self) -> dict:
+        return {"actor": self.opt_actor, "critic": self.opt_critic, "sched_actor": self.sched_actor,
+                "sched_critic": self.sched_critic}
+
+    def _maybe_resume(self) -> int | None:
+        ckpt_root = self.run_dir / "checkpoints"
+        if latest_checkpoint(ckpt_root) is None:
+            return None
+        ckpt = load_checkpoint(ckpt_root, policy=self.policy, critic=self.critic, optimizers=self._optimizers())
+        self.state = dict(ckpt["data_state"])
+        self.engine.update_weights(self.policy)
+        if self.cfg.algo.kl_coef > 0:
+            raise ValueError("resume with algo.kl_coef > 0 needs the reference policy, which is not checkpointed")
+        print(f"resumed from {ckpt['path']} at step {self.state['step']}")
+        return self.state["step"] - 1
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    import copy
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def _times(clock: Stopwatch) -> dict[str, float]:
+    return clock.pop()
+
+
+def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:
+    n = len(trajs)
+    verified = [t.verifier for t in trajs if t.verifier]
+    tokens = sum(t.num_tokens for t in trajs)
+    out = {
+        "reward/dense_mean": sum(v["passed"] for v in verified) / n,
+        "reward/shaped_mean": sum(rewards) / n,
+        "outcome/rate": sum(v["total"] > 0 and v["passed"] == v["total"] for v in verified) / n,
+        "rollout/turns_mean": sum(len(t.turns) for t in trajs) / n,
+        "rollout/tokens": float(tokens),
+        "rollout/sampled_tokens": float(sum(int(t.loss_mask.sum()) for t in trajs)),
+        "rollout/malformed_tool_calls": float(sum(t.metrics.get("malformed_tool_calls", 0) for t in trajs)),
+        "rollout/sandbox_errors": float(sum(t.finish_reason.startswith("sandbox_error") for t in trajs)),
+        "tito/prefix_breaks": float(sum(t.metrics.get("tito_prefix_breaks", 0) for t in trajs)),
+    }
+    for key in ("generate_s", "command_s", "verify_s"):
+        out[f"time/episode_{key}"] = sum(t.metrics.get(key, 0.0) for t in trajs)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
+    p = argparse.ArgumentParser(prog="python -m t1core.train", description=__doc__.splitlines()[0],
+                                epilog="Any config field can be set as --section.key=value (see the printed config).")
+    p.add_argument("--config", help="TOML file with config sections (defaults: the embedded CPU run)")
+    p.add_argument("--out", help="run directory (default: runs/<time>-seed<seed>)")
+    p.add_argument("--resume", help="run directory to continue from its latest checkpoint")
+    args, overrides = p.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
+    if bad:
+        p.error(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.toml").is_file():
+            p.error(f"--resume {run_dir}: no config.toml there (not a run directory)")
+        cfg = load_config(str(run_dir / "config.toml"), overrides)  # overrides may extend run.steps
+        return cfg, run_dir
+    cfg = load_config(args.config, overrides)
+    out = args.out or cfg.run.out_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.run.seed}"
+    run_dir = Path(out)
+    if (run_dir / "checkpoints").exists():
+        p.error(f"--out {run_dir} already holds a run; use --resume {run_dir} to continue it")
+    return cfg, run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, run_dir = parse_args(argv)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.run.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    print(format_config(cfg), flush=True)
+    (run_dir / "config.toml").write_text(config_to_toml(cfg))
+    trainer = Trainer(cfg, run_dir)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    print(run_dir.resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""One optimisation step of the actor-critic: score a batch of trajectories, then PPO / value / SFT updates.
+
+Legend: T packed tokens, B trajectories, L_moe MoE layers, K top-k.
+
+The trainer's forward always runs over the exact token IDs of the trajectories (TITO) and, with
+`use_r3`, replays the routing recorded at rollout. The scoring pass (no grad) gives pi_old, the critic's
+V_old, GAE advantages and the train-vs-rollout mismatch metrics; then `ppo_epochs` passes update the actor
+(unless critic-only) and the critic. A non-finite loss or gradient skips that optimizer step and says why.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kernels.logprob import token_logprobs
+from t1core.batch import PackedBatch, pack, split_by_tokens
+from t1core.config import AlgoSection, OptimSection
+from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
+                           ppo_policy_loss, routing_agreement, sft_loss, value_loss)
+
+
+@dataclass
+class Scored:
+    """A packed minibatch with what the scoring pass computed for it (all [T], no grad)."""
+
+    batch: PackedBatch
+    old_logp_T: torch.Tensor
+    old_values_T: torch.Tensor
+    advantages_T: torch.Tensor
+    returns_T: torch.Tensor
+    ref_logp_T: torch.Tensor | None
+
+
+def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature: float, replay: bool,
+                    return_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp_T, entropy_T | None) of each position's target under the policy; 0 where nothing is trained."""
+    routing = batch.routing_TLK if replay else None
+    hidden_TD = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing)
+    out = token_logprobs(hidden_TD, policy.lm_head.weight, batch.targets_T, temperature=temperature,
+                         return_entropy=return_entropy)
+    return out if return_entropy else (out, None)
+
+
+def critic_values(critic: torch.nn.Module, batch: PackedBatch, *, replay: bool) -> torch.Tensor:
+    routing = batch.routing_TLK if replay else None
+    return critic(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing).float()
+
+
+@torch.no_grad()
+def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.Module, critic: torch.nn.Module,
+          ref_policy: torch.nn.Module | None, algo: AlgoSection, temperature: float,
+          ) -> tuple[list[Scored], dict[str, float]]:
+    """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step."""
+    groups = split_by_tokens([t.num_tokens for t in trajectories], max_tokens=algo.minibatch_tokens)
+    scored, metrics = [], defaultdict(list)
+    for group in groups:
+        batch = pack([trajectories[i] for i in group], rewards=[rewards[i] for i in group],
+                     with_routing=algo.use_r3)
+        old_logp_T, _ = policy_logprobs(policy, batch, temperature=temperature, replay=algo.use_r3)
+        values_T = critic_values(critic, batch, replay=algo.use_r3)
+        rewards_T = place_terminal_rewards(batch.reward_B, batch.loss_mask_T, batch.cu_seqlens)
+        adv_T, ret_T = gae(rewards_T, values_T, batch.loss_mask_T, batch.cu_seqlens, gamma=algo.gamma,
+                           lam=algo.gae_lambda)
+        ref_T = None
+        if ref_policy is not None:
+            ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3)
+        scored.append(Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T))
+        for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
+            metrics[k].append((v, batch.reward_B.numel()))
+    _normalise_advantages(scored)
+    return scored, {k: sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
+
+
+def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T: torch.Tensor, *,
+                      replayed: bool) -> dict[str, float]:
+    """Train-vs-rollout gap of the logp the update uses; with R3 also how often the trainer's own router
+    agrees with the replayed experts (a forward without replay)."""
+    n = int(batch.reward_B.numel())
+    out = {k: float(v) for k, v in mismatch_metrics(logp_train_T, batch.rollout_logp_T, batch.loss_mask_T,
+                                                     batch.traj_index_T, num_trajectories=n).items()}
+    if replayed:
+        _, own_TLK = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, return_routing=True)
+        out["fidelity/routing_agreement"] = float(routing_agreement(own_TLK, batch.routing_TLK))
+    return out
+
+
+def _normalise_advantages(scored: list[Scored]) -> None:
+    # Dense rewards are absolute verifier counts, so raw advantages scale with the task's number of
+    # verifiers; whitening over the step keeps the actor's step size independent of that scale (the
+    # critic still fits the raw returns).
+    adv = torch.cat([s.advantages_T[s.batch.loss_mask_T] for s in scored])
+    if adv.numel() < 2:
+        return
+    mean, std = adv.mean(), adv.std().clamp(min=1e-6)
+    for s in scored:
+        s.advantages_T = torch.where(s.batch.loss_mask_T, (s.advantages_T - mean) / std, 0.0)
+
+
+def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
+          sched: torch.optim.lr_scheduler.LRScheduler | None, grad_clip: float | None, what: str,
+          metrics: dict[str, list[float]]) -> None:
+    """Backward + clip + step, unless the loss or the gradient is not finite (then skip and log why)."""
+    opt.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):  # sync: one scalar per optimizer step
+        metrics[f"skipped/{what}_nonfinite_loss"].append(1.0)
+        return
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
+    if not torch.isfinite(norm):
+        opt.zero_grad(set_to_none=True)
+        metrics[f"skipped/{what}_nonfinite_grad"].append(1.0)
+        return
+    metrics[f"{what}/grad_norm"].append(float(norm))
+    opt.step()
+    if sched is not None:
+        sched.step()
+
+
+def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.nn.Module,
+               opt_actor: torch.optim.Optimizer, opt_critic: torch.optim.Optimizer,
+               sched_actor: torch.optim.lr_scheduler.LRScheduler | None,
+               sched_critic: torch.optim.lr_scheduler.LRScheduler | None,
+               algo: AlgoSection, optim: OptimSection, temperature: float, update_actor: bool,
+               generator: torch.Generator) -> dict[str, float]:
+    """`algo.ppo_epochs` passes over the scored minibatches (shuffled by `generator`)."""
+    metrics: dict[str, list[float]] = defaultdict(list)
+    actor_params = [p for p in policy.parameters() if p.requires_grad]
+    critic_params = [p for p in critic.parameters() if p.requires_grad]
+    for _ in range(algo.ppo_epochs):
+        for i in torch.randperm(len(scored), generator=generator).tolist():
+            s, b = scored[i], scored[i].batch
+            if update_actor:
+                logp_T, ent_T = policy_logprobs(policy, b, temperature=temperature, replay=algo.use_r3,
+                                                return_entropy=True)
+                loss, m = ppo_policy_loss(logp_T, s.old_logp_T, b.rollout_logp_T, s.advantages_T, b.loss_mask_T,
+                                          clip_eps=algo.clip_eps, tis_cap=algo.tis_cap, icepop=algo.icepop)
+                ent_loss, m_ent = entropy_bonus(ent_T, b.loss_mask_T)
+                loss = loss + algo.entropy_coef * ent_loss
+                if s.ref_logp_T is not None:
+                    kl, m_kl = kl_penalty(logp_T, s.ref_logp_T, b.loss_mask_T)
+                    loss, m = loss + algo.kl_coef * kl, {**m, **m_kl}
+                _step(loss, actor_params, opt_actor, sched_actor, optim.grad_clip, "policy", metrics)
+                for k, v in {**m, **m_ent}.items():
+                    metrics[k].append(float(v))
+            values_T = critic_values(critic, b, replay=algo.use_r3)
+            v_loss, m = value_loss(values_T, s.old_values_T, s.returns_T, b.loss_mask_T, algo.value_clip_eps)
+            _step(algo.vf_coef * v_loss, critic_params, opt_critic, sched_critic, optim.grad_clip, "value", metrics)
+            for k, v in m.items():
+                metrics[k].append(float(v))
+    return {k: sum(v) / len(v) if not k.startswith("skipped/") else sum(v) for k, v in metrics.items()}
+
+
+def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.optim.Optimizer,
+               grad_clip: float | None, minibatch_tokens: int, generator: torch.Generator) -> dict[str, float]:
+    """One epoch of supervised fine-tuning on reference transcripts: NLL of the loss-mask tokens, no replay
+    (the reference tokens were written, not sampled by the model, so there is no routing to replay)."""
+    metrics: dict[str, list[float]] = defaultdict(list)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    order = torch.randperm(len(trajectories), generator=generator).tolist()
+    for group in split_by_tokens([trajectories[i].num_tokens for i in order], max_tokens=minibatch_tokens):
+        batch = pack([trajectories[order[j]] for j in group], with_routing=False)
+        logp_T, _ = policy_logprobs(policy, batch, temperature=1.0, replay=False)
+        loss, m = sft_loss(logp_T, batch.loss_mask_T)
+        _step(loss, params, opt, None, grad_clip, "sft", metrics)
+        for k, v in m.items():
+            metrics[k].append(float(v))
+    return {k: sum(v) / len(v) if not k.startswith("skipped/") else sum(v) for k, v in metrics.items()}

@@ -1,0 +1,76 @@
+"""Warm start, part (a): supervised transcripts of the reference solutions, built with the TITO construction.
+
+A `ReferenceEngine` stands in for the policy and "samples" a fixed script per task: one bash tool call
+running the task's reference solution, then the done marker. Everything else is the real agent loop: the
+real sandbox runs the solution, the real observation is tokenized on its own and appended, glue tokens get
+loss mask 0, and the verifiers score the episode. So SFT sees exactly the token layout RL will sample in,
+and a reference that does not pass its own verifiers is caught (and left out) here.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import torch
+
+from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, run_episodes
+from rollout.engine import Completion, SamplingParams, generate_via_submit
+from rollout.trajectory import Trajectory
+from sandbox.suite import reference_solution
+from sandbox.tasks import Task
+from t1core.tokenizer import ChatTokenizer, format_tool_call
+
+
+class ReferenceEngine:
+    """An `Engine` whose reply n to an episode of task X is script[X][n] (teacher forcing for SFT).
+
+    The episode is recognised by its first prompt (system + instruction), the turn by the number of
+    assistant headers in the prompt. Replies are written text, tokenized once, closed by <|im_end|>.
+    """
+
+    def __init__(self, tok: ChatTokenizer, scripts: dict[tuple[int, ...], list[str]]) -> None:
+        self.tok = tok
+        self._header = tok.encode("<|im_start|>assistant\n")
+        self._replies = {key: [tok.encode(text) + [tok.im_end_id] for text in texts]
+                         for key, texts in scripts.items()}
+        self._prefix_len = {len(k) for k in scripts}
+
+    @property
+    def policy_version(self) -> int:
+        return 0
+
+    def _turn(self, prompt: list[int]) -> int:
+        h, n = self._header, 0
+        for i in range(len(prompt) - len(h) + 1):
+            n += prompt[i:i + len(h)] == h
+        return n - 1
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
+        key = next((tuple(prompt[:n]) for n in self._prefix_len if tuple(prompt[:n]) in self._replies), None)
+        if key is None:
+            raise ValueError("ReferenceEngine: prompt of an episode it has no script for")
+        replies = self._replies[key]
+        ids = replies[min(self._turn(prompt), len(replies) - 1)]
+        fut: Future[Completion] = Future()
+        fut.set_result(Completion(token_ids=ids, logprobs=torch.zeros(len(ids)), routing=None,
+                                  finish_reason="stop"))
+        return fut
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return generate_via_submit(self, prompts, params)
+
+
+def reference_transcripts(tasks: list[Task], images: dict[str, str], *, tok: ChatTokenizer, config: AgentConfig,
+                          num_parallel: int) -> tuple[list[Trajectory], dict[str, float]]:
+    """Run every task's reference solution through the agent loop; keep the transcripts that pass all
+    verifiers. Returns (transcripts, metrics)."""
+    scripts, specs = {}, []
+    for i, task in enumerate(tasks):
+        key = tuple(tok.encode_prompt(config.system_prompt, task.instruction))
+        scripts[key] = [format_tool_call(reference_solution(task)), DONE_MARKER]
+        specs.append(EpisodeSpec(task=task, image=images[task.name], seed=i))
+    engine = ReferenceEngine(tok, scripts)
+    trajs = run_episodes(engine, tok, specs, config=config, num_parallel=num_parallel)
+    good = [t for t in trajs if t.verifier is not None and t.verifier["passed"] == t.verifier["total"] > 0]
+    metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(trajs) - len(good))}
+    return good, metrics

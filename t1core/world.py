@@ -1,0 +1,109 @@
+"""What a run is built from: tasks with their images, tokenizer, policy, critic, engine, optimizers.
+
+Kept out of `t1core.train` so that the loop there reads like the algorithm.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rollout.agent import AgentConfig
+from rollout.torch_engine import EngineConfig, TorchEngine
+from sandbox.images import build_task_image, default_base_image_overrides
+from sandbox.image import ensure_base_image
+from sandbox.suite import heldout_tasks, train_tasks
+from sandbox.tasks import Task, load_task
+from t1core.config import RunConfig
+from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1core.tokenizer import ChatTokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TaskSets:
+    train: list[Task]
+    heldout_family: list[Task]
+    heldout_fixed: list[Task]
+    images: dict[str, str] = field(default_factory=dict)   # task name -> image ref
+
+    def all(self) -> list[Task]:
+        return self.train + self.heldout_family + self.heldout_fixed
+
+
+def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
+    """The built-in suite (families written under run_dir/tasks) or a directory of task dirs (all train)."""
+    t = cfg.tasks
+    families = list(t.families) or None
+    if t.source == "builtin":
+        out = run_dir / "tasks"
+        train = train_tasks(out, num_per_family=t.num_per_family, seed=t.train_seed, families=families)
+        fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=t.heldout_seed,
+                                   families=families)
+        return TaskSets(train, fam, fixed)
+    root = Path(t.source)
+    if not root.is_dir():
+        raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {t.source!r}")
+    return TaskSets([load_task(p) for p in sorted(root.iterdir()) if p.is_dir()], [], [])
+
+
+def build_images(tasks: TaskSets, cfg: RunConfig) -> None:
+    """Build (or find cached) every task image; user overrides take precedence over the defaults."""
+    ensure_base_image()
+    overrides = cfg.tasks.base_image_map()  # user patterns first: the first matching pattern wins
+    for pattern, image in default_base_image_overrides().items():
+        overrides.setdefault(pattern, image)
+    for task in tasks.all():
+        tasks.images[task.name] = build_task_image(task, base_image_overrides=overrides)
+
+
+def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueModel]:
+    """Policy (a preset, initialised from the run seed, or a HF checkpoint) and a critic from its weights."""
+    dtype, device = _DTYPES[cfg.model.dtype], torch.device(cfg.run.device)
+    name = cfg.model.name
+    if Path(name).is_dir():
+        policy = MoEModel.from_pretrained(name, dtype=dtype)
+    elif hasattr(ModelConfig, name):
+        mcfg = getattr(ModelConfig, name)()
+        if mcfg.vocab_size < tok.vocab_size:
+            raise ValueError(f"model.name={name!r}: vocab_size {mcfg.vocab_size} < tokenizer's {tok.vocab_size}")
+        policy = MoEModel(mcfg, seed=cfg.run.seed, dtype=dtype)
+    else:
+        raise ValueError(f"model.name: expected a ModelConfig preset (e.g. 'tiny') or a checkpoint dir, got {name!r}")
+    policy = policy.to(device)
+    return policy, ValueModel.from_policy(policy).to(device)
+
+
+def load_tokenizer(cfg: RunConfig) -> ChatTokenizer:
+    name = cfg.model.name
+    return ChatTokenizer.from_pretrained(name) if Path(name).is_dir() else ChatTokenizer.builtin()
+
+
+def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine:
+    """The rollout engine over its own copy of the policy (synced after every update)."""
+    r = cfg.rollout
+    ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
+                        max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, prefix_reuse=False)
+    return TorchEngine(copy.deepcopy(policy).eval().requires_grad_(False), ecfg)
+
+
+def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:
+    r, s = cfg.rollout, cfg.sandbox
+    return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
+                       wall_clock_s=r.wall_clock_limit_s, command_timeout_s=s.command_timeout_s,
+                       temperature=r.temperature if temperature is None else temperature, top_p=r.top_p)
+
+
+def make_optimizer(model: torch.nn.Module, *, lr: float, cfg: RunConfig,
+                   ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    o = cfg.optim
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=o.betas, weight_decay=o.weight_decay,
+                            foreach=False)  # foreach=False: one fixed reduction order per parameter
+    warmup = o.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return opt, sched
+

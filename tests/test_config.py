@@ -1,0 +1,111 @@
+"""The run config: defaults, TOML round trip, typed overrides, validation errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from t1core.config import (AlgoSection, RunConfig, TasksSection, config_to_toml, format_config, load_config,
+                           parse_override)
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_default_is_a_tiny_cpu_run():
+    cfg = load_config(None, [])
+    assert cfg == RunConfig()
+    assert cfg.run.device == "cpu" and cfg.model.name == "tiny"
+    assert cfg.rollout.episodes_per_step == 8
+    assert cfg.rollout.max_turns <= 8 and cfg.rollout.max_new_tokens_per_turn <= 48
+    assert 1 <= cfg.run.steps <= 10
+
+
+def test_every_field_has_help_and_is_printed():
+    cfg = RunConfig()
+    text = format_config(cfg, with_help=True)
+    for section in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            assert f.metadata["help"].strip(), f"{section.name}.{f.name} has no help"
+            assert f"{section.name}.{f.name} " in text
+            assert f.metadata["help"] in text
+    assert "algo.icepop" in format_config(cfg) and "none" in format_config(cfg)
+
+
+def test_toml_round_trip_with_non_defaults(tmp_path):
+    cfg = load_config(None, [
+        "--model.name=/ckpt/Qwen3 \"MoE\"\\x",  # quotes and backslashes survive
+        "--algo.icepop=[0.5, 5]", "--algo.tis_cap=none", "--algo.value_clip_eps=none",
+        "--optim.lr_actor=3e-7", "--optim.betas=0.8,0.99", "--run.resume_dir=runs/a",
+        "--tasks.families=fix_script,git_ops", "--tasks.base_image_overrides=debian:*=t1-base,python:*=t1-py",
+        "--warmstart.sft_enabled=false", "--run.steps=3",
+    ])
+    text = config_to_toml(cfg)
+    assert "# " in text  # help comments
+    again = load_config(_write(tmp_path, text), [])
+    assert again == cfg
+    assert again.algo.icepop == (0.5, 5.0) and again.algo.tis_cap is None
+    assert again.model.name == '/ckpt/Qwen3 "MoE"\\x'
+    assert again.tasks.base_image_map() == {"debian:*": "t1-base", "python:*": "t1-py"}
+
+
+def test_overrides_are_typed_and_win_over_toml(tmp_path):
+    path = _write(tmp_path, "[algo]\ngamma = 0.9\nclip_eps = 0.1\n[run]\nseed = 5\n")
+    cfg = load_config(path, ["--algo.gamma=0.99", "--run.device=cuda:1", "--algo.use_r3=0",
+                             "--rollout.temperature=1", "--warmstart.sft_max_steps=7"])
+    assert cfg.algo.gamma == 0.99 and cfg.algo.clip_eps == 0.1 and cfg.run.seed == 5
+    assert cfg.run.device == "cuda:1" and cfg.algo.use_r3 is False
+    assert cfg.rollout.temperature == 1.0 and isinstance(cfg.rollout.temperature, float)
+    assert cfg.warmstart.sft_max_steps == 7
+    assert load_config(path, ["--tasks.families="]).tasks.families == ()
+    assert parse_override("--a.b=c=d") == ("a", "b", "c=d")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--algo.gama=0.9", r"unknown key algo.gama; valid keys of \[algo\]: \['gamma'"),
+    ("--optimizer.lr=1", r"unknown section 'optimizer'; valid sections: \['algo'"),
+    ("--run.steps", "expected '--section.key=value'"),
+    ("run.steps=3", "expected '--section.key=value'"),
+    ("--run.steps=abc", "run.steps: expected int, got 'abc'"),
+    ("--run.steps=2.5", "run.steps: expected int, got '2.5'"),
+    ("--algo.use_r3=maybe", "expected a bool"),
+    ("--algo.gamma=1.5", r"algo.gamma: expected in \(0, 1\], got 1.5"),
+    ("--algo.icepop=2,5", "algo.icepop: expected"),
+    ("--algo.icepop=0.5", "expected 2 items"),
+    ("--rollout.top_p=0", "rollout.top_p"),
+    ("--run.device=tpu", "run.device"),
+    ("--tasks.base_image_overrides=debian", "PATTERN=IMAGE"),
+    ("--tasks.heldout_seed=2", "disjoint"),
+    ("--algo.minibatch_tokens=100", "algo.minibatch_tokens: expected >= rollout.max_tokens"),
+])
+def test_bad_overrides_raise_with_expected_and_got(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, [override])
+
+
+def test_bad_toml_values(tmp_path):
+    with pytest.raises(ValueError, match="unknown key"):
+        load_config(_write(tmp_path, "[run]\nstepz = 3\n"), [])
+    with pytest.raises(ValueError, match=r"RunSection.steps: expected int, got 3.0"):
+        load_config(_write(tmp_path, "[run]\nsteps = 3.0\n"), [])
+    with pytest.raises(ValueError, match="AlgoSection.use_r3: expected bool, got 1"):
+        load_config(_write(tmp_path, "[algo]\nuse_r3 = 1\n"), [])
+    with pytest.raises(ValueError, match=r"expected \[run\] to be a table"):
+        load_config(_write(tmp_path, "run = 3\n"), [])
+    assert load_config(_write(tmp_path, "[algo]\ngamma = 1\n"), []).algo.gamma == 1.0  # an int is a float
+
+
+def test_sections_are_frozen_and_keyword_only():
+    cfg = RunConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.algo.gamma = 0.5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        AlgoSection(0.5)  # type: ignore[misc]
+    with pytest.raises(ValueError, match="TasksSection.families: expected"):
+        TasksSection(families=["a"])  # type: ignore[arg-type]
+    assert dataclasses.replace(cfg.algo, gamma=0.5).gamma == 0.5

@@ -1,0 +1,98 @@
+"""Metrics JSONL, the PNG plot, the GPU reader's CPU behaviour, the stopwatch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import struct
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, read_metrics
+
+
+def _fake_run(path, num_steps: int = 6) -> None:
+    with MetricsLogger(path) as logger:
+        for step in range(num_steps):
+            logger.log(step, {
+                "reward/mean": torch.tensor(0.5 * step), "outcome/rate": step / 10,
+                "mismatch": {"gap": 0.02 - 0.001 * step, "k3": 1e-3, "extreme_frac": 0.0},
+                "policy/loss": torch.tensor(-0.1, dtype=torch.float64), "value/loss": np.float32(2.0 / (step + 1)),
+                "time/generate": 1.5, "time/update": 0.5, "skipped": None,
+                **({"heldout/success": 0.25 * step} if step % 3 == 0 else {}),
+            })
+
+
+def test_logger_rows_are_flat_plain_json(tmp_path):
+    path = tmp_path / "m.jsonl"
+    with MetricsLogger(path) as logger:
+        row = logger.log(3, {"a": {"b": torch.tensor(2), "c": np.int64(4)}, "loss": float("nan"),
+                             "flag": torch.tensor(True), "reason": "nan loss"})
+    assert row["a/b"] == 2 and row["a/c"] == 4 and row["loss"] is None and row["flag"] is True
+    text = path.read_text()
+    assert "NaN" not in text and text.count("\n") == 1
+    (back,) = read_metrics(path)
+    assert back == json.loads(text) and back["step"] == 3 and back["reason"] == "nan loss"
+    with pytest.raises(TypeError, match="scalar"):
+        MetricsLogger(tmp_path / "n.jsonl").log(0, {"x": torch.zeros(2)})
+    with pytest.raises(TypeError, match="expected a number"):
+        MetricsLogger(tmp_path / "o.jsonl").log(0, {"x": [1, 2]})
+
+
+def test_logger_resume_drops_rows_after_the_checkpoint(tmp_path):
+    path = tmp_path / "m.jsonl"
+    _fake_run(path, num_steps=5)
+    with pytest.raises(ValueError, match="resume_step"):
+        MetricsLogger(path)
+    with MetricsLogger(path, resume_step=2) as logger:
+        logger.log(3, {"reward/mean": 9.0})
+    assert [row["step"] for row in read_metrics(path)] == [0, 1, 2, 3]
+    assert read_metrics(path)[-1]["reward/mean"] == 9.0
+
+
+def test_plot_is_a_valid_png(tmp_path):
+    jsonl, png = tmp_path / "m.jsonl", tmp_path / "curves.png"
+    _fake_run(jsonl)
+    assert plot_metrics(jsonl, png) == png
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1200, 640)  # 15x8 inches at 80 dpi
+    import matplotlib.image  # an independent decoder reads it back: not blank
+    pixels = matplotlib.image.imread(png)
+    assert pixels.shape[:2] == (640, 1200) and pixels.std() > 0.05
+
+
+def test_plot_with_missing_groups(tmp_path):
+    jsonl = tmp_path / "m.jsonl"
+    with MetricsLogger(jsonl) as logger:
+        logger.log(0, {"reward/mean": 1.0})
+    plot_metrics(jsonl, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gpu_stats_is_empty_without_a_gpu():
+    stats = gpu_stats()
+    if importlib.util.find_spec("pynvml") is None or not torch.cuda.is_available():
+        assert stats == {}
+    else:
+        assert 0 < stats["gpu/mem_used_gib"] <= stats["gpu/mem_total_gib"]
+        assert 0 <= stats["gpu/util_pct"] <= 100
+
+
+def test_stopwatch_accumulates_and_resets():
+    sw = Stopwatch()
+    for _ in range(2):
+        with sw.phase("generate"):
+            time.sleep(0.01)
+    with pytest.raises(RuntimeError):
+        with sw.phase("update"):
+            raise RuntimeError("counted anyway")
+    times = sw.pop()
+    assert set(times) == {"time/generate", "time/update"}
+    assert 0.02 <= times["time/generate"] < 1.0 and math.isfinite(times["time/update"])
+    assert sw.pop() == {}

@@ -1,0 +1,389 @@
+"""Tasks, verifiers and the built-in suite, against a real Docker daemon.
+
+Every reference solution must pass all its verifiers and doing nothing must pass fewer than half, on every
+fixed task, the TB1 example and two seeds of every family. Spoofing attempts must score no more than doing
+nothing. All sandbox runs go through a small thread pool: the daemon and 2 CPUs are the bottleneck.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sandbox import suite
+from sandbox.docker_sandbox import LABEL_RUN, DockerSandbox, docker_client
+from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
+from sandbox.images import TaskImageError, _resolve_override, build_task_image, default_base_image_overrides
+from sandbox.run_task import run_task
+from sandbox.tasks import Task, TaskFormatError, load_task
+from sandbox.verify import VerifierResult, run_verifiers
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_ID = f"t1-test-tasks-{os.getpid()}"
+NUM_WORKERS = 4
+
+
+@pytest.fixture(scope="module")
+def overrides() -> dict[str, str]:
+    return default_base_image_overrides()
+
+
+@pytest.fixture(scope="module")
+def family_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("families")
+
+
+def _all_tasks(family_dir: Path) -> list[Task]:
+    fixed = suite.fixed_tasks("train") + suite.fixed_tasks("heldout") + [load_task(REPO / "tasks" / "tb1-example")]
+    fam, _ = suite.heldout_tasks(family_dir, num_per_family=1, seed=0)
+    return fixed + suite.family_tasks(family_dir, split="train", num_per_family=1, seed=0) + fam
+
+
+def _run(task: Task, script: str | None, overrides: dict[str, str]) -> VerifierResult:
+    return run_task(task, script=script, base_image_overrides=overrides, run_id=RUN_ID)
+
+
+@pytest.fixture(scope="module")
+def baseline(overrides: dict[str, str], family_dir: Path) -> dict[str, tuple[Task, VerifierResult, VerifierResult]]:
+    """name -> (task, result after the reference solution, result after doing nothing)."""
+    tasks = _all_tasks(family_dir)
+    jobs = [(t, t.solution_script.read_text() if t.solution_script else "false") for t in tasks]
+    jobs += [(t, None) for t in tasks]
+    with ThreadPoolExecutor(NUM_WORKERS) as pool:
+        results = list(pool.map(lambda job: _run(job[0], job[1], overrides), jobs))
+    n = len(tasks)
+    return {t.name: (t, results[i], results[n + i]) for i, t in enumerate(tasks)}
+
+
+def test_suite_size_and_categories() -> None:
+    tasks = suite.fixed_tasks("train") + suite.fixed_tasks("heldout")
+    assert len(tasks) >= 24
+    categories = {t.category for t in tasks}
+    assert {"text", "files", "fix", "git", "python", "data", "processes", "permissions"} <= categories
+    assert {t.category for t in suite.fixed_tasks("heldout")} >= categories - {"files"}
+    assert all(t.layout == "harbor" and t.verifier_kind == "pytest" and t.num_static_tests >= 3 for t in tasks)
+    assert all(t.solution_script is not None and t.test_script is not None for t in tasks)
+
+
+def test_reference_solutions_pass_every_verifier(baseline) -> None:
+    bad = {name: (sol.passed, sol.total, sol.error, [k for k, ok in sol.per_test.items() if not ok])
+           for name, (_, sol, _) in baseline.items() if not sol.outcome}
+    assert not bad, bad
+    assert all(sol.total >= max(3, task.num_static_tests) for task, sol, _ in baseline.values())
+
+
+def test_doing_nothing_passes_fewer_than_half(baseline) -> None:
+    bad = {name: (noop.passed, noop.total) for name, (_, _, noop) in baseline.items()
+           if not 2 * noop.passed < noop.total or noop.timed_out}
+    assert not bad, bad
+    # Dense reward has signal: the reference solution earns strictly more than doing nothing.
+    assert all(sol.passed > noop.passed for _, sol, noop in baseline.values())
+
+
+def test_tb1_layout_loads_and_runs(baseline) -> None:
+    task, sol, noop = baseline["tb1-example"]
+    assert task.layout == "tb1" and task.agent_timeout_s == 180 and task.verifier_timeout_s == 30
+    assert task.dockerfile_dir == task.path and task.test_script is not None
+    assert "out_of_stock.txt" in task.instruction
+    # test_tests_dir_env_points_here passes only when $TEST_DIR names the uploaded tests.
+    assert sol.passed == sol.total == 4 and noop.per_test["test_outputs.py::test_tests_dir_env_points_here"]
+
+
+# ---- spoofing ---------------------------------------------------------------------------------------------
+
+_FORCE_PASS_CONFTEST = '''
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.runtest = lambda: None
+'''
+
+_FAKE_JUNIT = ('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="4">'
+               + "".join(f'<testcase classname="test_outputs" name="test_{i}" file="test_outputs.py"/>'
+                         for i in range(4)) + "</testsuite></testsuites>")
+
+
+def _plant(path: str, text: str) -> str:
+    return f"mkdir -p {os.path.dirname(path)} && cat > {path} <<'T1EOF'\n{text}\nT1EOF\n"
+
+
+def _attacks(target: str, word: str) -> dict[str, str]:
+    """Scripts that try to raise the score of a create_file task without creating the file for real."""
+    conftests = "".join(_plant(f"{d}/conftest.py", _FORCE_PASS_CONFTEST) for d in ("", "/app", "/tmp", "/tests"))
+    ini = _plant("/pytest.ini", "[pytest]\naddopts = -p no:junitxml\n")
+    fake_tests = _plant("/tests/test_outputs.py", "\n".join(f"def test_{i}():\n    pass\n" for i in range(10)))
+    junits = "".join(_plant(p, _FAKE_JUNIT) for p in ("/logs/verifier/junit.xml", "/tmp/junit.xml",
+                                                       "/app/junit.xml", "/tests/junit.xml"))
+    rewards = _plant("/logs/verifier/reward.json", '{"reward": 1}') + "echo 1 > /logs/verifier/reward.txt\n"
+    return {
+        "printed_results": "echo '4 passed in 0.01s'; echo 'test_outputs.py::test_file_exists PASSED'\n",
+        "planted_conftest": conftests + ini,
+        "planted_results": junits + rewards,
+        "edited_tests_dir": fake_tests + "chmod -R 555 /tests\n",
+        "late_background_job": (f"nohup setsid bash -c 'sleep 2; while true; do echo {word} > {target}; "
+                                "sleep 0.1; done' >/dev/null 2>&1 &\n"),
+        "planted_sitecustomize": _plant("/usr/lib/python3.11/sitecustomize.py", "import os"),
+    }
+
+
+# Bytecode for json/__init__ (imported by the verifier's runner) that writes an all-passing JUnit file to the
+# path it finds in argv and exits 0; its header matches the real source, so Python would load it.
+_PLANT_PYC = r'''
+import importlib.util, marshal, os, struct
+src = "/usr/lib/python3.11/json/__init__.py"
+st = os.stat(src)
+evil = ("import os, sys\nfor a in sys.argv:\n    if a.startswith('--junitxml='):\n"
+        "        open(a.split('=', 1)[1], 'w').write(JUNIT)\nos._exit(0)\n").replace("JUNIT", repr(@JUNIT@))
+code = compile(evil, src, "exec")
+header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
+with open(importlib.util.cache_from_source(src), "wb") as f:
+    f.write(header + marshal.dumps(code))
+'''
+
+
+@pytest.fixture(scope="module")
+def spoof_results(overrides: dict[str, str], family_dir: Path) -> tuple[Task, VerifierResult, dict]:
+    task = load_task(write_harbor_task(generate("create_file", 7, "train"), family_dir / "spoof-target",
+                                             family="create_file", seed=7, split="train"))
+    spec = generate("create_file", 7, "train")
+    target, word = spec.constants["TARGET"], spec.constants["WORD"]
+    attacks = _attacks(str(target), str(word))
+    attacks["planted_bytecode"] = "python3 - <<'T1EOF'\n" + _PLANT_PYC.replace("@JUNIT@", repr(_FAKE_JUNIT)) + "\nT1EOF\n"
+    jobs = [(name, script) for name, script in attacks.items()] + [("noop", None)]
+    with ThreadPoolExecutor(NUM_WORKERS) as pool:
+        results = dict(zip([n for n, _ in jobs], pool.map(lambda j: _run(task, j[1], overrides), jobs)))
+    return task, results.pop("noop"), results
+
+
+@pytest.mark.parametrize("attack", ["printed_results", "planted_conftest", "planted_results", "edited_tests_dir",
+                                    "late_background_job", "planted_bytecode"])
+def test_spoofing_scores_no_more_than_doing_nothing(spoof_results, attack: str) -> None:
+    task, noop, results = spoof_results
+    result = results[attack]
+    assert result.total == noop.total == task.num_static_tests
+    assert result.passed == noop.passed and result.per_test == noop.per_test, (result.error, result.output[-800:])
+
+
+def test_tampering_with_python_scores_zero(spoof_results) -> None:
+    _, noop, results = spoof_results
+    result = results["planted_sitecustomize"]
+    assert result.passed == 0 and result.total == noop.total
+    assert "/usr/lib/python3.11/sitecustomize.py" in result.tampered and "tampered" in result.error
+
+
+def test_poisoned_shell_cannot_run_code_at_verification(overrides: dict[str, str], spoof_results) -> None:
+    """Functions shadowing tools and the runtime's sweep, and traps, in the agent's persistent shell."""
+    task, noop, _ = spoof_results
+    spec = generate("create_file", 7, "train")
+    write = f"echo {spec.constants['WORD']} > {spec.constants['TARGET']}"
+    with DockerSandbox(build_task_image(task, base_image_overrides=overrides), workdir=task.workdir,
+                       run_id=RUN_ID) as sb:
+        for cmd in ["rm() { :; }; mkdir() { :; }; ln() { :; }; /usr/bin/env() { :; }; __t1_sweep() { return 0; }",
+                    f"trap '[[ $BASH_COMMAND == *__t1_sweep* ]] && {write}' DEBUG",
+                    "sleep 300 &",
+                    f"trap '{write}' CHLD"]:  # last: fires when the verifier kills `sleep 300` under a live shell
+            assert sb.run(cmd, timeout=10).exit_code == 0
+        result = run_verifiers(sb, task)
+        left = [p[-1] for p in docker_client().top(sb.id)["Processes"]]
+    assert result.per_test == noop.per_test and result.passed == noop.passed, result.output[-800:]
+    assert not [c for c in left if "docker-init" not in c and c != "sleep infinity"], left
+
+
+# ---- timeouts and script verifiers --------------------------------------------------------------------------
+
+def _harbor_task(root: Path, name: str, *, tests: dict[str, str], verifier_timeout: float = 30,
+                 dockerfile: str = "FROM debian:bookworm\nRUN mkdir -p /app\nWORKDIR /app\n") -> Task:
+    d = root / name
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "task.toml").write_text(f"[verifier]\ntimeout_sec = {verifier_timeout}\n")
+    (d / "instruction.md").write_text("Do the thing.\n")
+    (d / "environment" / "Dockerfile").write_text(dockerfile)
+    for rel, text in tests.items():
+        (d / "tests" / rel).write_text(textwrap.dedent(text))
+    return load_task(d)
+
+
+def test_hanging_verifier_is_cut_and_unfinished_tests_fail(tmp_path: Path, overrides: dict[str, str]) -> None:
+    task = _harbor_task(tmp_path, "hangs", verifier_timeout=3, tests={"test_hang.py": """
+        import subprocess
+        import time
+
+        def test_fast():
+            assert True
+
+        def test_hangs():
+            subprocess.Popen(["bash", "-c", "trap '' TERM INT; sleep 600"])
+            time.sleep(600)
+
+        def test_after():
+            assert True
+        """})
+    result = _run(task, None, overrides)
+    assert result.timed_out and result.total == 3 and result.passed == 1
+    assert result.per_test == {"test_hang.py::test_fast": True, "test_hang.py::test_hangs": False,
+                               "test_hang.py::test_after": False}
+    assert result.duration_s < 3 + 5 + 20  # timeout + kill grace + verifier overhead on a loaded machine
+
+
+def test_script_verifier_reads_reward_files_and_ignores_planted_ones(tmp_path: Path,
+                                                                     overrides: dict[str, str]) -> None:
+    task = _harbor_task(tmp_path, "script-json", tests={"test.sh": """\
+        #!/bin/bash
+        a=0; b=0; c=0
+        [ -f /app/a.txt ] && a=1
+        [ "$(cat /app/b.txt 2>/dev/null)" = ok ] && b=1
+        [ -d /app/c ] && c=1
+        echo '4 passed'
+        printf '{"a": %d, "b": %d, "c": %d}' $a $b $c > /logs/verifier/reward.json
+        """})
+    txt = _harbor_task(tmp_path, "script-txt", tests={"test.sh": "#!/bin/bash\n[ -f /app/a.txt ] && echo 1 > "
+                                                      "/logs/verifier/reward.txt\n"})
+    assert task.verifier_kind == "script" and task.num_static_tests == 0
+    plant = ('mkdir -p /logs/verifier && echo \'{"a": 1, "b": 1, "c": 1}\' > /logs/verifier/reward.json && '
+             'echo 1 > /logs/verifier/reward.txt && chmod -R 555 /logs/verifier')
+    jobs = [(task, "touch /app/a.txt; echo ok > /app/b.txt; mkdir /app/c"), (task, "touch /app/a.txt"),
+            (task, plant), (txt, "touch /app/a.txt"), (txt, plant)]
+    with ThreadPoolExecutor(NUM_WORKERS) as pool:
+        full, partial, planted, txt_ok, txt_planted = pool.map(lambda j: _run(j[0], j[1], overrides), jobs)
+    assert (full.passed, full.total, full.outcome) == (3, 3, True)
+    assert (partial.passed, partial.total) == (1, 3) and partial.per_test == {"a": True, "b": False, "c": False}
+    assert (planted.passed, planted.total) == (0, 3)
+    assert (txt_ok.passed, txt_ok.total, txt_ok.error) == (1, 1, None)
+    assert (txt_planted.passed, txt_planted.total) == (0, 1) and "no reward file" in txt_planted.error
+
+
+# ---- task format and images -------------------------------------------------------------------------------
+
+def _broken_copy(tmp_path: Path, name: str, src: str = "fixed/python-primes") -> Path:
+    d = tmp_path / name
+    shutil.copytree(REPO / "tasks" / src, d)
+    return d
+
+
+def test_malformed_tasks_name_file_and_field(tmp_path: Path) -> None:
+    cases = []
+    d = _broken_copy(tmp_path, "no-instruction")
+    (d / "instruction.md").unlink()
+    cases.append((d, "instruction.md", "instruction"))
+    d = _broken_copy(tmp_path, "bad-toml")
+    (d / "task.toml").write_text("[agent\ntimeout_sec = 1\n")
+    cases.append((d, "task.toml", "toml"))
+    d = _broken_copy(tmp_path, "bad-cpus")
+    (d / "task.toml").write_text('[environment]\ncpus = "two"\n')
+    cases.append((d, "task.toml", "environment.cpus"))
+    d = _broken_copy(tmp_path, "bad-timeout")
+    (d / "task.toml").write_text("[verifier]\ntimeout_sec = -1\n")
+    cases.append((d, "task.toml", "verifier.timeout_sec"))
+    d = _broken_copy(tmp_path, "no-tests")
+    shutil.rmtree(d / "tests")
+    cases.append((d, "tests", "tests"))
+    d = _broken_copy(tmp_path, "empty-tests")
+    for p in (d / "tests").iterdir():
+        p.unlink()
+    cases.append((d, "tests", "tests"))
+    d = _broken_copy(tmp_path, "syntax-error")
+    (d / "tests" / "test_outputs.py").write_text("def test_x(:\n")
+    cases.append((d, "test_outputs.py", "tests"))
+    d = _broken_copy(tmp_path, "no-dockerfile")
+    (d / "environment" / "Dockerfile").unlink()
+    cases.append((d, "Dockerfile", "environment"))
+    d = _broken_copy(tmp_path, "tb1-no-instruction", "tb1-example")
+    (d / "task.yaml").write_text("difficulty: easy\nmax_agent_timeout_sec: 10\n")
+    cases.append((d, "task.yaml", "instruction"))
+    d = tmp_path / "nothing"
+    d.mkdir()
+    cases.append((d, "task.toml", "file"))
+    for path, file, field in cases:
+        with pytest.raises(TaskFormatError) as info:
+            load_task(path)
+        assert info.value.file.name == file and info.value.field == field, (path.name, str(info.value))
+        assert file in str(info.value) and repr(field) in str(info.value)
+
+
+def test_missing_base_image_is_a_clear_error(tmp_path: Path) -> None:
+    task = _harbor_task(tmp_path, "no-base", tests={"test_x.py": "def test_a():\n    pass\n"},
+                        dockerfile="FROM ghcr.io/nobody/t1-no-such-image:1.0\nRUN true\n")
+    with pytest.raises(TaskImageError, match=r"Dockerfile: FROM ghcr.io/nobody/t1-no-such-image:1.0: image not "
+                                              r"present locally .*--base-image"):
+        build_task_image(task, base_image_overrides={"debian:*": "unused"})
+
+
+def test_override_globs() -> None:
+    table = {"debian:*": "base-a", "ubuntu:*": "base-b", "python:3.1*": "base-c"}
+    assert _resolve_override("ubuntu:22.04", table) == "base-b"
+    assert _resolve_override("docker.io/library/debian:bookworm-slim", table) == "base-a"
+    assert _resolve_override("python:3.13-slim", table) == "base-c"
+    assert _resolve_override("python:2.7", table) == "python:2.7"
+    assert _resolve_override("ghcr.io/x/debian:1", table) == "ghcr.io/x/debian:1"
+
+
+def test_images_cached_by_content(tmp_path: Path, overrides: dict[str, str]) -> None:
+    task = load_task(_broken_copy(tmp_path, "cache-a", "fixed/text-dedupe-emails"))
+    same = load_task(_broken_copy(tmp_path, "cache-b", "fixed/text-dedupe-emails"))
+    ref = build_task_image(task, base_image_overrides=overrides)
+    assert build_task_image(same, base_image_overrides=overrides) == ref  # same content, other directory
+    (same.dockerfile_dir / "emails.txt").write_text("x@y.z\n")
+    changed = build_task_image(same, base_image_overrides=overrides)
+    assert changed != ref and changed.startswith("t1-task:")
+    bare = _harbor_task(tmp_path, "bare", tests={"test_x.py": "def test_a():\n    pass\n"},
+                        dockerfile="FROM debian:bookworm\nWORKDIR /app\n")
+    assert build_task_image(bare, base_image_overrides=overrides) == overrides["debian:*"]
+
+
+# ---- suite and families (no Docker) -----------------------------------------------------------------------
+
+def test_fixed_split_is_disjoint_and_complete() -> None:
+    train, heldout = suite.fixed_task_names("train"), suite.fixed_task_names("heldout")
+    on_disk = {p.name for p in suite.FIXED_DIR.iterdir() if p.is_dir()}
+    assert not set(train) & set(heldout) and set(train) | set(heldout) == on_disk and len(heldout) >= 7
+
+
+def test_families_are_deterministic_and_split_disjoint(tmp_path: Path) -> None:
+    for family in FAMILIES:
+        assert generate(family, 3, "train") == generate(family, 3, "train")
+        train = {generate(family, s, "train").instruction for s in range(40)}
+        heldout = {generate(family, s, "heldout").instruction for s in range(40)}
+        assert not train & heldout, family
+        assert len(train) >= 30, family  # seeds really vary the instance
+    a = suite.train_tasks(tmp_path / "a", num_per_family=2, seed=1, include_fixed=False)
+    b, _ = suite.heldout_tasks(tmp_path / "b", num_per_family=2, seed=1)
+    assert len(a) == len(b) == 2 * len(FAMILIES)
+    assert not {t.instruction for t in a} & {t.instruction for t in b}
+    again = suite.train_tasks(tmp_path / "a", num_per_family=2, seed=1, include_fixed=False)
+    assert [t.instruction for t in again] == [t.instruction for t in a]
+
+
+def test_short_families_are_one_command_with_arguments_in_the_instruction() -> None:
+    for family in SHORT_FAMILIES:
+        for seed in range(20):
+            spec = generate(family, seed, "train")
+            assert "\n" not in spec.solution and len(spec.instruction) < 140, (family, spec.instruction)
+            args = [a.strip("'") for a in spec.solution.split()[1:]
+                    if a not in (">", ">>", "<", "+x") and not a.startswith("-")]
+            args = [re.sub(r"^s/(\w+)/(\w+)/g$", r"\1 \2", a) for a in args]
+            for arg in " ".join(args).split():
+                assert arg.lstrip(".") in spec.instruction, (family, arg, spec.instruction)
+
+
+def test_reference_solution_for_sft(tmp_path: Path) -> None:
+    (task,) = suite.family_tasks(tmp_path, split="train", num_per_family=1, seed=0, families=["create_file"])
+    assert suite.reference_solution(task) == generate("create_file", 0, "train").solution
+    assert suite.reference_solution(suite.fixed_tasks("train")[0]).count("\n") >= 1
+
+
+def test_no_containers_left_behind(baseline, spoof_results) -> None:
+    left = docker_client().containers(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"})
+    assert not left, [c["Names"] for c in left]
