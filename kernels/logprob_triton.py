@@ -7,10 +7,11 @@ Forward: grid (row blocks, vocabulary splits). Each program walks its split in B
 fp32, plus the target logit. Splits write partial state [S, N]; a fixed-order torch combine merges them. The
 split width is a constant, not a function of N, so each row's result does not depend on the batch around it.
 
-Backward: for a fixed-width vocabulary chunk at a time, a kernel recomputes the logits tiles and writes
-dz = (g_logp * (onehot - p) + g_ent * p * (E_p[z] - z)) / temperature into a bounded scratch [N, chunk]; two
-plain GEMMs then give d_weight[chunk] = dz.T @ hidden (complete, written once) and d_hidden += dz @ weight[chunk]
-(fp32 accumulator, O(N * D)). No float atomics anywhere: the result is deterministic run to run.
+Backward: one vocabulary chunk at a time (width SCRATCH_BYTES / (N * itemsize), at least BLOCK_V), a kernel
+recomputes the logits tiles and writes dz = (g_logp * (onehot - p) + g_ent * p * (E_p[z] - z)) / temperature
+into a bounded scratch [N, chunk]; two plain GEMMs then give d_weight[chunk] = dz.T @ hidden (complete, written
+once) and d_hidden += dz @ weight[chunk] (fp32 accumulator, O(N * D)). No float atomics anywhere: the result is
+deterministic run to run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import triton.language as tl
 
 from kernels.backend import interpreter_on
 
-# Backward scratch for dz: at most this many bytes ([N, chunk] in the input dtype), whatever N and V are.
+# Backward scratch for dz ([N, chunk] in the input dtype): at most this many bytes unless N * BLOCK_V exceeds it.
 SCRATCH_BYTES = 256 * 2**20
 
 

@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +136,8 @@ class _Episode:
                                 stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn),
                                 prompt_routing_from=len(self.builder.ids))
         t0 = time.monotonic()
-        comp = self.engine.submit(prompt, params).result()
+        # Bounded by the episode's wall clock: a stalled engine ends the episode instead of hanging it.
+        comp = self.engine.submit(prompt, params).result(timeout=max(1.0, self.deadline - t0))
         self.metrics["generate_s"] += time.monotonic() - t0
         self.metrics["cached_prompt_tokens"] += comp.num_cached_tokens
         self.metrics["prefilled_prompt_tokens"] += len(prompt) - comp.num_cached_tokens
@@ -184,6 +186,8 @@ class _Episode:
                     break
         except SandboxError as e:
             reason = f"sandbox_error: {type(e).__name__}: {e}"
+        except FutureTimeout:
+            reason = "wall_clock"  # while waiting for the engine; that reply is dropped
         return self._finish(reason)
 
     def _finish(self, reason: str) -> Trajectory:
@@ -194,12 +198,11 @@ class _Episode:
                 verifier, reward = result.to_json(), float(result.reward)
             except SandboxError as e:
                 reason = f"{reason}; verifier sandbox_error: {type(e).__name__}: {e}"
-        if len(self.versions) > 1:
-            raise AssertionError(f"episode spans weight versions {sorted(self.versions)}")
+        # A weight update between turns makes the episode off-policy for its early turns: recorded, not hidden.
         self.metrics.update(turns=len(self.builder.turns), wall_s=time.monotonic() - self.start,
-                            tito_prefix_breaks=self.builder.prefix_breaks)
+                            tito_prefix_breaks=self.builder.prefix_breaks, policy_versions=len(self.versions))
         return self.builder.build(task_name=self.task.name, finish_reason=reason,
-                                  policy_version=next(iter(self.versions), self.engine.policy_version),
+                                  policy_version=min(self.versions, default=self.engine.policy_version),
                                   reward=reward, verifier=verifier, metrics=self.metrics,
                                   system_prompt=self.cfg.system_prompt, instruction=self.task.instruction)
 
@@ -232,6 +235,42 @@ def _failed_episode(spec: EpisodeSpec, tok: ChatTokenizer, config: AgentConfig, 
                        system_prompt=config.system_prompt, instruction=spec.task.instruction)
 
 
+class _Pools:
+    """One SandboxPool per environment (image + limits), created on first use and closed as soon as the
+    last episode needing it is over (a pool refills after every acquire, so keeping it costs containers)."""
+
+    def __init__(self, specs: list[EpisodeSpec], *, num_parallel: int, pool_size: int | None) -> None:
+        self.keys = [(s.image, *sorted(sandbox_kwargs(s.task).items())) for s in specs]
+        self.specs, self.num_parallel, self.pool_size = specs, num_parallel, pool_size
+        self.remaining = Counter(self.keys)
+        self.pools: dict[tuple, Any] = {}
+        self.lock = threading.Lock()
+
+    def get(self, index: int) -> Any:
+        from sandbox import SandboxPool  # the runtime's warm-container pool
+
+        key, spec = self.keys[index], self.specs[index]
+        with self.lock:
+            if key not in self.pools:
+                size = self.pool_size or min(self.num_parallel, self.remaining[key])
+                self.pools[key] = SandboxPool(spec.image, size=size, **sandbox_kwargs(spec.task))
+            return self.pools[key]
+
+    def done(self, index: int) -> None:
+        key = self.keys[index]
+        with self.lock:
+            self.remaining[key] -= 1
+            pool = self.pools.pop(key) if self.remaining[key] == 0 and key in self.pools else None
+        if pool is not None:
+            pool.close()
+
+    def close(self) -> None:
+        with self.lock:
+            pools, self.pools = list(self.pools.values()), {}
+        for pool in pools:
+            pool.close()
+
+
 def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *, config: AgentConfig | None = None,
                  num_parallel: int = 8, pool_size: int | None = None,
                  on_done: Callable[[int, Trajectory], None] | None = None) -> list[Trajectory]:
@@ -241,37 +280,16 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
     A sandbox that cannot be acquired or dies mid-episode ends only that episode, with the reason in
     `finish_reason`. `on_done(index, trajectory)` is called as each episode finishes (from its thread).
     """
-    from sandbox import SandboxPool  # the runtime's warm-container pool
-
     if num_parallel < 1:
         raise ValueError(f"num_parallel must be >= 1, got {num_parallel}")
     config = config or AgentConfig()
-    keys = [(s.image, *sorted(sandbox_kwargs(s.task).items())) for s in specs]
-    remaining = Counter(keys)
-    pools: dict[tuple, Any] = {}
-    pools_lock = threading.Lock()
-
-    def pool_for(index: int) -> Any:
-        key = keys[index]
-        with pools_lock:
-            if key not in pools:
-                size = pool_size if pool_size is not None else min(num_parallel, remaining[key])
-                pools[key] = SandboxPool(specs[index].image, size=size, **sandbox_kwargs(specs[index].task))
-            return pools[key]
-
-    def done_with(index: int) -> None:
-        # A pool refills after every acquire: close it once its last episode is over, not at the very end.
-        with pools_lock:
-            remaining[keys[index]] -= 1
-            pool = pools.pop(keys[index]) if remaining[keys[index]] == 0 else None
-        if pool is not None:
-            pool.close()
+    pools = _Pools(specs, num_parallel=num_parallel, pool_size=pool_size)
 
     def one(index: int) -> Trajectory:
         spec = specs[index]
         try:
             try:
-                pool = pool_for(index)
+                pool = pools.get(index)
                 sb = pool.acquire()
             except SandboxError as e:
                 reason = f"sandbox_error: {type(e).__name__}: {e}"
@@ -282,7 +300,7 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
                 finally:
                     pool.release(sb)
         finally:
-            done_with(index)
+            pools.done(index)
         if on_done is not None:
             on_done(index, traj)
         return traj
@@ -291,5 +309,4 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
         with ThreadPoolExecutor(max_workers=num_parallel, thread_name_prefix="t1-episode") as ex:
             return list(ex.map(one, range(len(specs))))
     finally:
-        for pool in list(pools.values()):
-            pool.close()
+        pools.close()

@@ -115,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     tasks = load_tasks(args.tasks, split=args.split, work_dir=out / "tasks", num_per_family=args.num_per_family,
                        seed=args.seed)
     overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
-    images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in tasks}
     n = args.episodes if args.episodes is not None else len(tasks)
-    specs = [EpisodeSpec(task=tasks[i % len(tasks)], image=images[tasks[i % len(tasks)].name],
-                         seed=derive_seed(args.seed, i)) for i in range(n)]
+    episode_tasks = [tasks[i % len(tasks)] for i in range(n)]
+    images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in episode_tasks}
+    specs = [EpisodeSpec(task=t, image=images[t.name], seed=derive_seed(args.seed, i))
+             for i, t in enumerate(episode_tasks)]
     model, tok = load_policy(args.checkpoint, device=args.device)
     config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
                          temperature=args.temperature, top_p=args.top_p, verify=not args.no_verify)

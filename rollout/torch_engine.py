@@ -112,8 +112,11 @@ class TorchEngine:
         self._paused = False
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._head_cache: tuple[int, torch.Tensor] | None = None
         self._step = 0
-        self.stats = {"steps": 0, "prefill_tokens": 0, "cached_tokens": 0, "decode_tokens": 0}
+        self.stats = {"steps": 0, "prefill_tokens": 0, "cached_tokens": 0, "decode_tokens": 0, "step_s": 0.0,
+                      "model_s": 0.0}
+        """Counters; step_s is wall time inside steps, model_s the part spent in model.extend."""
 
     # ---- public API ----
     @property
@@ -246,6 +249,7 @@ class TorchEngine:
         return lru, 0
 
     def _run_step(self, running: list[_Request]) -> None:
+        t0 = time.perf_counter()
         prefill = [r for r in running if r.prefilling]
         decode = [r for r in running if not r.prefilling]
         # Prefills and one-token decodes run as separate extends: mixed chunk lengths would pad every decode
@@ -256,6 +260,7 @@ class TorchEngine:
                 if rows:
                     self._sample(rows, hidden_TD)
         self.stats["steps"] += 1
+        self.stats["step_s"] += time.perf_counter() - t0
         done = [r for r in running if r.finish_reason is not None and not r.feed]
         if done:
             with self._cv:
@@ -271,8 +276,10 @@ class TorchEngine:
         cu = [0]
         for n in lens:
             cu.append(cu[-1] + n)
+        t0 = time.perf_counter()
         hidden_TD, routing_TLK = self.model.extend(ids_T, cache=self.cache, slot_ids=[r.slot for r in group],
                                                    cu_seqlens=cu)
+        self.stats["model_s"] += time.perf_counter() - t0  # on GPU: launch time only (no sync here)
         capture = any(r.params.return_routing for r in group)
         if capture:
             routing_TLK = routing_TLK.cpu()  # sync: one host copy of the step's routing for all rows
@@ -302,11 +309,11 @@ class TorchEngine:
         slot.num_routed = end
 
     def _sample(self, rows: list[tuple[_Request, int]], hidden_TD: torch.Tensor) -> None:
-        weight_VD = self.model.lm_head.weight
+        weight_VD = self._head_fp32()
         device = weight_VD.device
         reqs = [r for r, _ in rows]
         hidden_BD = hidden_TD.index_select(0, torch.tensor([i for _, i in rows], device=device))
-        logits_BV = hidden_BD.float() @ weight_VD.float().T
+        logits_BV = hidden_BD.float() @ weight_VD.T
         temps = [r.params.temperature for r in reqs]
         top_ps = [r.params.top_p for r in reqs]
         uniforms = [uniform(r.params.seed, len(r.tokens)) for r in reqs]
@@ -326,6 +333,16 @@ class TorchEngine:
                 r.finish_reason = "stop"
             elif len(r.tokens) >= r.params.max_new_tokens or len(self._slots[r.slot].tokens) + 1 >= max_len:
                 r.finish_reason = "length"
+
+    def _head_fp32(self) -> torch.Tensor:
+        """The LM head in fp32 (sampling log-probs are fp32, like kernels.logprob's accumulators); a half-precision
+        head is converted once per weight version, not every step."""
+        weight = self.model.lm_head.weight
+        if weight.dtype == torch.float32:
+            return weight
+        if self._head_cache is None or self._head_cache[0] != self._version:
+            self._head_cache = (self._version, weight.detach().float())
+        return self._head_cache[1]
 
     def _finish(self, r: _Request) -> None:
         self._running.remove(r)

@@ -70,7 +70,8 @@ class Trajectory:
     finish_reason: str
     """Why the episode ended: done, max_turns, token_budget, wall_clock, sandbox_error: ..., ..."""
     policy_version: int
-    """Weight version of every sampled token (an episode never spans a weight update)."""
+    """Weight version of the first sampled token; metrics["policy_versions"] counts the distinct versions
+    (1 unless the weights were updated between two turns of this episode)."""
     reward: float = 0.0
     """Dense reward: number of verifiers passed (0 when they could not run)."""
     verifier: dict[str, Any] | None = None

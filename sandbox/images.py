@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
@@ -74,6 +75,20 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
             return ref
         _build(client, task, rewritten, ref)
     return ref
+
+
+def build_task_images(tasks: list[Task], *, base_image_overrides: Mapping[str, str] | None = None,
+                      num_workers: int = 4) -> dict[str, str]:
+    """Build the images of many tasks with `num_workers` parallel builds; returns task name -> image ref.
+
+    Identical environments (same content hash) are built once."""
+    if num_workers < 1:
+        raise ValueError(f"expected num_workers >= 1, got {num_workers}")
+    client = docker.from_env()
+    with ThreadPoolExecutor(num_workers) as pool:
+        refs = pool.map(lambda t: build_task_image(t, base_image_overrides=base_image_overrides, client=client),
+                        tasks)
+        return {t.name: ref for t, ref in zip(tasks, refs)}
 
 
 def _rewrite_from_lines(text: str, overrides: Mapping[str, str], dockerfile: Path) -> tuple[str, list[str]]:

@@ -68,7 +68,7 @@ _PROTECTED_FILES = frozenset(
 # (its traps would run agent code when its children die). Zombies are skipped: only their parent reaps.
 _SWEEP = r'''
 sweep() {
-  local keepalive= best= init_comm p st pid pass f=() pids=() keep
+  local keepalive= best= init_comm p st pid f=() pids=() keep deadline=$((SECONDS + 30))
   read -r init_comm < /proc/1/comm
   for p in /proc/[1-9]*; do
     read -r st < "$p/stat" 2>/dev/null || continue
@@ -78,19 +78,21 @@ sweep() {
     fi
   done
   keep=" 1 $keepalive $$ "
-  for pass in {1..100}; do
+  while (( SECONDS < deadline )); do
     pids=()
     for p in /proc/[1-9]*; do
       pid=${p#/proc/}
       [[ $keep == *" $pid "* ]] && continue
       read -r st < "$p/stat" 2>/dev/null || continue
       st=${st##*') '}
-      [[ ${st:0:1} == Z ]] && continue
+      [[ ${st:0:1} == [ZX] ]] && continue
       pids+=("$pid"); kill -STOP "$pid" 2>/dev/null
     done
     (( ${#pids[@]} )) || return 0
     kill -KILL "${pids[@]}" 2>/dev/null
+    /bin/sleep 0.02 2>/dev/null  # a killed process takes a moment to exit (fails harmlessly without pids)
   done
+  for pid in "${pids[@]}"; do read -r st < "/proc/$pid/stat" && echo "sweep: still alive: $st"; done 2>/dev/null
   return 1
 }
 '''
@@ -155,12 +157,13 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
     # Kill every process the agent left, then clear planted results.
     prep = f"sweep || exit 1; rm -rf /tests /logs/verifier && mkdir -p /logs/verifier && ln -s {tests} /tests"
     code, out = _exec(sandbox, prep, env={"PATH": _PATH})
-    if code != 0:
-        raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): {out[-300:]}")
+    # After the sweep: no agent process is left to change files between this check and the tests.
     tampered, pyc_changed = _inspect_changes(sandbox)
-    if tampered:
+    if tampered:  # checked before `code`: deleting bash or env also makes the sweep itself fail
         return _all_failed(task, start, error="tampered: the verifier's interpreter, shells or libraries were "
                            f"modified ({len(tampered)} paths)", tampered=tuple(tampered))
+    if code != 0:
+        raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): {out[-300:]}")
     _upload_work_dir(sandbox, task, work)
     env = _clean_env(sandbox, tests, work, pyc_changed=pyc_changed)
     if task.verifier_kind == "pytest":
@@ -243,9 +246,13 @@ def _inspect_changes(sandbox: DockerSandbox) -> tuple[list[str], bool]:
     """(tampered paths, whether any .pyc under the protected prefixes changed)."""
     with docker_errors("listing the sandbox's file changes"):
         changes = docker_client().diff(sandbox.id) or []
+    # A directory is listed as changed (kind 0) whenever something below it changed: judge the entries below.
+    parents = {c["Path"].rsplit("/", i)[0] for c in changes for i in range(1, c["Path"].count("/"))}
     bad, pyc = [], False
     for change in changes:
         path = change["Path"]
+        if change["Kind"] == 0 and path in parents:
+            continue
         protected = path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)

@@ -27,6 +27,8 @@ from t1core.attention import AttnContext, CachedContext, KVCache, PackedContext
 
 __all__ = ["ModelConfig", "MoEModel", "ValueModel", "KVCache"]
 
+_ROUTING_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -81,7 +83,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.num_key_value_heads: expected a divisor of num_attention_heads="
                              f"{self.num_attention_heads}, got {self.num_key_value_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim: expected an even number (RoPE rotates halves), got {self.head_dim}")
+            raise ValueError(f"ModelConfig.head_dim: expected an even number (RoPE rotates halves), "
+                             f"got {self.head_dim}")
         if self.num_experts < 0 or (self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts):
             raise ValueError(f"ModelConfig: expected num_experts >= 0 and 1 <= num_experts_per_tok <= num_experts, "
                              f"got num_experts={self.num_experts}, num_experts_per_tok={self.num_experts_per_tok}")
@@ -89,7 +92,8 @@ class ModelConfig:
             object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
         bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
         if bad:
-            raise ValueError(f"ModelConfig.mlp_only_layers: expected indices in [0, {self.num_hidden_layers}), got {bad}")
+            raise ValueError(f"ModelConfig.mlp_only_layers: expected indices in [0, {self.num_hidden_layers}), "
+                             f"got {bad}")
         for name in ("rms_norm_eps", "rope_theta", "initializer_range"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ModelConfig.{name}: expected > 0, got {getattr(self, name)!r}")
@@ -292,7 +296,7 @@ class MoETrunk(nn.Module):
         if replay_routing is None:
             return [None] * num_moe
         want = (num_tokens, num_moe, cfg.num_experts_per_tok)
-        if tuple(replay_routing.shape) != want or replay_routing.is_floating_point() or replay_routing.dtype == torch.bool:
+        if tuple(replay_routing.shape) != want or replay_routing.dtype not in _ROUTING_DTYPES:
             raise ValueError(f"replay_routing: expected an integer tensor of shape [T, L_moe, K] = {list(want)}, got "
                              f"{replay_routing.dtype} {list(replay_routing.shape)}")
         # Range and duplicate checks happen in kernels.moe.route (ValueError there).

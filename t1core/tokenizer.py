@@ -39,7 +39,8 @@ class ChatTokenizer:
         self._plain.encode_special_tokens = True
         missing = [t for t in CHAT_TOKENS if self._tok.token_to_id(t) is None]
         if missing:
-            raise ValueError(f"tokenizer.json: expected the chat tokens {list(CHAT_TOKENS)} as single ids, missing {missing}")
+            raise ValueError(f"tokenizer.json: expected the chat tokens {list(CHAT_TOKENS)} as single ids, "
+                             f"missing {missing}")
         self.im_start_id: int = self._tok.token_to_id(IM_START)
         self.im_end_id: int = self._tok.token_to_id(IM_END)
         self.endoftext_id: int = self._tok.token_to_id(ENDOFTEXT)

@@ -195,7 +195,7 @@ def _interpreter_cases() -> list[dict]:
     results = []
     cases = [  # (N, D, V, temperature, vocab_per_split, scratch_bytes)
         (5, 24, 1000, 0.6, None, None), (5, 24, 1000, 1.0, None, None), (9, 17, 3001, 1.3, None, None),
-        (37, 40, 3001, 1.0, 256, 37 * 4 * 300),  # several forward splits and backward chunks, ragged ends
+        (20, 24, 3001, 1.0, 256, 20 * 4 * 300),  # several forward splits and backward chunks, ragged ends
     ]
     for N, D, V, temp, split, scratch in cases:
         hidden, weight, targets, g_logp, g_ent = _problem(N, D, V, seed=N * V, scale=2.0)

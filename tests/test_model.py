@@ -149,6 +149,9 @@ def test_replay_validation(bad, match) -> None:
 
 
 def test_packed_equals_separate() -> None:
+    # RoPE is relative, so hidden states cannot show an absolute offset: check the restart directly.
+    from t1core.attention import PackedContext
+    assert PackedContext.build([3, 2, 1], device=torch.device("cpu")).positions_T.tolist() == [0, 1, 2, 0, 1, 0]
     model = MoEModel(SMALL, seed=0)
     for lens in ([17, 40, 5], [16, 16, 16]):  # per-document SDPA path and the batched equal-length path
         docs = [_ids(n, SMALL.vocab_size, seed=i) for i, n in enumerate(lens)]
@@ -240,3 +243,24 @@ def test_tiny_model_learns() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_real_qwen3_30b_config_maps_to_preset() -> None:
+    """config.json as published for Qwen/Qwen3-30B-A3B (transformers 4.51 era keys) -> the preset."""
+    from t1core.checkpoint import config_from_hf, config_to_hf
+    published = {
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+        "use_sliding_window": False, "vocab_size": 151936}
+    cfg = config_from_hf(published)
+    assert cfg == ModelConfig.qwen3_30b_a3b()
+    hf_cfg = transformers.Qwen3MoeConfig(**config_to_hf(cfg, dtype=torch.bfloat16))
+    assert (hf_cfg.num_experts, hf_cfg.rope_parameters["rope_theta"], hf_cfg.head_dim) == (128, 1e6, 128)
+    with pytest.raises(ValueError, match="rope_scaling"):
+        config_from_hf({**published, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})

@@ -4,6 +4,7 @@ continuous batching vs requests run alone, prefix reuse, weight updates."""
 from __future__ import annotations
 
 import math
+import time
 import threading
 
 import pytest
@@ -199,3 +200,19 @@ def test_prefix_reuse_multi_turn_and_weight_update() -> None:
             r3 = ref.submit(turn2, params).result()
         assert c3.token_ids == r3.token_ids
         assert not math.isclose(float(c3.logprobs[0]), float(c2.logprobs[0]))
+
+
+def test_update_weights_waits_for_running_requests() -> None:
+    model = MoEModel(CFG, seed=0)
+    prompt = _prompts(1, seed=7)[0]
+    with TorchEngine(model, EngineConfig(max_batch=2, num_slots=2, max_seq_len=256)) as eng:
+        running = eng.submit(prompt, SamplingParams(max_new_tokens=150, seed=1))
+        while eng.stats["decode_tokens"] == 0:  # wait until it is decoding
+            time.sleep(0.001)
+        assert eng.update_weights(MoEModel(CFG, seed=3).state_dict()) == 1
+        # The request running during the update finished with the old weights, all of it.
+        assert running.done() and running.result().policy_version == 0 and len(running.result().token_ids) == 150
+        after = eng.submit(prompt, SamplingParams(max_new_tokens=4, seed=1)).result()
+        assert after.policy_version == 1 and after.num_cached_tokens == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.submit(prompt, SamplingParams())

@@ -7,9 +7,12 @@ nothing. All sandbox runs go through a small thread pool: the daemon and 2 CPUs 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +22,8 @@ import pytest
 from sandbox import suite
 from sandbox.docker_sandbox import LABEL_RUN, DockerSandbox, docker_client
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
-from sandbox.images import TaskImageError, _resolve_override, build_task_image, default_base_image_overrides
+from sandbox.images import (TaskImageError, _resolve_override, build_task_image, build_task_images,
+                            default_base_image_overrides)
 from sandbox.run_task import run_task
 from sandbox.tasks import Task, TaskFormatError, load_task
 from sandbox.verify import VerifierResult, run_verifiers
@@ -135,6 +139,7 @@ def _attacks(target: str, word: str) -> dict[str, str]:
         "late_background_job": (f"nohup setsid bash -c 'sleep 2; while true; do echo {word} > {target}; "
                                 "sleep 0.1; done' >/dev/null 2>&1 &\n"),
         "planted_sitecustomize": _plant("/usr/lib/python3.11/sitecustomize.py", "import os"),
+        "destroyed_tools": "rm -f /usr/bin/env /usr/bin/python3.11\n",
     }
 
 
@@ -155,12 +160,12 @@ with open(importlib.util.cache_from_source(src), "wb") as f:
 
 @pytest.fixture(scope="module")
 def spoof_results(overrides: dict[str, str], family_dir: Path) -> tuple[Task, VerifierResult, dict]:
-    task = load_task(write_harbor_task(generate("create_file", 7, "train"), family_dir / "spoof-target",
-                                             family="create_file", seed=7, split="train"))
     spec = generate("create_file", 7, "train")
-    target, word = spec.constants["TARGET"], spec.constants["WORD"]
-    attacks = _attacks(str(target), str(word))
-    attacks["planted_bytecode"] = "python3 - <<'T1EOF'\n" + _PLANT_PYC.replace("@JUNIT@", repr(_FAKE_JUNIT)) + "\nT1EOF\n"
+    task = load_task(write_harbor_task(spec, family_dir / "spoof-target", family="create_file", seed=7,
+                                       split="train"))
+    attacks = _attacks(str(spec.constants["TARGET"]), str(spec.constants["WORD"]))
+    plant_pyc = _PLANT_PYC.replace("@JUNIT@", repr(_FAKE_JUNIT))
+    attacks["planted_bytecode"] = f"python3 - <<'T1EOF'\n{plant_pyc}\nT1EOF\n"
     jobs = [(name, script) for name, script in attacks.items()] + [("noop", None)]
     with ThreadPoolExecutor(NUM_WORKERS) as pool:
         results = dict(zip([n for n, _ in jobs], pool.map(lambda j: _run(task, j[1], overrides), jobs)))
@@ -178,9 +183,11 @@ def test_spoofing_scores_no_more_than_doing_nothing(spoof_results, attack: str) 
 
 def test_tampering_with_python_scores_zero(spoof_results) -> None:
     _, noop, results = spoof_results
-    result = results["planted_sitecustomize"]
-    assert result.passed == 0 and result.total == noop.total
-    assert "/usr/lib/python3.11/sitecustomize.py" in result.tampered and "tampered" in result.error
+    planted, destroyed = results["planted_sitecustomize"], results["destroyed_tools"]
+    assert planted.passed == destroyed.passed == 0 and planted.total == destroyed.total == noop.total
+    # Debian's /usr/lib/python3.11/sitecustomize.py links to /etc/python3.11/: the write lands there.
+    assert [p for p in planted.tampered if p.endswith("/sitecustomize.py")] and "tampered" in planted.error
+    assert destroyed.tampered == ("/usr/bin/env", "/usr/bin/python3.11")
 
 
 def test_poisoned_shell_cannot_run_code_at_verification(overrides: dict[str, str], spoof_results) -> None:
@@ -333,14 +340,35 @@ def test_override_globs() -> None:
 def test_images_cached_by_content(tmp_path: Path, overrides: dict[str, str]) -> None:
     task = load_task(_broken_copy(tmp_path, "cache-a", "fixed/text-dedupe-emails"))
     same = load_task(_broken_copy(tmp_path, "cache-b", "fixed/text-dedupe-emails"))
-    ref = build_task_image(task, base_image_overrides=overrides)
-    assert build_task_image(same, base_image_overrides=overrides) == ref  # same content, other directory
+    refs = build_task_images([task, same], base_image_overrides=overrides)
+    ref = refs[task.name]
+    assert refs[same.name] == ref  # same content, other directory
     (same.dockerfile_dir / "emails.txt").write_text("x@y.z\n")
     changed = build_task_image(same, base_image_overrides=overrides)
     assert changed != ref and changed.startswith("t1-task:")
     bare = _harbor_task(tmp_path, "bare", tests={"test_x.py": "def test_a():\n    pass\n"},
                         dockerfile="FROM debian:bookworm\nWORKDIR /app\n")
     assert build_task_image(bare, base_image_overrides=overrides) == overrides["debian:*"]
+
+
+def test_cli_runs_a_task_and_reports_json(tmp_path: Path, overrides: dict[str, str]) -> None:
+    cmd = [sys.executable, "-m", "sandbox.run_task", str(REPO / "tasks" / "tb1-example"), "--solution", "--json",
+           "--base-image", f"python:3.13-*={overrides['debian:*']}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert (report["passed"], report["failed"], report["total"], report["timed_out"]) == (4, 0, 4, False)
+    assert all(report["per_test"].values()) and report["outcome"] is True
+    script = tmp_path / "half.sh"
+    script.write_text("echo nuts > /app/out_of_stock.txt\n")
+    out = subprocess.run([*cmd[:4], "--script", str(script)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0 and "PASS  test_outputs.py::test_output_exists" in out.stdout
+    assert "passed 3/4" in out.stdout, out.stdout
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    out = subprocess.run([sys.executable, "-m", "sandbox.run_task", str(broken)], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert out.returncode == 2 and "task.toml" in out.stderr and not out.stdout
 
 
 # ---- suite and families (no Docker) -----------------------------------------------------------------------

@@ -7,8 +7,8 @@ whose arguments all appear verbatim in the instruction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import random
+from collections.abc import Callable
 
 from sandbox.families import basic, data, text
 from sandbox.families.common import Split, TaskSpec, write_harbor_task

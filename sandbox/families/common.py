@@ -12,6 +12,7 @@ functions giving partial credit, and the untouched starting state passes fewer t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 import re
 import textwrap
@@ -103,8 +104,6 @@ def distinct_words(rng: random.Random, k: int, *, exclude: tuple[str, ...] = ())
 
 
 def sha_of(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from sandbox.families.common import WORDS, Split, TaskSpec, distinct_words, ident, sha_of
+from sandbox.families.common import WORDS, Split, TaskSpec, ident, sha_of
 
 _KEYS = ("name", "owner", "city", "color", "status", "port", "count", "level", "region", "version")
 _INT_KEYS = ("port", "count", "level", "version")
