@@ -21,6 +21,7 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "tomli>=2.0; python_version < '3.11'",
+        "pyyaml>=6.0",
     ],
     extras_require={
         "triton": ["triton>=3.0"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import select_backend
-from kernels.moe_torch import moe_bwd, moe_fwd
+from kernels.moe_torch import moe_bwd_saved, moe_fwd_saving
 
 _ID_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
 
@@ -119,26 +119,31 @@ def _check_moe_inputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
 
 
 class FusedMoEFunction(torch.autograd.Function):
-    """Autograd over (x, w13, w2, topk_weights); activations are recomputed in backward, not stored."""
+    """Autograd over (x, w13, w2, topk_weights). Triton recomputes activations in backward; the torch path keeps
+    its gathered inputs and pre-activations (`moe_torch.MoESaved`) instead."""
 
     @staticmethod
     def forward(ctx, x, w13, w2, topk_ids, topk_weights, backend):  # type: ignore[override]
-        ctx.save_for_backward(x, w13, w2, topk_ids, topk_weights)
         ctx.backend = backend
         if backend == "triton":
             from kernels.moe_triton import moe_fwd_triton
+            ctx.save_for_backward(x, w13, w2, topk_ids, topk_weights)
             return moe_fwd_triton(x, w13, w2, topk_ids, topk_weights)
-        return moe_fwd(x, w13, w2, topk_ids, topk_weights)
+        y, saved = moe_fwd_saving(x, w13, w2, topk_ids, topk_weights)
+        ctx.save_for_backward(w13, w2, topk_weights)
+        ctx.moe_saved = saved  # intermediates only (neither inputs nor outputs): safe to hold on ctx
+        return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, w13, w2, topk_ids, topk_weights = ctx.saved_tensors
         dy = dy.contiguous()
         if ctx.backend == "triton":
             from kernels.moe_triton import moe_bwd_triton
+            x, w13, w2, topk_ids, topk_weights = ctx.saved_tensors
             dx, dw13, dw2, dw = moe_bwd_triton(dy, x, w13, w2, topk_ids, topk_weights)
         else:
-            dx, dw13, dw2, dw = moe_bwd(dy, x, w13, w2, topk_ids, topk_weights)
+            w13, w2, topk_weights = ctx.saved_tensors
+            dx, dw13, dw2, dw = moe_bwd_saved(dy, w13, w2, topk_weights, ctx.moe_saved)
         needs = ctx.needs_input_grad
         return (dx if needs[0] else None, dw13 if needs[1] else None, dw2 if needs[2] else None, None,
                 dw if needs[4] else None, None)
@@ -160,7 +165,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
 
     Returns:
         y [T, D] in x's dtype. Differentiable w.r.t. x, w13, w2 and topk_weights. Memory: besides y, the
-        forward keeps only its inputs (activations [T*K, 2F] are recomputed in backward).
+        Triton forward keeps only its inputs (activations [T*K, 2F] are recomputed in backward); the torch (CPU)
+        path keeps its gathered inputs and pre-activations, O(T*K*(D + 2F)) per layer, and recomputes nothing.
 
     Raises:
         ValueError: shape/dtype/device mismatches, or (validate=True) ids outside [0, E) / duplicate ids.

@@ -1,12 +1,16 @@
-"""Plain-torch MoE expert dispatch: the vectorised CPU path and the per-expert loop reference.
+"""Plain-torch MoE expert dispatch: the CPU path and the per-expert loop reference.
 
-Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, P = T*K (token, slot) pairs.
-w13_EFD is [E, 2F, D] (gate rows then up rows), w2_EDF is [E, D, F].
+Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, P = T*K (token, slot) pairs, R work rows,
+C capacity (rows per expert in the padded layout). w13_EFD is [E, 2F, D] (gate rows then up rows), w2_EDF is
+[E, D, F].
 
-`moe_fwd` / `moe_bwd` are the torch backend of `kernels.moe.fused_moe`: pairs are sorted by expert once, then
-one matmul per expert (a loop over experts, never over tokens), and the weighted combine is a gather-sum over
-K in a fixed order, so results do not depend on thread scheduling. `moe_loop_reference` is the naive
-per-expert, per-slot loop that tests and benchmarks compare against.
+`moe_fwd_saving` / `moe_bwd_saved` are the torch backend of `kernels.moe.fused_moe`. Pairs are laid out by expert
+once (`expert_layout`, one host sync); the expert GEMMs then run either as batched matmuls over a padded
+[E, C, .] layout (few large ops; chosen while padding costs little) or as one matmul per expert over the packed
+sorted rows (skewed routing, where padding would multiply the work). The forward keeps the gathered inputs and
+the pre-activation h = [g; u] of every row, so the backward does no GEMM recompute. Gathers are index_select,
+the combine is a gather and a sum over K in index order, and no float scatter or atomic is used: results do
+not depend on thread scheduling. `moe_loop_reference` is the naive per-expert, per-slot loop for tests.
 """
 
 from __future__ import annotations
@@ -16,111 +20,156 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# The padded layout is used while E * C <= PAD_LIMIT * P: up to this much extra GEMM work costs less than the
+# per-expert loop's op count (measured on the tiny model, 2 cores: about 9% padding at T=2048, E=16, K=2).
+PAD_LIMIT = 1.5
+
 
 @dataclass(frozen=True)
-class ExpertSort:
-    """(token, slot) pairs of a routing tensor grouped by expert (stable: pair order kept within an expert)."""
+class ExpertLayout:
+    """Where each (token, slot) pair sits in the expert-major work rows. Stable: pair order kept per expert."""
 
-    order_P: torch.Tensor
-    """Flat pair index (t * K + k) of each sorted row."""
-    token_P: torch.Tensor
-    """Token of each sorted row."""
-    bounds: list[int]
-    """Row offsets of each expert in the sorted order, length E + 1 (host list: the torch path loops over it)."""
+    token_R: torch.Tensor
+    """Token of each work row (0 on padding rows, whose combine weight is 0 and whose output is never read)."""
+    row_P: torch.Tensor
+    """Work row of each pair, in flat pair order t * K + k."""
+    groups: tuple[tuple[int, int, int], ...] | None
+    """Packed layout: (expert, first row, end row) per non-empty expert. None: padded layout of E x capacity."""
+    capacity: int
+    """Rows per expert in the padded layout (the largest expert's pair count)."""
 
 
-def sort_by_expert(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertSort:
-    """Group the T*K pairs by expert with a stable sort (ties keep pair order: deterministic)."""
+def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
+    """Group the T*K pairs by expert (stable sort) and pick the padded or the packed layout."""
     ids_P = topk_ids_TK.reshape(-1).long()
-    order_P = torch.sort(ids_P, stable=True).indices
+    num_p, dev = ids_P.numel(), ids_P.device
+    order_S = torch.sort(ids_P, stable=True).indices
+    ids_S = ids_P.index_select(0, order_S)
     counts_E = torch.bincount(ids_P, minlength=num_experts)
-    bounds = [0] + torch.cumsum(counts_E, 0).tolist()  # sync: the torch path slices on the host
-    return ExpertSort(order_P=order_P, token_P=order_P // topk_ids_TK.shape[1], bounds=bounds)
+    counts = counts_E.tolist()  # sync: the layout (capacity, per-expert slices) is chosen on the host
+    cap = max(counts, default=0)
+    start_E = torch.cumsum(counts_E, 0) - counts_E
+    padded = num_experts * cap <= PAD_LIMIT * num_p
+    if padded:
+        row_S = ids_S * cap + (torch.arange(num_p, device=dev) - start_E.index_select(0, ids_S))
+    else:
+        row_S = torch.arange(num_p, device=dev)
+    row_P = torch.empty_like(row_S).scatter_(0, order_S, row_S)  # inverse permutation (unique targets)
+    token_S = order_S // topk_ids_TK.shape[1]
+    if padded:
+        token_R = torch.zeros(num_experts * cap, dtype=torch.long, device=dev).scatter_(0, row_S, token_S)
+        return ExpertLayout(token_R=token_R, row_P=row_P, groups=None, capacity=cap)
+    ends = torch.cumsum(counts_E, 0).tolist()
+    groups = tuple((e, ends[e] - c, ends[e]) for e, c in enumerate(counts) if c)
+    return ExpertLayout(token_R=token_S, row_P=row_P, groups=groups, capacity=cap)
 
 
-def _swiglu(h_NF2: torch.Tensor, num_f: int) -> torch.Tensor:
-    return F.silu(h_NF2[:, :num_f]) * h_NF2[:, num_f:]
+def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout) -> torch.Tensor:
+    """out[r] = a[r] @ w[expert of r], [R, Y]."""
+    num_e, _, y = w_EXY.shape
+    if lay.groups is None:
+        return torch.bmm(a_RX.view(num_e, lay.capacity, a_RX.shape[1]), w_EXY).view(a_RX.shape[0], y)
+    out_RY = torch.empty(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
+    for e, lo, hi in lay.groups:
+        torch.mm(a_RX[lo:hi], w_EXY[e], out=out_RY[lo:hi])
+    return out_RY
 
 
-def _unsort(rows_PD: torch.Tensor, order_P: torch.Tensor) -> torch.Tensor:
-    out_PD = torch.empty_like(rows_PD)
-    out_PD[order_P] = rows_PD
-    return out_PD
+def _expert_outer(a_RX: torch.Tensor, b_RY: torch.Tensor, num_experts: int, lay: ExpertLayout) -> torch.Tensor:
+    """out[e] = sum over rows r of expert e of a[r]^T b[r], [E, X, Y] (zero for unused experts)."""
+    x, y = a_RX.shape[1], b_RY.shape[1]
+    if lay.groups is None:
+        return torch.bmm(a_RX.view(num_experts, lay.capacity, x).transpose(1, 2), b_RY.view(num_experts, lay.capacity, y))
+    out_EXY = torch.zeros(num_experts, x, y, dtype=a_RX.dtype, device=a_RX.device)
+    for e, lo, hi in lay.groups:
+        torch.mm(a_RX[lo:hi].t(), b_RY[lo:hi], out=out_EXY[e])
+    return out_EXY
 
 
-def moe_expert_outputs(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor,
-                       srt: ExpertSort) -> torch.Tensor:
-    """Unweighted expert outputs w2[e] @ swiglu(w13[e] @ x[t]) of every pair, in flat pair order [T*K, D]."""
-    num_f = w2_EDF.shape[2]
-    xs_PD = x_TD[srt.token_P]
-    o_PD = torch.empty_like(xs_PD)
-    for e in range(w13_EFD.shape[0]):
-        lo, hi = srt.bounds[e], srt.bounds[e + 1]
-        if hi == lo:
-            continue
-        a_NF = _swiglu(xs_PD[lo:hi] @ w13_EFD[e].t(), num_f)
-        o_PD[lo:hi] = a_NF @ w2_EDF[e].t()
-    return _unsort(o_PD, srt.order_P)
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def combine(o_PD: torch.Tensor, topk_weights_TK: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """y[t] = sum_k w[t,k] o[t,k] in fp32 (or fp64), summed over K in index order: deterministic."""
+def _row_weights(topk_weights_TK: torch.Tensor, lay: ExpertLayout, dtype: torch.dtype) -> torch.Tensor:
+    """Combine weight of each work row in `dtype`; 0 on padding rows (this is what keeps their gradients 0)."""
+    w_R = torch.zeros(lay.token_R.shape[0], dtype=dtype, device=topk_weights_TK.device)
+    return w_R.scatter_(0, lay.row_P, topk_weights_TK.reshape(-1).to(dtype))
+
+
+@dataclass(frozen=True)
+class MoESaved:
+    """What the forward keeps for the backward: O(R * (D + 2F)) per layer, no recompute needed."""
+
+    xs_RD: torch.Tensor
+    """Input row of each work row."""
+    h_RF2: torch.Tensor
+    """Pre-activation [g; u] = w13[e] @ x of each work row."""
+    layout: ExpertLayout
+
+
+def moe_fwd_saving(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, topk_ids_TK: torch.Tensor,
+                   topk_weights_TK: torch.Tensor) -> tuple[torch.Tensor, MoESaved]:
+    """Forward of the fused MoE on the torch path (see `kernels.moe.fused_moe`) and the state its backward needs."""
+    T, K = topk_ids_TK.shape
+    num_e, num_f = w13_EFD.shape[0], w2_EDF.shape[2]
+    lay = expert_layout(topk_ids_TK, num_e)
+    xs_RD = x_TD.index_select(0, lay.token_R)
+    h_RF2 = _rows_mm(xs_RD, w13_EFD.transpose(1, 2), lay)
+    a_RF = F.silu(h_RF2[:, :num_f]).mul_(h_RF2[:, num_f:])
+    o_RD = _rows_mm(a_RF, w2_EDF.transpose(1, 2), lay)
+    # Combine: gather each pair's row, weight it and sum over K in index order (fp32 / fp64 accumulation).
+    acc = _acc_dtype(x_TD.dtype)
+    o_TKD = o_RD.index_select(0, lay.row_P).view(T, K, o_RD.shape[1]).to(acc)
+    y_TD = (o_TKD * topk_weights_TK.to(acc).unsqueeze(-1)).sum(1).to(x_TD.dtype)
+    return y_TD, MoESaved(xs_RD=xs_RD, h_RF2=h_RF2, layout=lay)
+
+
+def moe_bwd_saved(dy_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, topk_weights_TK: torch.Tensor,
+                  saved: MoESaved) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dx, dw13, dw2, dtopk_weights) of the fused MoE from the forward's saved state.
+
+    Per row (pair (t, k) on expert e, weight w) with h = [g; u], a = silu(g) u, o = w2[e] a, s = w2[e]^T dy[t]:
+    dw[t,k] = <dy[t], o> = <s, a>, dW2[e] += dy[t] (w a)^T, da = w s,
+    dg = da u silu'(g), du = da silu(g), dW13[e] += [dg; du] x[t]^T, dx[t] += w13[e]^T [dg; du].
+    Padding rows have w = 0, so they add exactly zero to dW2, dW13; their dx and dw rows are never read.
+    """
     T, K = topk_weights_TK.shape
-    acc = torch.float64 if o_PD.dtype == torch.float64 else torch.float32
-    o_TKD = o_PD.view(T, K, o_PD.shape[-1]).to(acc)
-    return (o_TKD * topk_weights_TK.to(acc).unsqueeze(-1)).sum(1).to(out_dtype)
+    num_e, num_f = w13_EFD.shape[0], w2_EDF.shape[2]
+    lay, xs_RD, h_RF2 = saved.layout, saved.xs_RD, saved.h_RF2
+    dtype, acc = xs_RD.dtype, _acc_dtype(xs_RD.dtype)
+    w_R1 = _row_weights(topk_weights_TK, lay, dtype).unsqueeze(1)
+    g_RF, u_RF = h_RF2[:, :num_f], h_RF2[:, num_f:]
+    sig_RF = torch.sigmoid(g_RF)
+    silu_RF = g_RF * sig_RF
+    a_RF = silu_RF * u_RF
+    dys_RD = dy_TD.index_select(0, lay.token_R)
+    s_RF = _rows_mm(dys_RD, w2_EDF, lay)
+    dw_R = (s_RF.to(acc) * a_RF.to(acc)).sum(-1)
+    dw2_EDF = _expert_outer(dys_RD, a_RF.mul_(w_R1), num_e, lay)
+    da_RF = s_RF.mul_(w_R1)
+    dh_RF2 = torch.empty_like(h_RF2)
+    torch.mul(da_RF, silu_RF, out=dh_RF2[:, num_f:])
+    dsilu_RF = torch.sub(g_RF, silu_RF).add_(1).mul_(sig_RF)  # silu'(g) = sig (1 + g (1 - sig))
+    torch.mul(dsilu_RF.mul_(u_RF), da_RF, out=dh_RF2[:, :num_f])
+    dw13_EFD = _expert_outer(dh_RF2, xs_RD, num_e, lay)
+    dxs_RD = _rows_mm(dh_RF2, w13_EFD, lay)
+    dx_TD = dxs_RD.index_select(0, lay.row_P).view(T, K, dxs_RD.shape[1]).to(acc).sum(1).to(dtype)
+    dtopk_w = dw_R.index_select(0, lay.row_P).view(T, K).to(topk_weights_TK.dtype)
+    return dx_TD, dw13_EFD, dw2_EDF, dtopk_w
 
 
 def moe_fwd(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, topk_ids_TK: torch.Tensor,
             topk_weights_TK: torch.Tensor) -> torch.Tensor:
     """Forward of the fused MoE on the torch path (see `kernels.moe.fused_moe`)."""
-    srt = sort_by_expert(topk_ids_TK, w13_EFD.shape[0])
-    o_PD = moe_expert_outputs(x_TD, w13_EFD, w2_EDF, srt)
-    return combine(o_PD, topk_weights_TK, x_TD.dtype)
+    return moe_fwd_saving(x_TD, w13_EFD, w2_EDF, topk_ids_TK, topk_weights_TK)[0]
 
 
 def moe_bwd(dy_TD: torch.Tensor, x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor,
             topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (dx, dw13, dw2, dtopk_weights) of the fused MoE, recomputing activations per expert.
-
-    Per pair p = (t, k) on expert e with h = w13[e] x[t] = [g; u], a = silu(g) u, o = w2[e] a, s = w2[e]^T dy[t]:
-    dw[t,k] = <dy[t], o> = <s, a>, dW2[e] += w[t,k] dy[t] a^T, da = w[t,k] s,
-    dg = da u silu'(g), du = da silu(g), dW13[e] += [dg; du] x[t]^T, dx[t] += w13[e]^T [dg; du].
-    """
-    T, K = topk_ids_TK.shape
-    E, num_f2, _ = w13_EFD.shape
-    num_f = num_f2 // 2
-    srt = sort_by_expert(topk_ids_TK, E)
-    # Weight products in the compute dtype; fp32 sums for the per-pair dot product dtopk_weights.
-    w_P = topk_weights_TK.reshape(-1)[srt.order_P].to(x_TD.dtype)
-    xs_PD = x_TD[srt.token_P]
-    dys_PD = dy_TD[srt.token_P]
-    dxs_PD = torch.empty_like(xs_PD)
-    dw_P = torch.empty(T * K, dtype=torch.float64 if x_TD.dtype == torch.float64 else torch.float32,
-                       device=x_TD.device)
-    dw13 = torch.zeros_like(w13_EFD)
-    dw2 = torch.zeros_like(w2_EDF)
-    for e in range(E):
-        lo, hi = srt.bounds[e], srt.bounds[e + 1]
-        if hi == lo:
-            continue
-        h_NF2 = xs_PD[lo:hi] @ w13_EFD[e].t()
-        g_NF, u_NF = h_NF2[:, :num_f], h_NF2[:, num_f:]
-        sig_NF = torch.sigmoid(g_NF)
-        silu_NF = g_NF * sig_NF
-        a_NF = silu_NF * u_NF
-        s_NF = dys_PD[lo:hi] @ w2_EDF[e]  # w2^T dy: gives <dy, o> = <s, a> without forming o
-        dw_P[lo:hi] = (s_NF.to(dw_P.dtype) * a_NF.to(dw_P.dtype)).sum(-1)
-        dw2[e] = (dys_PD[lo:hi] * w_P[lo:hi, None]).t() @ a_NF
-        da_NF = s_NF * w_P[lo:hi, None]
-        dh_NF2 = torch.cat([da_NF * u_NF * sig_NF * (1 + g_NF * (1 - sig_NF)), da_NF * silu_NF], dim=1)
-        dw13[e] = dh_NF2.t() @ xs_PD[lo:hi]
-        dxs_PD[lo:hi] = dh_NF2 @ w13_EFD[e]
-    acc = dw_P.dtype
-    dx = _unsort(dxs_PD, srt.order_P).view(T, K, x_TD.shape[1]).to(acc).sum(1).to(x_TD.dtype)
-    dtopk_w = _unsort(dw_P, srt.order_P).view(T, K).to(topk_weights_TK.dtype)
-    return dx, dw13, dw2, dtopk_w
+    """Gradients (dx, dw13, dw2, dtopk_weights) from the inputs alone: reruns the forward, then `moe_bwd_saved`."""
+    _, saved = moe_fwd_saving(x_TD, w13_EFD, w2_EDF, topk_ids_TK, topk_weights_TK)
+    return moe_bwd_saved(dy_TD, w13_EFD, w2_EDF, topk_weights_TK, saved)
 
 
 def moe_loop_reference(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor,

@@ -200,7 +200,7 @@ class _Episode:
                 reason = f"{reason}; verifier sandbox_error: {type(e).__name__}: {e}"
         # A weight update between turns makes the episode off-policy for its early turns: recorded, not hidden.
         self.metrics.update(turns=len(self.builder.turns), wall_s=time.monotonic() - self.start,
-                            tito_prefix_breaks=self.builder.prefix_breaks, policy_versions=len(self.versions))
+                            tito_prefix_checks=self.builder.prefix_checks, policy_versions=len(self.versions))
         return self.builder.build(task_name=self.task.name, finish_reason=reason,
                                   policy_version=min(self.versions, default=self.engine.policy_version),
                                   reward=reward, verifier=verifier, metrics=self.metrics,

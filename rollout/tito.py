@@ -58,7 +58,7 @@ class TitoBuilder:
         self.turns: list[Turn] = []
         self.pending: list[int] = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
-        self.prefix_breaks = 0
+        self.prefix_checks = 0
         self._last_turn_ids: list[int] = []
 
     def next_prompt(self) -> list[int]:
@@ -75,8 +75,8 @@ class TitoBuilder:
         """
         # TITO invariant: this prompt starts with the full IDs of the previous turn (prompt + reply).
         if prompt[:len(self._last_turn_ids)] != self._last_turn_ids or prompt != self.ids + self.pending:
-            self.prefix_breaks += 1
             raise AssertionError("TITO prefix broken: the new prompt does not extend the previous turn's IDs")
+        self.prefix_checks += 1
         self._commit_routing(comp, len(prompt))
         self.ids += self.pending
         self.mask += [False] * len(self.pending)

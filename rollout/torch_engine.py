@@ -115,8 +115,9 @@ class TorchEngine:
         self._head_cache: tuple[int, torch.Tensor] | None = None
         self._step = 0
         self.stats = {"steps": 0, "prefill_tokens": 0, "cached_tokens": 0, "decode_tokens": 0, "step_s": 0.0,
-                      "model_s": 0.0}
-        """Counters; step_s is wall time inside steps, model_s the part spent in model.extend."""
+                      "model_s": 0.0, "capture_s": 0.0}
+        """Counters; step_s: wall time inside steps; model_s: the part in model.extend; capture_s: the part
+        spent on routing capture (host copy, per-slot history, returned slices)."""
 
     # ---- public API ----
     @property
@@ -166,7 +167,7 @@ class TorchEngine:
                 self._version += 1
                 self.cache.reset()
                 for slot in self._slots:
-                    slot.tokens, slot.version = [], -1
+                    slot.tokens, slot.version, slot.num_routed = [], -1, 0
             finally:
                 self._paused = False
                 self._cv.notify_all()
@@ -202,12 +203,15 @@ class TorchEngine:
                     running = list(self._running)
                 if running:
                     self._run_step(running)
-        except BaseException as e:  # re-raised: futures must not hang on a dead engine thread
+        except BaseException as e:  # re-raised: futures (and update_weights) must not hang on a dead thread
             with self._cv:
                 self._closed = True
                 for req in list(self._queue) + self._running:
                     if not req.future.done():
                         req.future.set_exception(e)
+                self._queue.clear()
+                self._running.clear()
+                self._cv.notify_all()
             raise
 
     def _admit(self) -> None:
@@ -230,23 +234,34 @@ class TorchEngine:
             self._running.append(req)
 
     def _pick_slot(self, req: _Request) -> tuple[int, int]:
-        """(slot, reusable prefix length) for a new request; slot -1 when none is free."""
+        """(slot, reusable prefix length) for a new request; slot -1 when none is free.
+
+        Each free slot with a usable shared prefix of n tokens would save n tokens of prefill now and discard
+        its len(tokens) - n other cached tokens (an episode waiting on its sandbox would recompute those).
+        Take the slot with the best net saving n - discarded when positive (the same episode's previous turn
+        discards nothing); otherwise evict the least recently used free slot, reusing whatever it shares.
+        """
         prompt = req.prompt
-        best, best_len, lru, lru_used = -1, 0, -1, None
+        best, best_len, best_net, lru, lru_used = -1, 0, 0, -1, None
         for i, s in enumerate(self._slots):
             if s.busy:
                 continue
             if lru_used is None or s.last_used < lru_used:
                 lru, lru_used = i, s.last_used
-            if self.config.prefix_reuse and s.version == self._version and s.tokens:
-                n = _common_prefix_len(s.tokens, prompt)
-                if req.params.return_routing:
-                    n = min(n, s.num_routed)  # the cached part's routing must be servable from the history
-                if n > best_len:
-                    best, best_len = i, n
-        if best >= 0:
-            return best, min(best_len, len(prompt) - 1)  # one prompt token must run to give the first logits
-        return lru, 0
+            usable = self._usable_prefix(s, req)
+            net = usable - (len(s.tokens) - usable)
+            if net > best_net:
+                best, best_len, best_net = i, usable, net
+        if best < 0 and lru >= 0:
+            best, best_len = lru, self._usable_prefix(self._slots[lru], req)
+        return best, min(best_len, len(prompt) - 1)  # one prompt token must run to give the first logits
+
+    def _usable_prefix(self, slot: _Slot, req: _Request) -> int:
+        if not (self.config.prefix_reuse and slot.version == self._version and slot.tokens):
+            return 0
+        n = _common_prefix_len(slot.tokens, req.prompt)
+        # With routing requested, the cached part's routing must be servable from the slot's history.
+        return min(n, slot.num_routed) if req.params.return_routing else n
 
     def _run_step(self, running: list[_Request]) -> None:
         t0 = time.perf_counter()
@@ -280,26 +295,32 @@ class TorchEngine:
         hidden_TD, routing_TLK = self.model.extend(ids_T, cache=self.cache, slot_ids=[r.slot for r in group],
                                                    cu_seqlens=cu)
         self.stats["model_s"] += time.perf_counter() - t0  # on GPU: launch time only (no sync here)
-        capture = any(r.params.return_routing for r in group)
-        if capture:
-            routing_TLK = routing_TLK.cpu()  # sync: one host copy of the step's routing for all rows
+        if any(r.params.return_routing for r in group):
+            self._capture(group, cu, routing_TLK)
         rows = []
         for i, r in enumerate(group):
-            a, b = cu[i], cu[i + 1]
-            slot = self._slots[r.slot]
-            start = len(slot.tokens)
-            slot.tokens += r.feed
-            if capture and slot.num_routed == start:
-                self._record_routing(slot, start, routing_TLK[a:b])
+            self._slots[r.slot].tokens += r.feed
             if r.prefilling:
-                self.stats["prefill_tokens"] += b - a
-                if r.params.return_routing:
-                    r.prompt_routing = slot.routing[r.params.prompt_routing_from:len(r.prompt)].clone()
+                self.stats["prefill_tokens"] += cu[i + 1] - cu[i]
                 r.prefilling = False
             r.feed = []
             if r.finish_reason is None:
-                rows.append((r, b - 1))
+                rows.append((r, cu[i + 1] - 1))
         return hidden_TD, rows
+
+    def _capture(self, group: list[_Request], cu: list[int], routing_TLK: torch.Tensor) -> None:
+        """Append this extend's routing to each slot's history; hand prefilled requests their prompt routing.
+        (Timed on its own: stats["capture_s"] is the whole cost of R3 capture in the engine.)"""
+        t0 = time.perf_counter()
+        routing_TLK = routing_TLK.cpu()  # sync: one host copy of the step's routing for all rows
+        for i, r in enumerate(group):
+            slot = self._slots[r.slot]
+            start = len(slot.tokens)
+            if slot.num_routed == start:
+                self._record_routing(slot, start, routing_TLK[cu[i]:cu[i + 1]])
+            if r.prefilling and r.params.return_routing:
+                r.prompt_routing = slot.routing[r.params.prompt_routing_from:len(r.prompt)].clone()
+        self.stats["capture_s"] += time.perf_counter() - t0
 
     def _record_routing(self, slot: _Slot, start: int, routing_NLK: torch.Tensor) -> None:
         end = start + routing_NLK.shape[0]
@@ -353,9 +374,11 @@ class TorchEngine:
         n_prompt, n_new = len(r.prompt), len(r.tokens)
         routing = None
         if r.params.return_routing:
+            t0 = time.perf_counter()
             if slot.num_routed < n_prompt + n_new:
                 raise AssertionError(f"slot routing covers {slot.num_routed} tokens, expected {n_prompt + n_new}")
             routing = slot.routing[n_prompt:n_prompt + n_new].clone()
+            self.stats["capture_s"] += time.perf_counter() - t0
         comp = Completion(token_ids=r.tokens, logprobs=torch.tensor(r.logprobs, dtype=torch.float32),
                           routing=routing, finish_reason=r.finish_reason, prompt_routing=r.prompt_routing,
                           prompt_routing_start=r.params.prompt_routing_from, policy_version=slot.version,

@@ -92,7 +92,8 @@ sweep() {
     kill -KILL "${pids[@]}" 2>/dev/null
     /bin/sleep 0.02 2>/dev/null  # a killed process takes a moment to exit (fails harmlessly without pids)
   done
-  for pid in "${pids[@]}"; do read -r st < "/proc/$pid/stat" && echo "sweep: still alive: $st"; done 2>/dev/null
+  echo "sweep: processes still alive after 30 s: ${pids[*]}"
+  for pid in "${pids[@]}"; do read -r st < "/proc/$pid/stat" && echo "sweep: $st"; done 2>/dev/null
   return 1
 }
 '''
@@ -163,40 +164,23 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
         return _all_failed(task, start, error="tampered: the verifier's interpreter, shells or libraries were "
                            f"modified ({len(tampered)} paths)", tampered=tuple(tampered))
     if code != 0:
-        raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): {out[-300:]}")
+        with docker_errors("listing the sandbox's processes"):
+            procs = docker_client().top(sandbox.id).get("Processes")
+        raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): {out[-300:]!r}; "
+                           f"processes: {procs}")
     _upload_work_dir(sandbox, task, work)
     env = _clean_env(sandbox, tests, work, pyc_changed=pyc_changed)
-    if task.verifier_kind == "pytest":
-        junit, progress = f"{work}/out/junit.xml", f"{work}/out/progress.jsonl"
-        args = [tests, "-c", f"{work}/pytest.ini", "--rootdir", tests, "--confcutdir", tests, "-p",
-                "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1", "-q", "--color=no"]
-        # Bytecode the agent may have planted is only read when it exists: with a fresh pycache_prefix
-        # Python compiles everything from source (~0.4 s CPU more), so take that cost only when needed.
-        pyc_flag = f"-X pycache_prefix={work}/pyc " if pyc_changed else ""
-        cmd = f"/usr/bin/python3 -I -B {pyc_flag}{work}/runner.py {progress} {shlex.join(args)}"
-    else:
-        assert task.test_script is not None, "script verifiers need tests/test.sh (checked by load_task)"
-        cmd = f"/bin/bash {tests}/{task.test_script.name}"
-    # One exec: the verifier under `timeout -k`, then a sweep (tests may have started agent code that
-    # forked), then the log tail and, as the very last line, the verifier's exit status.
-    script = (f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
-              f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
-              f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; echo \"t1-exit $rc\"")
-    sweep_code, out = _exec(sandbox, script, env=env, cwd=tests)
-    out, _, last = out.rstrip("\n").rpartition("\n")
-    if sweep_code != 0 or not last.startswith("t1-exit "):
-        raise SandboxError(f"the verifier run in {sandbox!r} did not finish its sweep (exit {sweep_code})")
-    code = int(last.split()[1])
+    code, out = _run_tests(sandbox, task, work, env, pyc_changed=pyc_changed)
     timed_out = code in (124, 137)
     error = None
     if task.verifier_kind == "script":
         per_test, error = _read_reward(sandbox)
     else:
-        junit_xml = _read_optional(sandbox, junit)
+        junit_xml = _read_optional(sandbox, f"{work}/out/junit.xml")
         if junit_xml is not None and not timed_out:
             per_test = _parse_junit(junit_xml)
         else:
-            per_test = _parse_progress(_read_optional(sandbox, progress) or b"")
+            per_test = _parse_progress(_read_optional(sandbox, f"{work}/out/progress.jsonl") or b"")
             if not per_test:
                 error = f"no results (exit code {code}): {out[-300:].strip()}"
         for test_id in task.static_test_ids:
@@ -204,6 +188,33 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
     passed = sum(per_test.values())
     return VerifierResult(passed=passed, failed=len(per_test) - passed, total=len(per_test), per_test=per_test,
                           timed_out=timed_out, error=error, duration_s=time.monotonic() - start, output=out)
+
+
+def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str], *,
+               pyc_changed: bool) -> tuple[int, str]:
+    """Run the verifier in one exec: tests under `timeout -k`, then a sweep (tests may have started agent
+    code that forked), then the log tail and, as the very last line, the tests' exit status."""
+    tests = f"{work}/tests"
+    if task.verifier_kind == "pytest":
+        args = [tests, "-c", f"{work}/pytest.ini", "--rootdir", tests, "--confcutdir", tests, "-p",
+                "no:cacheprovider", f"--junitxml={work}/out/junit.xml", "-o", "junit_family=xunit1", "-q",
+                "--color=no"]
+        # Bytecode the agent may have planted is only read when it exists: with a fresh pycache_prefix
+        # Python compiles everything from source (~0.4 s CPU more), so take that cost only when needed.
+        pyc_flag = f"-X pycache_prefix={work}/pyc " if pyc_changed else ""
+        cmd = f"/usr/bin/python3 -I -B {pyc_flag}{work}/runner.py {work}/out/progress.jsonl {shlex.join(args)}"
+    else:
+        assert task.test_script is not None, "script verifiers need tests/test.sh (checked by load_task)"
+        cmd = f"/bin/bash {tests}/{task.test_script.name}"
+    script = (f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
+              f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
+              f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; echo \"t1-exit $rc\"")
+    sweep_code, out = _exec(sandbox, script, env=env, cwd=tests)
+    out, _, last = out.rstrip("\n").rpartition("\n")
+    if sweep_code != 0 or not last.startswith("t1-exit "):
+        raise SandboxError(f"the verifier run in {sandbox!r} did not finish (exit {sweep_code}): "
+                           f"{(out + last)[-300:]!r}")
+    return int(last.split()[1]), out
 
 
 def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
@@ -268,7 +279,7 @@ def _clean_env(sandbox: DockerSandbox, tests: str, work: str, *, pyc_changed: bo
     env: dict[str, str] = {}
     for item in configured:
         key, _, value = item.partition("=")
-        if not key.startswith(("PYTHON", "PYTEST", "LD_", "BASH_ENV", "ENV")):
+        if not key.startswith(("PYTHON", "PYTEST", "LD_")) and key not in ("BASH_ENV", "ENV"):
             env[key] = value
     env.update(PATH=_PATH, HOME="/root", LANG="C.UTF-8", TEST_DIR=tests, PYTHONDONTWRITEBYTECODE="1",
                PYTHONNOUSERSITE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")

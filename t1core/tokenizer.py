@@ -106,10 +106,15 @@ class ChatTokenizer:
         return "".join(out)
 
     def encode_prompt(self, system: str | None, user: str) -> list[int]:
-        """Ids of [system turn] + user turn + "<|im_start|>assistant\\n" (the first prompt of an episode)."""
+        """Ids of [system turn] + user turn + "<|im_start|>assistant\\n" (the first prompt of an episode).
+
+        The system prompt is the trainer's own text: tags in it (`<tool_call>` in the format description)
+        become their special ids, as Qwen3's template does and as the model emits them. The user's text is
+        task data and never yields special ids.
+        """
         ids: list[int] = []
         if system is not None:
-            ids += self.encode(f"{IM_START}system\n") + self.encode_plain(system) + self.encode(f"{IM_END}\n")
+            ids += self.encode(f"{IM_START}system\n{system}{IM_END}\n")
         ids += self.encode(f"{IM_START}user\n") + self.encode_plain(user)
         return ids + self.encode(f"{IM_END}\n{IM_START}assistant\n")
 

@@ -27,6 +27,7 @@ from sandbox.reap import reap
 from t1core import world
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
+from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
 from t1core.retokenize import retokenize
 from t1core.update import ppo_update, score, sft_update
@@ -44,6 +45,7 @@ class Trainer:
         world.build_images(self.tasks, cfg)
         self.policy, self.critic = world.load_models(cfg, self.tok)
         self.engine = world.make_engine(self.policy, cfg)
+        self.sampled = CompletionLog(self.engine)  # what the engine returned, to check drift against
         self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg)
         self.opt_critic, self.sched_critic = world.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
@@ -55,7 +57,8 @@ class Trainer:
         specs = [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
                  for i, t in enumerate(tasks)]
         bar = tqdm(total=len(specs), desc=desc, leave=False, file=sys.stdout, disable=None)
-        trajs = run_episodes(self.engine, self.tok, specs, config=world.agent_config(self.cfg, temperature=temperature),
+        self.sampled.clear()
+        trajs = run_episodes(self.sampled, self.tok, specs, config=world.agent_config(self.cfg, temperature=temperature),
                              num_parallel=self.cfg.rollout.concurrency, on_done=lambda i, t: bar.update())
         bar.close()
         return trajs
@@ -122,7 +125,7 @@ class Trainer:
         kept = [(t, r) for t, r in zip(trajs, rewards) if bool(t.loss_mask.any())]
         if not kept:
             return {**metrics, "skipped/no_sampled_tokens": 1.0}
-        train_trajs, drift = [t for t, _ in kept], 0
+        train_trajs, drift = [t for t, _ in kept], sum(self.sampled.drift(t) for t, _ in kept)
         if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
             pairs = [retokenize(t, self.tok) for t, _ in kept]
             train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
@@ -215,7 +218,7 @@ def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:
         "rollout/sampled_tokens": float(sum(int(t.loss_mask.sum()) for t in trajs)),
         "rollout/malformed_tool_calls": float(sum(t.metrics.get("malformed_tool_calls", 0) for t in trajs)),
         "rollout/sandbox_errors": float(sum(t.finish_reason.startswith("sandbox_error") for t in trajs)),
-        "tito/prefix_breaks": float(sum(t.metrics.get("tito_prefix_breaks", 0) for t in trajs)),
+        "tito/prefix_checks": float(sum(t.metrics.get("tito_prefix_checks", 0) for t in trajs)),
     }
     for key in ("generate_s", "command_s", "verify_s"):
         out[f"time/episode_{key}"] = sum(t.metrics.get(key, 0.0) for t in trajs)

@@ -13,7 +13,7 @@ import torch
 
 from rollout.agent import AgentConfig
 from rollout.torch_engine import EngineConfig, TorchEngine
-from sandbox.images import build_task_image, default_base_image_overrides
+from sandbox.images import build_task_images, default_base_image_overrides
 from sandbox.image import ensure_base_image
 from sandbox.suite import heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
@@ -57,8 +57,7 @@ def build_images(tasks: TaskSets, cfg: RunConfig) -> None:
     overrides = cfg.tasks.base_image_map()  # user patterns first: the first matching pattern wins
     for pattern, image in default_base_image_overrides().items():
         overrides.setdefault(pattern, image)
-    for task in tasks.all():
-        tasks.images[task.name] = build_task_image(task, base_image_overrides=overrides)
+    tasks.images.update(build_task_images(tasks.all(), base_image_overrides=overrides))
 
 
 def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueModel]:
@@ -87,7 +86,7 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine:
     """The rollout engine over its own copy of the policy (synced after every update)."""
     r = cfg.rollout
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
-                        max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, prefix_reuse=False)
+                        max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8)
     return TorchEngine(copy.deepcopy(policy).eval().requires_grad_(False), ecfg)
 
 

@@ -134,7 +134,7 @@ def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[
     nl = tok.assistant_turn_end_ids()[1:]
     assert traj.token_ids[first.end:first.end + len(nl)].tolist() == nl and not traj.loss_mask[first.end]
     assert engine.calls[1][0] == traj.token_ids[:traj.turns[1].start].tolist()
-    assert traj.metrics["malformed_tool_calls"] == 0 and traj.metrics["tito_prefix_breaks"] == 0
+    assert traj.metrics["malformed_tool_calls"] == 0 and traj.metrics["tito_prefix_checks"] == 2
     # Control: finishing without doing anything does not get full reward (the verifiers can fail).
     lazy = ScriptedEngine(tok, tasks, lambda t, n: DONE_MARKER)
     with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:

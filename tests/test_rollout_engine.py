@@ -187,10 +187,10 @@ def test_prefix_reuse_multi_turn_and_weight_update() -> None:
         # Incremental: only the tail asked for comes back.
         c2b = eng.submit(turn2, params.replace(prompt_routing_from=len(turn2) - 3)).result()
         assert c2b.prompt_routing_start == len(turn2) - 3 and torch.equal(c2b.prompt_routing, c2.prompt_routing[-3:])
-        # A different prompt sharing only a prefix reuses that prefix (truncating the slot).
+        # A prompt sharing only a short part of a recent slot takes a free slot instead of truncating it ...
         other = turn1[:5] + extra
-        c4 = eng.submit(other, params).result()
-        assert c4.num_cached_tokens == 5 and torch.equal(c4.prompt_routing[:5], c1.prompt_routing[:5])
+        assert eng.submit(other, params).result().num_cached_tokens == 0
+        assert eng.submit(turn2, params).result().num_cached_tokens == len(turn2) - 1  # same prompt again
 
         new_model = MoEModel(CFG, seed=1)
         assert eng.update_weights(new_model) == 1
@@ -200,6 +200,11 @@ def test_prefix_reuse_multi_turn_and_weight_update() -> None:
             r3 = ref.submit(turn2, params).result()
         assert c3.token_ids == r3.token_ids
         assert not math.isclose(float(c3.logprobs[0]), float(c2.logprobs[0]))
+    with TorchEngine(model, EngineConfig(max_batch=1, num_slots=1, max_seq_len=256)) as one_slot:
+        c1 = one_slot.submit(turn1, params).result()
+        # ... but when that slot is the one to evict anyway, its shared prefix is reused.
+        c4 = one_slot.submit(other, params).result()
+        assert c4.num_cached_tokens == 5 and torch.equal(c4.prompt_routing[:5], c1.prompt_routing[:5])
 
 
 def test_update_weights_waits_for_running_requests() -> None:

@@ -70,7 +70,7 @@ def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path) -> None:
     rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
     steps = {r["step"]: r for r in rows}
     assert steps[0]["train/actor_updated"] == 0.0 and steps[3]["train/actor_updated"] == 1.0
-    assert steps[3]["tito/drift_tokens"] == 0.0 and steps[3]["tito/prefix_breaks"] == 0.0
+    assert steps[3]["tito/drift_tokens"] == 0.0 and steps[3]["tito/prefix_checks"] > 0
     # Every run directory has what the issue lists.
     for name in ("config.toml", "metrics.jsonl", "metrics.png", "final/config.json", "trajectories/step_0003"):
         assert (straight / name).exists(), name
@@ -101,3 +101,30 @@ def test_bad_arguments_are_clear_errors() -> None:
 def test_shipped_presets_load(preset: Path) -> None:
     cfg = train.load_config(str(preset), [])
     assert cfg.run.device == "cuda" and cfg.model.dtype == "bfloat16"
+
+
+def test_drift_check_sees_an_altered_sampled_token() -> None:
+    from rollout.engine import SamplingParams
+    from rollout.trajectory import Trajectory, Turn
+    from t1core.drift import CompletionLog
+    from t1core.tokenizer import ChatTokenizer, format_tool_call
+    from t1core.warmstart import ReferenceEngine
+
+    tok = ChatTokenizer.builtin()
+    prompt = tok.encode_prompt("sys", "Create /app/a.txt")
+    log = CompletionLog(ReferenceEngine(tok, {tuple(prompt): [format_tool_call("touch /app/a.txt")]}))
+    reply = log.submit(prompt, SamplingParams()).result().token_ids
+
+    def traj(ids: list[int]) -> Trajectory:
+        mask = torch.tensor([False] * len(prompt) + [True] * len(reply))
+        return Trajectory(token_ids=torch.tensor(ids), loss_mask=mask, rollout_logprobs=torch.zeros(len(ids)),
+                          routing=None, prompt_len=len(prompt), task_name="t", finish_reason="done",
+                          policy_version=0, turns=[Turn(start=len(prompt), end=len(ids), finish_reason="stop",
+                                                        text="")])
+
+    assert log.drift(traj(prompt + reply)) == 0
+    altered = list(reply)
+    altered[2] = (altered[2] + 1) % tok.vocab_size
+    assert log.drift(traj(prompt + altered)) == 1
+    log.clear()
+    assert log.drift(traj(prompt + reply)) == len(reply)  # nothing recorded: every token unverified

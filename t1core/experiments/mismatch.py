@@ -81,15 +81,16 @@ class MismatchConfig:
 
     num_episodes: int = 8
     """Episodes collected per seed (round-robin over the tasks)."""
-    seeds: tuple[int, ...] = (0,)
+    seeds: tuple[int, ...] = (0, 1)
     """Sampling seeds; each collects its own episodes. The table pools all of them, the JSON keeps each one."""
     families: tuple[str, ...] = suite.SHORT_FAMILIES
     """Task families; one training instance of each is written and built, used for SFT and for the episodes."""
     task_seed: int = 0
     """Seed of the task instances."""
-    sft_epochs: int = 8
-    """Warm-start passes over the reference transcripts; 0 samples from the raw initialisation."""
-    sft_lr: float = 2e-3
+    sft_epochs: int = 16
+    """Warm-start passes over the reference transcripts (16 at 3e-3: replies are mostly well-formed tool calls
+    whose commands run); 0 samples from the raw initialisation (gibberish replies, much faster)."""
+    sft_lr: float = 3e-3
     """Warm-start learning rate (AdamW)."""
     sft_minibatch_tokens: int = 512
     """Tokens per warm-start optimizer step (whole transcripts are packed)."""
@@ -230,6 +231,9 @@ class ConditionScores:
     drift_tokens: int
     routing_counts: tuple[int, int, int, int] | None
     """(agreeing (token, layer) pairs, pairs, tokens with a disagreeing layer, tokens), None without a record."""
+    flipped_T: torch.Tensor | None
+    """Positions whose routing disagrees with the record in at least one layer (None without a record); for
+    (c), the flips of (b), so that both split the same tokens."""
 
     @staticmethod
     def pool(parts: list[ConditionScores]) -> ConditionScores:
@@ -237,13 +241,14 @@ class ConditionScores:
         for p in parts:
             offsets.append(n)
             n += p.num_trajectories
-        counts = None
+        counts, flipped_T = None, None
         if all(p.routing_counts is not None for p in parts):
             counts = tuple(sum(c) for c in zip(*(p.routing_counts for p in parts)))
+            flipped_T = torch.cat([p.flipped_T for p in parts])
         return ConditionScores(torch.cat([p.logp_train_T for p in parts]),
                                torch.cat([p.logp_rollout_T for p in parts]), torch.cat([p.mask_T for p in parts]),
                                torch.cat([p.traj_index_T + o for p, o in zip(parts, offsets)]), n,
-                               sum(p.drift_tokens for p in parts), counts)
+                               sum(p.drift_tokens for p in parts), counts, flipped_T)
 
     def summary(self) -> dict[str, float | None]:
         m = mismatch_metrics(self.logp_train_T, self.logp_rollout_T, self.mask_T, self.traj_index_T,
@@ -255,12 +260,30 @@ class ConditionScores:
                 "routing_agreement": agree / pairs if self.routing_counts else None,
                 "tokens_flipped_frac": flipped / tokens if self.routing_counts else None,
                 "routing_flips": float(pairs - agree) if self.routing_counts else None,
-                "loss_tokens": float(self.mask_T.sum()), "trajectories": float(self.num_trajectories)}
+                "loss_tokens": float(self.mask_T.sum()), "trajectories": float(self.num_trajectories),
+                **self._split_by_flips()}
+
+    def _split_by_flips(self) -> dict[str, float | None]:
+        """Token mean |d| over loss positions whose own routing flipped somewhere vs the rest: where R3 acts."""
+        if self.flipped_T is None:
+            return {}
+        abs_d_T = (self.logp_train_T.double() - self.logp_rollout_T.double()).abs()
+        out: dict[str, float | None] = {}
+        for name, sel_T in (("flipped", self.flipped_T), ("unflipped", ~self.flipped_T)):
+            keep_T = self.mask_T & sel_T
+            out[f"loss_tokens_{name}"] = float(keep_T.sum())
+            out[f"mean_abs_d_{name}"] = float(abs_d_T[keep_T].mean()) if bool(keep_T.any()) else None
+        return out
+
+
+def _same_experts(own_TLK: torch.Tensor, recorded_TLK: torch.Tensor) -> torch.Tensor:
+    """[T, L_moe] bool: the two routings chose the same expert SET (order within the top-k is irrelevant, as in
+    t1core.losses.routing_agreement)."""
+    return (own_TLK.long().sort(-1).values == recorded_TLK.long().sort(-1).values).all(-1)
 
 
 def _routing_counts(own_TLK: torch.Tensor, recorded_TLK: torch.Tensor) -> tuple[int, int, int, int]:
-    # Expert SETS are compared (order within the top-k is irrelevant), as t1core.losses.routing_agreement does.
-    same_TL = (own_TLK.long().sort(-1).values == recorded_TLK.long().sort(-1).values).all(-1)
+    same_TL = _same_experts(own_TLK, recorded_TLK)
     return int(same_TL.sum()), same_TL.numel(), int((~same_TL).any(-1).sum()), same_TL.shape[0]
 
 
@@ -268,12 +291,14 @@ def _score(model: MoEModel, batch: PackedBatch, trained: list[Trajectory], tito:
            sampled: dict[tuple[int, ...], list[list[int]]], *, replay: bool, temperature: float) -> ConditionScores:
     with torch.no_grad(), router_choices(model) as picks:
         logp_T, _ = policy_logprobs(model, batch, temperature=temperature, replay=replay)
-    counts = None
+    counts, flipped_T = None, None
     if batch.routing_TLK is not None:
-        counts = _routing_counts(torch.stack(picks, dim=1), batch.routing_TLK)
+        own_TLK = torch.stack(picks, dim=1)
+        counts = _routing_counts(own_TLK, batch.routing_TLK)
+        flipped_T = ~_same_experts(own_TLK, batch.routing_TLK).all(-1)
     drift = sum(loss_region_drift(tr, t, sampled) for tr, t in zip(trained, tito))
     return ConditionScores(logp_T.float(), batch.rollout_logp_T, batch.loss_mask_T, batch.traj_index_T,
-                           len(trained), drift, counts)
+                           len(trained), drift, counts, flipped_T)
 
 
 def measure(policy: MoEModel, rollout_model: MoEModel, trajs: list[Trajectory], record: RecordingEngine,
@@ -290,8 +315,11 @@ def measure(policy: MoEModel, rollout_model: MoEModel, trajs: list[Trajectory], 
     plan = {"retokenized": (policy, pack(retok, with_routing=False), retok, False),
             "tito": (policy, exact, kept, False), "tito_r3": (policy, exact, kept, True),
             "control": (rollout_model, exact, kept, True)}
-    return {name: _score(model, batch, trained, kept, record.sampled, replay=replay, temperature=temperature)
-            for name, (model, batch, trained, replay) in plan.items()}
+    scores = {name: _score(model, batch, trained, kept, record.sampled, replay=replay, temperature=temperature)
+              for name, (model, batch, trained, replay) in plan.items()}
+    # (b) and (c) split their tokens by the same flips: where the fp32 router, left alone, leaves the record.
+    scores["tito_r3"].flipped_T = scores["tito"].flipped_T
+    return scores
 
 
 def prepare_tasks(cfg: MismatchConfig, out_dir: Path) -> tuple[list[Task], dict[str, str]]:
@@ -427,7 +455,12 @@ def format_table(result: MismatchResult) -> str:
                  f"{e['tool_calls']:.0f} tool calls run, {e['malformed_tool_calls']:.0f} malformed), seeds "
                  f"{list(c.seeds)}, rollout {c.rollout_dtype} KV-cache decoding vs fp32 full forward; "
                  f"{result.wall_s:.0f}s")
-    flips = result.rows["tito"]["routing_flips"]
+    b, c = result.rows["tito"], result.rows["tito_r3"]
+    lines.append(f"mean |d| on loss tokens whose routing flipped ({b['loss_tokens_flipped']:.0f} in (b)): "
+                 f"(b) {_fmt(b['mean_abs_d_flipped'], '.5f')}, (c) {_fmt(c['mean_abs_d_flipped'], '.5f')}; "
+                 f"on the others: (b) {_fmt(b['mean_abs_d_unflipped'], '.5f')}, "
+                 f"(c) {_fmt(c['mean_abs_d_unflipped'], '.5f')}")
+    flips = b["routing_flips"]
     lines.append(f"routing flips (token, layer) bf16 engine vs fp32 trainer: {flips:.0f}; "
                  f"gap (c) < (b) < (a): {'yes' if result.ordering_holds else 'NO'}")
     return "\n".join(lines)

@@ -1,0 +1,6 @@
+"""pytest configuration shared by tests/ and bench/."""
+
+import os
+
+# Set before any test module imports torch (see t1core/__init__.py for why).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,0 +1,61 @@
+"""Token drift in the loss region, checked against what the engine actually returned.
+
+`CompletionLog` wraps the rollout engine and keeps the token ids of every completion, keyed by a hash of
+the prompt that produced it. After a step the trainer asks, for each trajectory turn, whether the ids in
+the loss region are exactly what the engine sampled for that turn's prompt. This is independent of the
+agent loop's bookkeeping: a bug that altered, re-tokenized or shifted a sampled token shows up as drift.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from concurrent.futures import Future
+
+from rollout.engine import Completion, Engine, SamplingParams, generate_via_submit
+from rollout.trajectory import Trajectory
+
+
+class CompletionLog:
+    """An `Engine` that forwards to `engine` and records every completion's token ids."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._by_prompt: dict[int, list[list[int]]] = defaultdict(list)
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
+        key = hash(tuple(prompt))
+        fut = self.engine.submit(prompt, params)
+
+        def record(f: Future[Completion]) -> None:
+            if f.exception() is None:
+                with self._lock:
+                    self._by_prompt[key].append(list(f.result().token_ids))
+
+        fut.add_done_callback(record)
+        return fut
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return generate_via_submit(self, prompts, params)
+
+    def drift(self, traj: Trajectory) -> int:
+        """Loss-region tokens of `traj` that differ from the engine's completion for the same prompt
+        (a turn whose prompt the engine never saw counts all its tokens)."""
+        ids = traj.token_ids.tolist()
+        total = 0
+        with self._lock:
+            for turn in traj.turns:
+                got = ids[turn.start:turn.end]
+                candidates = self._by_prompt.get(hash(tuple(ids[:turn.start])), [])
+                total += min((sum(a != b for a, b in zip(got, c)) + abs(len(got) - len(c)) for c in candidates),
+                             default=len(got))
+        return total
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_prompt.clear()
