@@ -49,18 +49,20 @@ __t1_oom() {
   done
 }
 __t1_sweep() {
-  local - IFS=$' \t\n' want=$1 maxage=$2 up minstart=-1 pass p pid kv hit rd st
+  local - IFS=$' \t\n' want=$1 maxage=$2 up minstart=-1 end pass p pid kv hit rd st
   local -a f pids
   set +e +u +f
-  if (( maxage >= 0 )); then read -r up _ < /proc/uptime; up=${up%.*}${up#*.}; minstart=$(( 10#$up - maxage )); fi
-  for pass in {1..50}; do
+  read -r up _ < /proc/uptime; up=${up%.*}${up#*.}; up=$(( 10#$up ))
+  (( maxage >= 0 )) && minstart=$(( up - maxage ))
+  end=$(( up + 1000 ))  # centiseconds of uptime: unlike $SECONDS, the agent cannot reset or unset it
+  for (( pass = 1; ; pass++ )); do  # syntax, not `while :`: an agent's fork bomb is often a function named `:`
     pids=()
     for p in /proc/[1-9]*; do
       pid=${p#/proc/}
       [[ " $__t1_keep $$ $BASHPID " == *" $pid "* ]] && continue
       read -r st 2>/dev/null < "$p/stat" || continue
       st=${st##*') '}; f=($st)
-      [[ ${f[0]} == Z ]] && continue  # a zombie is dead already; its parent reaps it
+      [[ ${f[0]} == [ZX] ]] && continue  # dead already; its parent reaps it
       hit= rd=
       if [[ $want == all ]]; then hit=1
       else
@@ -76,8 +78,13 @@ __t1_sweep() {
     done
     (( ${#pids[@]} )) || return 0
     builtin kill -KILL "${pids[@]}" 2>/dev/null
+    read -r up _ < /proc/uptime; up=${up%.*}${up#*.}
+    # A SIGKILLed process stays visible (state R or D) until it gets a CPU to run its exit: on a loaded host
+    # that outlasts many quick passes, so the limit is time (10 s), not a number of passes, and each pass
+    # waits 10 ms without forking (a fresh pty master never has data to read).
+    (( 10#$up < end )) || return 1
+    builtin read -r -t 0.01 _ 2>/dev/null <>/dev/ptmx
   done
-  return 1
 }
 """
 

@@ -71,7 +71,7 @@ sweep() {
   local keepalive= best= init_comm p st pid f=() pids=() keep deadline=$((SECONDS + 30))
   read -r init_comm < /proc/1/comm
   for p in /proc/[1-9]*; do
-    read -r st < "$p/stat" 2>/dev/null || continue
+    read -r st 2>/dev/null < "$p/stat" || continue  # 2> first: it also silences a failed open (pid gone)
     st=${st##*') '}; f=($st)
     if [[ $init_comm == docker-init && ${f[1]} == 1 ]] && { [[ -z $best ]] || (( f[19] < best )); }; then
       best=${f[19]}; keepalive=${p#/proc/}
@@ -83,17 +83,19 @@ sweep() {
     for p in /proc/[1-9]*; do
       pid=${p#/proc/}
       [[ $keep == *" $pid "* ]] && continue
-      read -r st < "$p/stat" 2>/dev/null || continue
+      read -r st 2>/dev/null < "$p/stat" || continue
       st=${st##*') '}
       [[ ${st:0:1} == [ZX] ]] && continue
       pids+=("$pid"); kill -STOP "$pid" 2>/dev/null
     done
     (( ${#pids[@]} )) || return 0
     kill -KILL "${pids[@]}" 2>/dev/null
-    /bin/sleep 0.02 2>/dev/null  # a killed process takes a moment to exit (fails harmlessly without pids)
+    # A SIGKILLed process stays visible (R or D) until it gets a CPU to run its exit: wait 20 ms between
+    # passes, without forking (works while a fork bomb holds the pids limit): a fresh pty master never has data.
+    read -r -t 0.02 _ 2>/dev/null <>/dev/ptmx
   done
   echo "sweep: processes still alive after 30 s: ${pids[*]}"
-  for pid in "${pids[@]}"; do read -r st < "/proc/$pid/stat" && echo "sweep: $st"; done 2>/dev/null
+  for pid in "${pids[@]}"; do read -r st 2>/dev/null < "/proc/$pid/stat" && echo "sweep: $st"; done
   return 1
 }
 '''

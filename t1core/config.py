@@ -84,7 +84,7 @@ class ModelSection:
 class TasksSection:
     source: str = _field("builtin", "'builtin' for the repo's suite, or a directory of Harbor/Terminal-Bench tasks")
     families: tuple[str, ...] = _field((), "seeded task families to train on; empty = every built-in family")
-    num_per_family: int = _field(4, "training instances synthesized per family (seeds train_seed, train_seed+1, ...)")
+    num_per_family: int = _field(24, "training instances synthesized per family (seeds train_seed, train_seed+1, ...)")
     num_heldout_per_family: int = _field(2, "held-out instances per family (seeds heldout_seed, heldout_seed+1, ...)")
     train_seed: int = _field(0, "first seed of the training instances")
     heldout_seed: int = _field(100_000, "first seed of the held-out instances; the two seed ranges must not overlap")
@@ -132,7 +132,7 @@ class SandboxSection:
 @dataclass(frozen=True, kw_only=True)
 class RolloutSection:
     episodes_per_step: int = _field(8, "episodes collected per RL step")
-    concurrency: int = _field(4, "episodes run at once (each holds one sandbox and one engine slot)")
+    concurrency: int = _field(8, "episodes run at once (each holds one sandbox and one engine slot)")
     max_turns: int = _field(6, "assistant turns per episode before it is cut")
     max_new_tokens_per_turn: int = _field(48, "tokens sampled per assistant turn at most")
     max_tokens: int = _field(2048, "token budget of an episode: prompt, replies and observations together")
@@ -190,9 +190,12 @@ class AlgoSection:
 @dataclass(frozen=True, kw_only=True)
 class WarmstartSection:
     sft_enabled: bool = _field(True, "supervised fine-tuning on reference-solution transcripts before RL")
-    sft_epochs: int = _field(3, "passes over the SFT transcripts")
+    sft_epochs: int = _field(10, "passes over the SFT transcripts")
     sft_max_steps: int | None = _field(None, "stop SFT after this many optimizer steps; none = run all epochs")
     sft_lr: float = _field(1e-3, "SFT learning rate of the actor")
+    verify_references: bool = _field(
+        False, "run the verifiers on every reference transcript and drop those that fail (slower; the test "
+        "suite already checks every built-in reference solution)")
     critic_only_iterations: int = _field(2, "RL iterations that update only the critic before the first actor update")
 
     def __post_init__(self) -> None:
@@ -227,7 +230,7 @@ class OptimSection:
 @dataclass(frozen=True, kw_only=True)
 class RunSection:
     seed: int = _field(0, "seed of every generator of the run (model init, sampling, task order)")
-    steps: int = _field(6, "RL steps (critic-only iterations included)")
+    steps: int = _field(8, "RL steps (critic-only iterations included)")
     eval_every: int = _field(0, "held-out evaluation every N RL steps; 0 = only before and after RL")
     out_dir: str | None = _field(None, "run directory; none = runs/<time>-seed<seed>")
     device: str = _field("cpu", "'cpu', 'cuda' or 'cuda:N'")

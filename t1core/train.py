@@ -13,6 +13,7 @@ Every random choice derives from (run.seed, step), so a resumed run continues bi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -81,7 +82,8 @@ class Trainer:
             return {}
         with self.clock.phase("sft_transcripts"):
             transcripts, metrics = reference_transcripts(
-                self.tasks.train, self.tasks.images, tok=self.tok, config=world.agent_config(self.cfg),
+                self.tasks.train, self.tasks.images, tok=self.tok,
+                config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
                 num_parallel=self.cfg.rollout.concurrency)
         save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
         opt, _ = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg)

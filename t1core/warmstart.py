@@ -62,8 +62,9 @@ class ReferenceEngine:
 
 def reference_transcripts(tasks: list[Task], images: dict[str, str], *, tok: ChatTokenizer, config: AgentConfig,
                           num_parallel: int) -> tuple[list[Trajectory], dict[str, float]]:
-    """Run every task's reference solution through the agent loop; keep the transcripts that pass all
-    verifiers. Returns (transcripts, metrics)."""
+    """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
+    transcripts that pass all their verifiers; without, those that ran to the done marker.
+    Returns (transcripts, metrics)."""
     scripts, specs = {}, []
     for i, task in enumerate(tasks):
         key = tuple(tok.encode_prompt(config.system_prompt, task.instruction))
@@ -71,6 +72,9 @@ def reference_transcripts(tasks: list[Task], images: dict[str, str], *, tok: Cha
         specs.append(EpisodeSpec(task=task, image=images[task.name], seed=i))
     engine = ReferenceEngine(tok, scripts)
     trajs = run_episodes(engine, tok, specs, config=config, num_parallel=num_parallel)
-    good = [t for t in trajs if t.verifier is not None and t.verifier["passed"] == t.verifier["total"] > 0]
+    if config.verify:
+        good = [t for t in trajs if t.verifier is not None and t.verifier["passed"] == t.verifier["total"] > 0]
+    else:
+        good = [t for t in trajs if t.finish_reason == "done"]
     metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(trajs) - len(good))}
     return good, metrics

@@ -254,6 +254,18 @@ def test_kill_all_processes_spares_the_shell(sb, api):
     assert sb.run("echo $S").output == "1\n"
 
 
+def test_kill_all_processes_succeeds_while_processes_churn(sb, api):
+    # Killed processes that hold memory take a while to exit, and short-lived ones come and go during the sweep:
+    # it must wait for the exits (not give up after a fixed number of quick passes) and report success.
+    churn = ("for i in 1 2; do python3 -c 'b = b\"x\" * (300 << 20); import time; time.sleep(700)' & done; "
+             "(while :; do sleep 0.001 & done) & for i in $(seq 50); do (sleep 0.0$RANDOM &); done; sleep 0.7")
+    for _ in range(4):  # before the fix about half of these sweeps failed (reply b'1')
+        sb.run(churn)
+        sb.kill_all_processes()
+        procs = _processes(api, sb.id)
+        assert not [p for p in procs if "700" in p or "sleep 0.0" in p], procs
+
+
 def test_unknown_image(api):
     with pytest.raises(ImageNotFound):
         DockerSandbox("t1-no-such-image:nope", run_id=RUN_ID)
