@@ -1,7 +1,7 @@
 """Token drift in the loss region, checked against what the engine actually returned.
 
-`CompletionLog` wraps the rollout engine and keeps the token ids of every completion, keyed by a hash of
-the prompt that produced it. After a step the trainer asks, for each trajectory turn, whether the ids in
+`CompletionLog` wraps the rollout engine and keeps the token ids of every completion, keyed by the prompt
+that produced it. After a step the trainer asks, for each trajectory turn, whether the ids in
 the loss region are exactly what the engine sampled for that turn's prompt. This is independent of the
 agent loop's bookkeeping: a bug that altered, re-tokenized or shifted a sampled token shows up as drift.
 """
@@ -17,28 +17,33 @@ from rollout.trajectory import Trajectory
 
 
 class CompletionLog:
-    """An `Engine` that forwards to `engine` and records every completion's token ids."""
+    """An `Engine` that forwards to `engine` and records every completion's token ids by prompt."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._lock = threading.Lock()
-        self._by_prompt: dict[int, list[list[int]]] = defaultdict(list)
+        self.sampled: dict[tuple[int, ...], list[list[int]]] = defaultdict(list)
 
     @property
     def policy_version(self) -> int:
         return self.engine.policy_version
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
-        key = hash(tuple(prompt))
-        fut = self.engine.submit(prompt, params)
+        key, outer = tuple(prompt), Future()
 
-        def record(f: Future[Completion]) -> None:
-            if f.exception() is None:
-                with self._lock:
-                    self._by_prompt[key].append(list(f.result().token_ids))
+        def record(done: Future[Completion]) -> None:
+            # The caller's future resolves only after the record is written: nobody reads a partial record.
+            exc = done.exception()
+            if exc is not None:
+                outer.set_exception(exc)
+                return
+            comp = done.result()
+            with self._lock:
+                self.sampled[key].append(list(comp.token_ids))
+            outer.set_result(comp)
 
-        fut.add_done_callback(record)
-        return fut
+        self.engine.submit(prompt, params).add_done_callback(record)
+        return outer
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         return generate_via_submit(self, prompts, params)
@@ -51,11 +56,11 @@ class CompletionLog:
         with self._lock:
             for turn in traj.turns:
                 got = ids[turn.start:turn.end]
-                candidates = self._by_prompt.get(hash(tuple(ids[:turn.start])), [])
+                candidates = self.sampled.get(tuple(ids[:turn.start]), [])
                 total += min((sum(a != b for a, b in zip(got, c)) + abs(len(got) - len(c)) for c in candidates),
                              default=len(got))
         return total
 
     def clear(self) -> None:
         with self._lock:
-            self._by_prompt.clear()
+            self.sampled.clear()

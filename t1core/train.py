@@ -105,7 +105,8 @@ class Trainer:
         for name, tasks in (("family", self.tasks.heldout_family), ("fixed", self.tasks.heldout_fixed)):
             if not tasks:
                 continue
-            trajs = self.collect(tasks, seed=derive_seed(self.cfg.run.seed, 1 << 21), desc=f"eval {tag} {name}")
+            trajs = self.collect(tasks, seed=derive_seed(self.cfg.run.seed, 1 << 21), desc=f"eval {tag} {name}",
+                                 temperature=self.cfg.run.eval_temperature)
             save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
                       for t in trajs]

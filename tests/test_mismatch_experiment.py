@@ -12,7 +12,8 @@ from rollout.engine import SamplingParams
 from rollout.tito import retokenization_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, Turn, load_trajectories
-from t1core.experiments.mismatch import (CONDITIONS, MismatchConfig, MismatchResult, RecordingEngine, _routing_counts,
+from t1core.drift import CompletionLog
+from t1core.experiments.mismatch import (CONDITIONS, MismatchConfig, MismatchResult, _routing_counts,
                                          format_table, loss_region_drift, router_choices, run_experiment)
 from t1core.losses import routing_agreement
 from t1core.model import ModelConfig, MoEModel
@@ -77,7 +78,7 @@ def test_recording_engine_keeps_what_the_engine_returned() -> None:
     model = MoEModel(ModelConfig.tiny(), seed=0)
     prompts = [[5, 6, 7], [8, 9]]
     with TorchEngine(model, EngineConfig(max_batch=2, num_slots=2, max_seq_len=32)) as engine:
-        rec = RecordingEngine(engine)
+        rec = CompletionLog(engine)
         comps = rec.generate(prompts, SamplingParams(max_new_tokens=4, seed=1))
     assert rec.policy_version == 0
     assert dict(rec.sampled) == {tuple(p): [c.token_ids] for p, c in zip(prompts, comps)}

@@ -37,11 +37,9 @@ import copy
 import difflib
 import json
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,6 @@ import torch
 
 from kernels.moe import route
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
-from rollout.engine import Completion, Engine, SamplingParams, generate_via_submit
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectories
@@ -58,6 +55,7 @@ from sandbox import suite
 from sandbox.images import build_task_image, default_base_image_overrides
 from sandbox.tasks import Task
 from t1core.batch import PackedBatch, pack
+from t1core.drift import CompletionLog
 from t1core.losses import mismatch_metrics
 from t1core.model import ModelConfig, MoEModel
 from t1core.retokenize import retokenize
@@ -141,40 +139,6 @@ class MismatchConfig:
         return AgentConfig(max_turns=self.max_turns, max_tokens=self.max_tokens,
                            max_reply_tokens=self.max_reply_tokens, command_timeout_s=10.0,
                            temperature=self.temperature)
-
-
-class RecordingEngine:
-    """An `Engine` that forwards to another and keeps every completion it returned, keyed by prompt: the
-    independent record of what was sampled that drift is measured against."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.sampled: dict[tuple[int, ...], list[list[int]]] = defaultdict(list)
-        self._lock = threading.Lock()
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
-        key, outer = tuple(prompt), Future()
-
-        def record(done: Future[Completion]) -> None:
-            # The caller's future resolves only after the record is written, so nobody reads a partial record.
-            exc = done.exception()
-            if exc is not None:
-                outer.set_exception(exc)
-                return
-            comp = done.result()
-            with self._lock:
-                self.sampled[key].append(list(comp.token_ids))
-            outer.set_result(comp)
-
-        self.inner.submit(prompt, params).add_done_callback(record)
-        return outer
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        return generate_via_submit(self, prompts, params)
 
 
 def _span_drift(sampled: list[int], trained: list[int]) -> int:
@@ -301,7 +265,7 @@ def _score(model: MoEModel, batch: PackedBatch, trained: list[Trajectory], tito:
                            len(trained), drift, counts, flipped_T)
 
 
-def measure(policy: MoEModel, rollout_model: MoEModel, trajs: list[Trajectory], record: RecordingEngine,
+def measure(policy: MoEModel, rollout_model: MoEModel, trajs: list[Trajectory], record: CompletionLog,
             tok: ChatTokenizer, *, temperature: float) -> dict[str, ConditionScores]:
     """Score the collected episodes under every condition of the module docstring."""
     kept = [t for t in trajs if bool(t.loss_mask.any())]
@@ -352,14 +316,14 @@ def warm_start(cfg: MismatchConfig, tasks: list[Task], images: dict[str, str], t
 
 
 def collect(rollout_model: MoEModel, tasks: list[Task], images: dict[str, str], tok: ChatTokenizer,
-            cfg: MismatchConfig, *, seed: int) -> tuple[list[Trajectory], RecordingEngine]:
+            cfg: MismatchConfig, *, seed: int) -> tuple[list[Trajectory], CompletionLog]:
     """`num_episodes` real episodes sampled by a fresh engine over `rollout_model`, and the engine's record."""
     ecfg = EngineConfig(max_batch=cfg.num_parallel, num_slots=2 * cfg.num_parallel,
                         max_seq_len=cfg.max_tokens + cfg.max_reply_tokens + 8)
     specs = [EpisodeSpec(task=tasks[i % len(tasks)], image=images[tasks[i % len(tasks)].name],
                          seed=derive_seed(seed, i)) for i in range(cfg.num_episodes)]
     with TorchEngine(rollout_model, ecfg) as engine:
-        record = RecordingEngine(engine)
+        record = CompletionLog(engine)
         trajs = run_episodes(record, tok, specs, config=cfg.agent_config(), num_parallel=cfg.num_parallel)
     return trajs, record
 
