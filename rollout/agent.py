@@ -193,8 +193,10 @@ class _Episode:
     def _finish(self, reason: str) -> Trajectory:
         verifier, reward = None, 0.0
         if self.cfg.verify and not reason.startswith("sandbox_error"):
+            t0 = time.monotonic()
             try:
                 result = run_verifiers(self.sandbox, self.task)
+                self.metrics["verify_s"] = time.monotonic() - t0
                 verifier, reward = result.to_json(), float(result.reward)
             except SandboxError as e:
                 reason = f"{reason}; verifier sandbox_error: {type(e).__name__}: {e}"
