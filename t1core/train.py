@@ -13,6 +13,7 @@ Every random choice derives from (run.seed, step), so a resumed run continues bi
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
 import time
@@ -186,7 +187,8 @@ class Trainer:
     def _maybe_resume(self) -> int | None:
         ckpt_root = self.run_dir / "checkpoints"
         if latest_checkpoint(ckpt_root) is None:
-            return None
+            # A run that died before its first checkpoint starts over; its partial metrics rows go.
+            return -2 if (self.run_dir / "metrics.jsonl").exists() else None
         ckpt = load_checkpoint(ckpt_root, policy=self.policy, critic=self.critic, optimizers=self._optimizers())
         self.state = dict(ckpt["data_state"])
         self.engine.update_weights(self.policy)
@@ -200,7 +202,6 @@ class Trainer:
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    import copy
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
