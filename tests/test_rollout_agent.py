@@ -19,14 +19,14 @@ import torch
 
 from kernels.logprob import token_logprobs
 from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, parse_action, run_episode, run_episodes, sandbox_kwargs
-from rollout.engine import Completion, Engine, SamplingParams, generate_via_submit
+from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.tito import retokenization_drift, sampled_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
-from rollout.trajectory import Trajectory
 from sandbox import suite
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.images import build_task_image, default_base_image_overrides
 from sandbox.tasks import Task
+from t1core.drift import CompletionLog
 from t1core.model import ModelConfig, MoEModel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
 
@@ -57,35 +57,6 @@ class ScriptedEngine:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         return generate_via_submit(self, prompts, params)
-
-
-class RecordingEngine:
-    """Wraps a real engine and keeps every (prompt, completion) pair it returned."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner, self.calls, self._lock = inner, [], threading.Lock()
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
-        comp = self.inner.submit(prompt, params).result()
-        with self._lock:
-            self.calls.append((list(prompt), comp))
-        fut: Future[Completion] = Future()
-        fut.set_result(comp)
-        return fut
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        return generate_via_submit(self, prompts, params)
-
-
-def sampled_per_turn(traj: Trajectory, calls: list[tuple[list[int], Completion]]) -> list[list[int]]:
-    """What the engine returned for each turn of `traj`, found by the prompt that preceded it."""
-    ids = traj.token_ids.tolist()
-    by_prompt = {tuple(p): c.token_ids for p, c in calls}
-    return [by_prompt[tuple(ids[:turn.start])] for turn in traj.turns]
 
 
 def solve_then_done(task: Task, turn: int) -> str:
@@ -237,7 +208,7 @@ def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: 
     model = MoEModel(ModelConfig.tiny(), seed=0)
     cfg = AgentConfig(max_turns=3, max_reply_tokens=24, max_tokens=1024, temperature=1.0, verify=False)
     with TorchEngine(model, EngineConfig(max_batch=8, num_slots=8, max_seq_len=1024)) as real:
-        engine = RecordingEngine(real)
+        engine = CompletionLog(real)
         specs = [EpisodeSpec(task=t, image=images[t.name], seed=i) for i, t in enumerate(tasks[:4])]
         trajs = run_episodes(engine, tok, specs, config=cfg, num_parallel=4)
     drifted = 0
@@ -250,7 +221,9 @@ def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: 
         logp = token_logprobs(hidden_TD[:-1], model.lm_head.weight, traj.token_ids[1:])
         mask = traj.loss_mask[1:]
         torch.testing.assert_close(logp[mask], traj.rollout_logprobs[1:][mask], rtol=0, atol=5e-5)
-        assert sampled_drift(traj, sampled_per_turn(traj, engine.calls)).num_drifted == 0
+        assert engine.drift(traj) == 0
+        ids = traj.token_ids.tolist()
+        assert sampled_drift(traj, [engine.sampled[tuple(ids[:t.start])][0] for t in traj.turns]).num_drifted == 0
         drifted += retokenization_drift(traj, tok).num_drifted
     assert drifted > 0
 
