@@ -30,14 +30,6 @@ class PackedBatch:
     traj_index_T: torch.Tensor      # int64 [T]: which trajectory each position belongs to
     reward_B: torch.Tensor          # float32 [B]: scalar reward of each trajectory
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids_T.numel())
-
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask_T.sum().item())
-
 
 def pack(trajectories: Sequence, *, rewards: Sequence[float] | None = None,
          with_routing: bool = True) -> PackedBatch:

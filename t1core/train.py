@@ -153,7 +153,7 @@ class Trainer:
         cfg = self.cfg
         logger = MetricsLogger(self.run_dir / "metrics.jsonl", resume_step=self._maybe_resume())
         if not self.state["warm_started"]:
-            logger.log(-1, {**self.warm_start(), **self.evaluate("before"), **_times(self.clock)})
+            logger.log(-1, {**self.warm_start(), **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
                 self.ref_policy = _frozen_copy(self.policy)
             self.state["warm_started"] = True
@@ -163,7 +163,7 @@ class Trainer:
             self.state["step"] = step + 1
             if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
                 m.update(self.evaluate(f"step{step + 1}"))
-            m.update(_times(self.clock), **gpu_stats(), **{"time/step_s": time.perf_counter() - t0})
+            m.update(self.clock.pop(), **gpu_stats(), **{"time/step_s": time.perf_counter() - t0})
             logger.log(step, m)
             last = step + 1 == cfg.run.steps
             if last or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
@@ -203,10 +203,6 @@ class Trainer:
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).eval().requires_grad_(False)
-
-
-def _times(clock: Stopwatch) -> dict[str, float]:
-    return clock.pop()
 
 
 def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:

@@ -120,6 +120,11 @@ def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim
         sched.step()
 
 
+def _summarise(metrics: dict[str, list[float]]) -> dict[str, float]:
+    """Means over the optimizer steps; `skipped/*` counters are summed."""
+    return {k: sum(v) if k.startswith("skipped/") else sum(v) / len(v) for k, v in metrics.items()}
+
+
 def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.nn.Module,
                opt_actor: torch.optim.Optimizer, opt_critic: torch.optim.Optimizer,
                sched_actor: torch.optim.lr_scheduler.LRScheduler | None,
@@ -151,7 +156,7 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
             _step(algo.vf_coef * v_loss, critic_params, opt_critic, sched_critic, optim.grad_clip, "value", metrics)
             for k, v in m.items():
                 metrics[k].append(float(v))
-    return {k: sum(v) / len(v) if not k.startswith("skipped/") else sum(v) for k, v in metrics.items()}
+    return _summarise(metrics)
 
 
 def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -168,4 +173,4 @@ def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.op
         _step(loss, params, opt, None, grad_clip, "sft", metrics)
         for k, v in m.items():
             metrics[k].append(float(v))
-    return {k: sum(v) / len(v) if not k.startswith("skipped/") else sum(v) for k, v in metrics.items()}
+    return _summarise(metrics)
