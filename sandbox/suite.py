@@ -2,8 +2,8 @@
 
 Fixed tasks are split once, by name, in tasks/split.toml (`train = [...]`, `heldout = [...]`). Family
 instances are written out as ordinary Harbor task directories under a caller-chosen `out_dir`; training and
-held-out instances never coincide: the split is part of every instance's random stream and decides the
-parity of the number in its file names (train even, held-out odd).
+held-out instances come from one distribution with disjoint seeds (the split is part of every instance's
+random stream), and `heldout_tasks` drops a held-out instance whose instruction repeats a training one.
 
     tasks = suite.train_tasks(out, num_per_family=8, seed=0)               # families + fixed train tasks
     fam, fixed = suite.heldout_tasks(out, num_per_family=4, seed=0)        # held-out families, fixed tasks
@@ -56,11 +56,13 @@ def fixed_tasks(split: Split) -> list[Task]:
 
 
 def family_tasks(out_dir: str | Path, *, split: Split, num_per_family: int, seed: int = 0,
-                 families: Sequence[str] | None = None) -> list[Task]:
+                 families: Sequence[str] | None = None, avoid: Sequence[Task] = ()) -> list[Task]:
     """Write `num_per_family` instances of each family for `split` under `out_dir` and load them.
 
     A directory that already exists under the same name is replaced (generation is deterministic, so the
-    content is the same unless the generator changed). `families=None` means all of FAMILIES.
+    content is the same unless the generator changed). `families=None` means all of FAMILIES. An instance whose
+    instruction repeats one of `avoid` (e.g. the training tasks, when generating held-out ones) is skipped and
+    the next seed drawn instead: both splits share one distribution, so a rare exact repeat is possible.
     """
     if num_per_family < 0 or seed < 0:
         raise ValueError(f"expected num_per_family >= 0 and seed >= 0, got {num_per_family}, {seed}")
@@ -69,15 +71,19 @@ def family_tasks(out_dir: str | Path, *, split: Split, num_per_family: int, seed
     if unknown:
         raise ValueError(f"unknown task families {unknown}; expected names from {sorted(FAMILIES)}")
     out = Path(out_dir)
+    seen = {t.instruction for t in avoid}
     tasks = []
     for family in names:
-        for i in range(num_per_family):
-            instance_seed = seed * _SEED_STRIDE + i
-            path = out / f"{family}-{split}-{instance_seed}"
-            if path.exists():
-                _remove_generated(path)
+        instance_seed, made = seed * _SEED_STRIDE, 0
+        while made < num_per_family:
             spec = generate(family, instance_seed, split)
-            tasks.append(load_task(write_harbor_task(spec, path, family=family, seed=instance_seed, split=split)))
+            if spec.instruction.strip() not in seen:
+                path = out / f"{family}-{split}-{instance_seed}"
+                if path.exists():
+                    _remove_generated(path)
+                tasks.append(load_task(write_harbor_task(spec, path, family=family, seed=instance_seed, split=split)))
+                made += 1
+            instance_seed += 1
     return tasks
 
 
@@ -88,10 +94,13 @@ def train_tasks(out_dir: str | Path, *, num_per_family: int, seed: int = 0,
     return tasks + (fixed_tasks("train") if include_fixed else [])
 
 
-def heldout_tasks(out_dir: str | Path, *, num_per_family: int, seed: int = 0,
-                  families: Sequence[str] | None = None) -> tuple[list[Task], list[Task]]:
-    """Held-out evaluation tasks: (family instances of the held-out split, fixed held-out tasks)."""
-    fam = family_tasks(out_dir, split="heldout", num_per_family=num_per_family, seed=seed, families=families)
+def heldout_tasks(out_dir: str | Path, *, num_per_family: int, seed: int = 0, families: Sequence[str] | None = None,
+                  avoid: Sequence[Task] = ()) -> tuple[list[Task], list[Task]]:
+    """Held-out evaluation tasks: (family instances of the held-out split, fixed held-out tasks).
+
+    Pass the training tasks as `avoid` so that no held-out instance repeats a training instruction."""
+    fam = family_tasks(out_dir, split="heldout", num_per_family=num_per_family, seed=seed, families=families,
+                       avoid=avoid)
     return fam, fixed_tasks("heldout")
 
 

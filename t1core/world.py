@@ -43,7 +43,7 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
         out = run_dir / "tasks"
         train = train_tasks(out, num_per_family=t.num_per_family, seed=t.train_seed, families=families)
         fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=t.heldout_seed,
-                                   families=families)
+                                   families=families, avoid=train)
         return TaskSets(train, fam, fixed)
     root = Path(t.source)
     if not root.is_dir():

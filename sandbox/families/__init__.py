@@ -1,6 +1,6 @@
 """Seeded task families: each synthesizes task instances (other names, contents, numbers, bugs) from a seed.
 
-`FAMILIES` maps a family name to its generator `(random.Random, split) -> TaskSpec`. `SHORT_FAMILIES` are
+`FAMILIES` maps a family name to its generator `(random.Random) -> TaskSpec`; the split only seeds the stream. `SHORT_FAMILIES` are
 the ones a tiny model can learn from scratch: a one- or two-sentence instruction and a one-command solution
 whose arguments all appear verbatim in the instruction.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from sandbox.families import basic, data, text
 from sandbox.families.common import Split, TaskSpec, write_harbor_task
 
-Generator = Callable[[random.Random, Split], TaskSpec]
+Generator = Callable[[random.Random], TaskSpec]
 
 FAMILIES: dict[str, Generator] = {
     "create_file": basic.create_file,
@@ -43,7 +43,7 @@ def generate(family: str, seed: int, split: Split) -> TaskSpec:
         raise ValueError(f"unknown task family {family!r}; expected one of {sorted(FAMILIES)}")
     if split not in ("train", "heldout"):
         raise ValueError(f"expected split 'train' or 'heldout', got {split!r}")
-    return FAMILIES[family](random.Random(f"{family}:{split}:{seed}"), split)
+    return FAMILIES[family](random.Random(f"{family}:{split}:{seed}"))
 
 
 __all__ = ["FAMILIES", "SHORT_FAMILIES", "Split", "TaskSpec", "generate", "write_harbor_task"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from sandbox.families.common import STEMS, Split, TaskSpec, distinct_words, ident, sha_of
+from sandbox.families.common import STEMS, TaskSpec, distinct_words, ident, sha_of
 
 
 def _distractors(rng: random.Random, tag: str) -> dict[str, str]:
@@ -17,8 +17,8 @@ def _hashes(files: dict[str, str]) -> dict[str, str]:
     return {p: sha_of(c) for p, c in files.items()}
 
 
-def create_file(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def create_file(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     target = f"/app/{rng.choice(STEMS)}_{tag}.txt"
     (word,) = distinct_words(rng, 1)
     files = _distractors(rng, tag)
@@ -41,8 +41,8 @@ def create_file(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def append_line(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def append_line(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     target = f"/app/{rng.choice(STEMS)}_{tag}.txt"
     *lines, text = distinct_words(rng, rng.randint(3, 6))
     files = {target: "".join(w + "\n" for w in lines), **_distractors(rng, tag)}
@@ -66,8 +66,8 @@ def append_line(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def make_dir(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def make_dir(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     a, b = distinct_words(rng, 2)
     parent, target = f"/app/{a}_{tag}", f"/app/{a}_{tag}/{b}"
     files = _distractors(rng, tag)
@@ -90,8 +90,8 @@ def make_dir(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def copy_file(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def copy_file(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     s1, s2 = rng.sample(STEMS, 2)
     src, dst = f"/app/data/{s1}_{tag}.txt", f"/app/{s2}_{tag}.txt"
     content = "".join(w + "\n" for w in distinct_words(rng, rng.randint(2, 5)))
@@ -115,8 +115,8 @@ def copy_file(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def rename_file(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def rename_file(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     s1, s2 = rng.sample(STEMS, 2)
     src, dst = f"/app/{s1}_{tag}.txt", f"/app/{s2}_{tag}.txt"
     content = "".join(w + "\n" for w in distinct_words(rng, rng.randint(2, 5)))
@@ -140,8 +140,8 @@ def rename_file(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def chmod_exec(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def chmod_exec(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     target = f"/app/{rng.choice(('run', 'hello', 'greet', 'build', 'start'))}_{tag}.sh"
     (word,) = distinct_words(rng, 1)
     script = f"#!/bin/bash\necho {word}\n"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import random
 
-from sandbox.families.common import WORDS, Split, TaskSpec, ident, sha_of
+from sandbox.families.common import WORDS, TaskSpec, ident, sha_of
 
 _KEYS = ("name", "owner", "city", "color", "status", "port", "count", "level", "region", "version")
 _INT_KEYS = ("port", "count", "level", "version")
 
 
-def json_field(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def json_field(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     src = f"/app/{rng.choice(('config', 'settings', 'record', 'profile'))}_{tag}.json"
     out = f"/app/value_{tag}.txt"
     keys = rng.sample(_KEYS, rng.randint(3, 6))
@@ -38,8 +38,8 @@ def json_field(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def csv_column_sum(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def csv_column_sum(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     src, out = f"/app/{rng.choice(('sales', 'stock', 'visits', 'scores'))}_{tag}.csv", f"/app/total_{tag}.txt"
     cols = rng.sample(("qty", "price", "units", "points", "hits", "days"), 3)
     k = rng.randint(1, 3)
@@ -77,8 +77,8 @@ _BUGS = (
 )
 
 
-def fix_script(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def fix_script(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     name = f"/app/{rng.choice(('sum', 'add', 'total', 'tally'))}_{tag}.sh"
     data = f"/app/{rng.choice(('numbers', 'values', 'amounts'))}_{tag}.txt"
     good = ["#!/bin/bash", "total=0", f"for n in $(cat {data}); do", "  total=$((total + n))", "done",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from sandbox.families.common import STEMS, WORDS, Split, TaskSpec, distinct_words, ident, sha_of
+from sandbox.families.common import STEMS, WORDS, TaskSpec, distinct_words, ident, sha_of
 
 # Lowercase words only: `sort` orders them the same under the C locale and any UTF-8 locale.
 
@@ -14,8 +14,8 @@ def _word_lines(rng: random.Random, n: int, *, exclude: tuple[str, ...] = ()) ->
     return [" ".join(rng.choices(pool, k=rng.randint(1, 3))) for _ in range(n)]
 
 
-def count_lines(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def count_lines(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     src = f"/app/data/{rng.choice(('sales', 'users', 'orders', 'events', 'scores'))}_{tag}.csv"
     out = f"/app/count_{tag}.txt"
     n = rng.randint(4, 40)
@@ -39,8 +39,8 @@ def count_lines(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def sort_file(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def sort_file(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     s1, s2 = rng.sample(STEMS, 2)
     src, out = f"/app/{s1}_{tag}.txt", f"/app/{s2}_{tag}_sorted.txt"
     words = rng.sample(WORDS, rng.randint(4, 10)) + [rng.choice(WORDS)]
@@ -67,8 +67,8 @@ def sort_file(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def replace_word(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def replace_word(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     target = f"/app/{rng.choice(STEMS)}_{tag}.txt"
     old, new = distinct_words(rng, 2)
     while old in new or new in old:
@@ -100,8 +100,8 @@ def replace_word(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def head_lines(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def head_lines(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     s1 = rng.choice(STEMS)
     src, out = f"/app/{s1}_{tag}.txt", f"/app/top_{tag}.txt"
     lines = _word_lines(rng, rng.randint(8, 20))
@@ -126,8 +126,8 @@ def head_lines(rng: random.Random, split: Split) -> TaskSpec:
         """)
 
 
-def grep_lines(rng: random.Random, split: Split) -> TaskSpec:
-    tag = ident(rng, split)
+def grep_lines(rng: random.Random) -> TaskSpec:
+    tag = ident(rng)
     src, out = f"/app/{rng.choice(('log', 'events', 'notes', 'journal'))}_{tag}.txt", f"/app/match_{tag}.txt"
     (word,) = distinct_words(rng, 1)
     lines = _word_lines(rng, rng.randint(8, 16), exclude=(word,))
