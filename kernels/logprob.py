@@ -1,9 +1,10 @@
-"""Log-probabilities (and entropy) of exact token IDs under the LM head, without materialising [N, V] logits.
+"""Log-probabilities (and entropy) of exact token IDs under the LM head, with logits memory bounded by a tile.
 
 Legend: N rows (tokens), D model dim, V vocab. Backends: Triton kernels (`logprob_triton`, CUDA or the
-interpreter) and a chunked torch path (`logprob_torch`, CPU); `kernels.backend.select_backend` picks one.
-Both run the same autograd Function: the forward saves only the per-row log-sum-exp and E_p[z] (O(N)), the
-backward recomputes the logits block by block.
+interpreter) and torch (`logprob_torch`, CPU); `kernels.backend.select_backend` picks one. All run the same
+autograd Function over a (forward, backward) pair. Triton and the chunked torch path save only the per-row
+log-sum-exp and E_p[z] (O(N)) and recompute the logits block by block in the backward; on the torch backend,
+logits that fit one tile (`logprob_torch.fits_one_tile`) instead keep their log-softmax, so nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from kernels.backend import Backend, select_backend
 _OP = "token_logprobs"
 
 
-def _impl(backend: Backend):
+def _impl(backend: Backend, num_rows: int, vocab: int):
+    """(fwd, bwd): fwd returns (logp_N, entropy_N, *state), bwd takes the state after (hidden, weight, targets)."""
     if backend == "torch":
+        if logprob_torch.fits_one_tile(num_rows, vocab):
+            return logprob_torch.tile_logprob_fwd, logprob_torch.tile_logprob_bwd
         return logprob_torch.chunked_logprob_fwd, logprob_torch.chunked_logprob_bwd
     from kernels import logprob_triton  # imported lazily: importing triton is slow and optional on CPU
     return logprob_triton.triton_logprob_fwd, logprob_triton.triton_logprob_bwd
@@ -30,11 +34,11 @@ class TokenLogprobsFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,
                 temperature: float, ignore_index: int, with_entropy: bool, backend: Backend):
-        fwd, _ = _impl(backend)
-        logp_N, ent_N, lse_N, mean_z_N = fwd(hidden_ND, weight_VD, targets_N, temperature=temperature,
-                                             ignore_index=ignore_index, with_entropy=with_entropy)
-        ctx.save_for_backward(hidden_ND, weight_VD, targets_N, lse_N, mean_z_N)
-        ctx.temperature, ctx.ignore_index, ctx.backend = temperature, ignore_index, backend
+        fwd, ctx.bwd = _impl(backend, hidden_ND.shape[0], weight_VD.shape[0])
+        logp_N, ent_N, *state = fwd(hidden_ND, weight_VD, targets_N, temperature=temperature,
+                                    ignore_index=ignore_index, with_entropy=with_entropy)
+        ctx.save_for_backward(hidden_ND, weight_VD, targets_N, *state)
+        ctx.temperature, ctx.ignore_index, ctx.backward_done = temperature, ignore_index, False
         ctx.set_materialize_grads(False)  # an unused entropy output brings None, and its term is skipped
         if not with_entropy:
             ctx.mark_non_differentiable(ent_N)
@@ -43,15 +47,20 @@ class TokenLogprobsFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_logp_N: torch.Tensor | None, grad_ent_N: torch.Tensor | None):
-        hidden_ND, weight_VD, targets_N, lse_N, mean_z_N = ctx.saved_tensors
+        # The single-tile torch backward overwrites its saved log-softmax (a fresh tile would cost page faults),
+        # so a second backward through the graph (retain_graph=True) would read garbage: refuse it.
+        if ctx.backward_done:
+            raise RuntimeError("token_logprobs: a second backward through the same graph is not supported "
+                               "(the first one consumes the saved state)")
+        ctx.backward_done = True
+        hidden_ND, weight_VD, targets_N, *state = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (grad_logp_N is None and grad_ent_N is None) or not (need_h or need_w):
             return None, None, None, None, None, None, None
-        _, bwd = _impl(ctx.backend)
-        d_hidden, d_weight = bwd(hidden_ND, weight_VD, targets_N, lse_N, mean_z_N,
-                                 _contiguous(grad_logp_N), _contiguous(grad_ent_N),
-                                 temperature=ctx.temperature, ignore_index=ctx.ignore_index,
-                                 need_hidden=need_h, need_weight=need_w)
+        d_hidden, d_weight = ctx.bwd(hidden_ND, weight_VD, targets_N, *state,
+                                     _contiguous(grad_logp_N), _contiguous(grad_ent_N),
+                                     temperature=ctx.temperature, ignore_index=ctx.ignore_index,
+                                     need_hidden=need_h, need_weight=need_w)
         return d_hidden, d_weight, None, None, None, None, None
 
 
@@ -115,11 +124,12 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
     Returns:
         logp [N] fp32, or (logp [N] fp32, entropy [N] fp32). Differentiable w.r.t. `hidden` and `weight`
-        through both outputs.
+        through both outputs, once: a second backward through the same graph raises RuntimeError.
 
-    Memory: never holds [N, V]. The vocabulary is walked in blocks with an online max / log-sum-exp in fp32;
-    extra memory is O(N * D) plus a fixed number of [block_rows, block_cols] tiles, and the backward
-    recomputes logits blockwise. Deterministic: fixed reduction order, no float atomics.
+    Memory: never holds more than a fixed number of [block_rows, block_cols] tiles plus O(N * D). The vocabulary
+    is walked in blocks with an online max / log-sum-exp in fp32 and the backward recomputes logits blockwise;
+    on CPU, logits that fit a single tile (N * V <= 2**23) are held whole from forward to backward instead
+    (`kernels.logprob_torch`). Deterministic: fixed reduction order, no float atomics.
 
     Raises:
         ValueError naming the argument: wrong ranks/shapes/dtypes/devices, temperature <= 0, target IDs out

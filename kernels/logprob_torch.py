@@ -1,21 +1,26 @@
-"""Plain-torch log-probs of exact token IDs: a chunked path that never holds [N, V], and the materialising
-reference.
+"""Plain-torch log-probs of exact token IDs: a single-tile path, a chunked path that never holds [N, V], and the
+materialising reference.
 
 Legend: N rows (tokens), D model dim, V vocab. z = hidden @ weight.T / temperature are the scaled logits.
 
-The chunked path walks the vocabulary in blocks of columns (outer loop, so each weight block is read and upcast
-once) and the rows in blocks of at most N_CHUNK (inner loop), keeping an online max / sum-exp per row in fp32.
-Per-row state is O(N); the [rows, cols] temporaries are at most two tiles of TILE_ELEMS fp32 each. The backward
-recomputes each tile of logits from the saved log-sum-exp instead of storing probabilities. The column block is
-TILE_ELEMS // rows (small batches take the vocabulary in few, wide steps: fewer op launches); the reduction order
-is fixed for a given N, so results are deterministic.
+When the whole [N, V] fits one tile (N * V <= TILE_ELEMS), the single-tile path computes log_softmax(z) in place
+and keeps it for the backward, which then needs no second logits GEMM and writes dz over it. Its memory is that
+one tile, alive from forward to backward, plus one temporary tile for the entropy terms. On CPU a fresh 32 MiB
+tile is itself costly (its first touch page-faults: ~40% of the logits GEMM's time), hence the in-place ops.
+
+Above that, the chunked path walks the vocabulary in blocks of columns (outer loop, so each weight block is read
+and upcast once) and the rows in blocks of at most N_CHUNK (inner loop), keeping an online max / sum-exp per row
+in fp32. Per-row state is O(N); the [rows, cols] temporaries are at most two tiles of TILE_ELEMS fp32 each. The
+backward recomputes each tile of logits from the saved log-sum-exp instead of storing probabilities. The column
+block is TILE_ELEMS // rows (small batches take the vocabulary in few, wide steps: fewer op launches); the
+reduction order is fixed for a given N, so results are deterministic.
 """
 
 from __future__ import annotations
 
 import torch
 
-# One tile of logits is at most TILE_ELEMS fp32 = 32 MiB; forward and backward keep two tiles alive. Large tiles
+# One tile of logits is at most TILE_ELEMS fp32 = 32 MiB; chunked forward and backward keep <= 2 alive. Large tiles
 # mean few ops: on a shared 2-core CPU each op's thread rendezvous costs more than its arithmetic (N=2048, V=4096,
 # 2 threads: 512 rows x 4096 cols per tile took ~1.4-1.7x the CPU time of one 2048 x 4096 tile). At the issue-8
 # shape (N=4096, D=1024, V=151936) the extra memory stays ~0.1 GiB, under 10% of one fp32 [N, V] (2.5 GB).
@@ -23,6 +28,11 @@ N_CHUNK = 2048
 TILE_ELEMS = 2**23
 # Finite stand-in for -inf as the initial running max: 0 * (m_old - m_new) must stay 0, not NaN.
 _NEG_BIG = -1.0e30
+
+
+def fits_one_tile(num_rows: int, vocab: int) -> bool:
+    """Whether [num_rows, vocab] logits fit one tile, so the single-tile path (`tile_logprob_*`) runs."""
+    return num_rows * vocab <= TILE_ELEMS
 
 
 def vocab_chunk(num_rows: int, vocab: int) -> int:
@@ -88,16 +98,76 @@ def chunked_logprob_fwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, target
     return logp_N, ent_N, lse_N, mean_z_N
 
 
-def _dz_tile(z_nv: torch.Tensor, lse_n: torch.Tensor, mean_z_n: torch.Tensor, g_lp_n: torch.Tensor | None,
+def _dz_tile(logp_nv: torch.Tensor, mean_logp_n: torch.Tensor, g_lp_n: torch.Tensor | None,
              g_en_n: torch.Tensor | None) -> torch.Tensor:
-    """dL/dz for one tile, without the onehot term: p * (g_ent * (E_p[z] - z) - g_logp). Consumes z_nv."""
-    p_nv = torch.sub(z_nv, lse_n[:, None]).exp_()
+    """dL/dz for one tile from its log-softmax values, without the onehot term. Consumes logp_nv.
+
+    dz = p * (g_ent * (E_p[z] - z) - g_logp), and E_p[z] - z = E_p[log p] - log p (the shift by lse cancels).
+    Without the entropy term the result is written over logp_nv: no second tile.
+    """
     if g_en_n is None:
-        return p_nv.mul_(-g_lp_n[:, None])
-    coef_nv = z_nv.neg_().add_(mean_z_n[:, None]).mul_(g_en_n[:, None])
+        return logp_nv.exp_().mul_(-g_lp_n[:, None])
+    p_nv = torch.exp(logp_nv)
+    coef_nv = logp_nv.neg_().add_(mean_logp_n[:, None]).mul_(g_en_n[:, None])
     if g_lp_n is not None:
         coef_nv.sub_(g_lp_n[:, None])
     return coef_nv.mul_(p_nv)
+
+
+def _grads_fp32(grad_logp_N: torch.Tensor | None, grad_ent_N: torch.Tensor | None, valid_N: torch.Tensor,
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Output gradients in fp32, zero on ignored rows (None stays None: that output's terms are skipped)."""
+    if grad_logp_N is None and grad_ent_N is None:
+        raise ValueError("token_logprobs backward: expected grad_logp_N or grad_ent_N, got neither")
+    zero = torch.zeros((), dtype=torch.float32, device=valid_N.device)
+    g_lp_N = torch.where(valid_N, grad_logp_N.float(), zero) if grad_logp_N is not None else None
+    g_en_N = torch.where(valid_N, grad_ent_N.float(), zero) if grad_ent_N is not None else None
+    return g_lp_N, g_en_N
+
+
+def tile_logprob_fwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor, *,
+                     temperature: float, ignore_index: int, with_entropy: bool,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward for logits that fit one tile (`fits_one_tile`). Returns (logp_N, entropy_N, logp_NV, mean_logp_N).
+
+    logp_NV = log_softmax(z) [N, V] and mean_logp_N = E_p[log p] = -entropy (zeros without entropy) are what the
+    backward needs. Outputs as `chunked_logprob_fwd`: fp32, ignored rows give logp = entropy = 0.
+    """
+    h_ND = _scaled_fp32(hidden_ND, 1.0 / temperature)
+    valid_N = targets_N != ignore_index
+    tgt_N = torch.where(valid_N, targets_N, 0).long()
+    logp_NV = torch.mm(h_ND, _fp32(weight_VD).T)
+    torch.log_softmax(logp_NV, dim=1, out=logp_NV)  # in place: no fresh tile to page-fault in
+    zero = torch.zeros((), dtype=torch.float32, device=hidden_ND.device)
+    logp_N = torch.where(valid_N, logp_NV.gather(1, tgt_N[:, None])[:, 0], zero)
+    if with_entropy:
+        mean_logp_N = torch.exp(logp_NV).mul_(logp_NV).sum(dim=1)
+        ent_N = torch.where(valid_N, -mean_logp_N, zero)
+    else:
+        mean_logp_N, ent_N = torch.zeros_like(logp_N), torch.zeros_like(logp_N)
+    return logp_N, ent_N, logp_NV, mean_logp_N
+
+
+def tile_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,
+                     logp_NV: torch.Tensor, mean_logp_N: torch.Tensor, grad_logp_N: torch.Tensor | None,
+                     grad_ent_N: torch.Tensor | None, *, temperature: float, ignore_index: int,
+                     need_hidden: bool = True, need_weight: bool = True,
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Backward of `tile_logprob_fwd`: as `chunked_logprob_bwd`, with no recompute. Consumes logp_NV (dz)."""
+    inv_t = 1.0 / temperature
+    valid_N = targets_N != ignore_index
+    g_lp_N, g_en_N = _grads_fp32(grad_logp_N, grad_ent_N, valid_N)
+    dz_NV = _dz_tile(logp_NV, mean_logp_N, g_lp_N, g_en_N)
+    if g_lp_N is not None:
+        tgt_N = torch.where(valid_N, targets_N, 0).long()
+        dz_NV.scatter_add_(1, tgt_N[:, None], g_lp_N[:, None])
+    d_hidden = d_weight = None
+    if need_hidden:
+        dh_ND = torch.mm(dz_NV, _fp32(weight_VD))
+        d_hidden = (dh_ND if inv_t == 1.0 else dh_ND.mul_(inv_t)).to(hidden_ND.dtype)
+    if need_weight:
+        d_weight = torch.mm(dz_NV.T, _scaled_fp32(hidden_ND, inv_t)).to(weight_VD.dtype)
+    return d_hidden, d_weight
 
 
 def chunked_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,
@@ -118,10 +188,8 @@ def chunked_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, target
     valid_N = targets_N != ignore_index
     tgt_N = torch.where(valid_N, targets_N, 0).long()
     zero = torch.zeros((), dtype=torch.float32, device=dev)
-    g_lp_N = torch.where(valid_N, grad_logp_N.float(), zero) if grad_logp_N is not None else None
-    g_en_N = torch.where(valid_N, grad_ent_N.float(), zero) if grad_ent_N is not None else None
-    if g_lp_N is None and g_en_N is None:
-        raise ValueError("chunked_logprob_bwd: expected grad_logp_N or grad_ent_N, got neither")
+    g_lp_N, g_en_N = _grads_fp32(grad_logp_N, grad_ent_N, valid_N)
+    mean_logp_N = mean_z_N - lse_N
     dh_ND = torch.zeros(N, hidden_ND.shape[1], dtype=torch.float32, device=dev) if need_hidden else None
     dw_VD = torch.zeros_like(weight_VD) if need_weight else None
     vc = vocab_chunk(N, V)
@@ -133,7 +201,8 @@ def chunked_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, target
             n1 = min(n0 + N_CHUNK, N)
             g_lp_n = None if g_lp_N is None else g_lp_N[n0:n1]
             g_en_n = None if g_en_N is None else g_en_N[n0:n1]
-            dz_nv = _dz_tile(torch.mm(h_ND[n0:n1], w_vD.T), lse_N[n0:n1], mean_z_N[n0:n1], g_lp_n, g_en_n)
+            logp_nv = torch.mm(h_ND[n0:n1], w_vD.T).sub_(lse_N[n0:n1, None])
+            dz_nv = _dz_tile(logp_nv, mean_logp_N[n0:n1], g_lp_n, g_en_n)
             if g_lp_N is not None:
                 tgt_n = tgt_N[n0:n1]
                 hit_n = (tgt_n >= v0) & (tgt_n < v1)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn.utils import skip_init
 
 from kernels.moe import fused_moe, route
@@ -142,6 +143,32 @@ def _linear(in_features: int, out_features: int, *, bias: bool = False, **factor
     return skip_init(nn.Linear, in_features, out_features, bias=bias, **factory)
 
 
+class RMSNormFunction(torch.autograd.Function):
+    """y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) over the last dim, for fp32/fp64 x.
+
+    The forward is F.rms_norm's own op sequence (bitwise equal to it, and so to HF). The backward is analytic,
+    dx = rstd * (g w - x_hat * mean(g w x_hat)) and dw = sum over rows of g x_hat (x_hat = x * rstd), a handful of
+    fused ops instead of autograd's pow / mean / rsqrt / mul chain (~17 norms per step on the tiny model).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        x_hat = x * rstd
+        ctx.save_for_backward(x_hat, rstd, weight)
+        return x_hat * weight
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:  # type: ignore[override]
+        x_hat, rstd, weight = ctx.saved_tensors
+        g_xhat = grad_y * x_hat
+        d_weight = g_xhat.reshape(-1, weight.shape[0]).sum(0) if ctx.needs_input_grad[1] else None
+        mean_gw_xhat = (g_xhat @ weight).unsqueeze(-1).div_(weight.shape[0])
+        d_x = (grad_y * weight).mul_(rstd).addcmul_(x_hat, mean_gw_xhat.mul_(rstd), value=-1)
+        return d_x, d_weight, None
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, normalised in fp32 and cast back before the weight (as HF Qwen3 does)."""
 
@@ -151,8 +178,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, **factory))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if x.dtype in (torch.float32, torch.float64):
+            return RMSNormFunction.apply(x, self.weight, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
 
 
@@ -161,7 +188,7 @@ def rope_cos_sin(positions_T: torch.Tensor, *, head_dim: int, theta: float,
     """cos and sign-folded sin tables [T, Dh] for rotate-half RoPE; angles in fp32 as HF computes them.
 
     The second table is [-sin, sin] over the two halves, so `apply_rope` needs no negation: (-x2) * s equals
-    x2 * (-s) exactly in IEEE arithmetic, hence bitwise the same result as HF's rotate_half form.
+    x2 * (-s) exactly in IEEE arithmetic.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions_T.device)
                                 / head_dim))
@@ -172,7 +199,48 @@ def rope_cos_sin(positions_T: torch.Tensor, *, head_dim: int, theta: float,
     return emb_TD.cos().to(dtype), torch.cat((-sin_TD[:, :half], sin_TD[:, half:]), dim=-1).to(dtype)
 
 
+def _rotate_halves(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor, *,
+                   transpose: bool) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin by halves, with no concatenated copy of x; transpose=True applies R^T.
+
+    With s = [-sin, sin]: y1 = x1 c + x2 s1, y2 = x2 c + x1 s2. The transpose (the backward) is the same with
+    s1 and s2 swapped: dx1 = g1 c + g2 s2, dx2 = g2 c + g1 s1. addcmul_ rounds its product and sum once (FMA):
+    within an ulp of HF's separate multiply and add.
+    """
+    half = x_THD.shape[-1] // 2
+    s_T1D = sin_signed_TD[:, None, :]
+    s_lo, s_hi = (s_T1D[..., half:], s_T1D[..., :half]) if transpose else (s_T1D[..., :half], s_T1D[..., half:])
+    y_THD = x_THD * cos_TD[:, None, :]
+    y_THD[..., :half].addcmul_(x_THD[..., half:], s_lo)
+    y_THD[..., half:].addcmul_(x_THD[..., :half], s_hi)
+    return y_THD
+
+
+class RoPEFunction(torch.autograd.Function):
+    """Rotate-half RoPE. Its backward is the transposed rotation of the gradient: nothing but the tables is saved,
+    where autograd would save the rotated copy and zero-fill slice gradients."""
+
+    @staticmethod
+    def forward(ctx, x_THD: torch.Tensor, cos_TD: torch.Tensor,  # type: ignore[override]
+                sin_signed_TD: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos_TD, sin_signed_TD)
+        return _rotate_halves(x_THD, cos_TD, sin_signed_TD, transpose=False)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_THD: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        assert not any(ctx.needs_input_grad[1:]), "RoPE tables are constants (built from positions)"
+        cos_TD, sin_signed_TD = ctx.saved_tensors
+        return _rotate_halves(grad_THD, cos_TD, sin_signed_TD, transpose=True), None, None
+
+
 def apply_rope(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor) -> torch.Tensor:
+    """x [T, H, Dh] rotated by the tables of `rope_cos_sin` [T, Dh]."""
+    return RoPEFunction.apply(x_THD, cos_TD, sin_signed_TD)
+
+
+def apply_rope_reference(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor) -> torch.Tensor:
+    """HF's form, x * cos + rotate_half(x) * sin, differentiable by autograd (tests compare apply_rope to it)."""
     half = x_THD.shape[-1] // 2
     swapped = torch.cat((x_THD[..., half:], x_THD[..., :half]), dim=-1)
     return x_THD * cos_TD[:, None, :] + swapped * sin_signed_TD[:, None, :]

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels import logprob_torch
 from kernels.logprob import token_logprobs
-from kernels.logprob_torch import N_CHUNK, reference_token_logprobs, vocab_chunk
+from kernels.logprob_torch import N_CHUNK, fits_one_tile, reference_token_logprobs, vocab_chunk
 
 ROOT = Path(__file__).resolve().parents[1]
 # fp32 accumulation over D and over ~1e5 vocabulary columns against float64: measured errors are ~1e-6
@@ -79,14 +80,44 @@ def test_cpu_multiple_row_and_vocab_chunks() -> None:
     _check_against_reference(hidden, weight, targets, g_logp, g_ent, 0.9)
 
 
+@pytest.fixture(params=["tile", "chunked"])
+def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test through both CPU paths: "tile" keeps the whole [N, V] (N * V <= 2**23, as the shapes used
+    here) from forward to backward; "chunked" shrinks the tile budget so the same shapes take several row and
+    vocabulary blocks (ragged ends) with recompute in the backward."""
+    if request.param == "chunked":
+        monkeypatch.setattr(logprob_torch, "N_CHUNK", 4)
+        monkeypatch.setattr(logprob_torch, "TILE_ELEMS", 4 * 1000)
+    return request.param
+
+
+def test_single_tile_and_chunked_paths_match_reference(cpu_path: str) -> None:
+    N, V = 70, 3001
+    assert fits_one_tile(N, V) == (cpu_path == "tile")
+    hidden, weight, targets, g_logp, g_ent = _problem(N, 24, V, seed=12, ignore_rows=(1, 40), scale=2.0)
+    _check_against_reference(hidden, weight, targets, g_logp, g_ent, 0.8)
+    first = _grads(token_logprobs, hidden, weight, targets, g_logp, g_ent, 0.8, return_entropy=True)
+    second = _grads(token_logprobs, hidden, weight, targets, g_logp, g_ent, 0.8, return_entropy=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_second_backward_through_one_graph_raises() -> None:
+    # The single-tile backward writes dz over its saved log-softmax; a retained graph must not reuse it.
+    h = torch.randn(4, 8, requires_grad=True)
+    logp = token_logprobs(h, torch.randn(16, 8), torch.tensor([0, 3, 5, 15]))
+    logp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        logp.sum().backward()
+
+
 def test_cpu_bf16_inputs_give_bf16_grads() -> None:
     hidden, weight, targets, g_logp, g_ent = _problem(5, 32, 3000, seed=4, dtype=torch.bfloat16)
-    # The chunked path upcasts to fp32; the reference sees the same bf16 values in float64. Only the final
+    # The CPU path upcasts to fp32; the reference sees the same bf16 values in float64. Only the final
     # cast of the gradients to bf16 (8 bits of mantissa) separates them.
     _check_against_reference(hidden, weight, targets, g_logp, g_ent, 1.0, grad_tol=1e-2)
 
 
-def test_logp_only_and_entropy_only_gradients() -> None:
+def test_logp_only_and_entropy_only_gradients(cpu_path: str) -> None:
     hidden, weight, targets, g_logp, g_ent = _problem(7, 12, 5000, seed=5)
     ref_lp, ref_en, _, _ = _grads(reference_token_logprobs, hidden, weight, targets, g_logp, g_ent, 1.0,
                                   dtype=torch.float64)
