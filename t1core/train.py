@@ -36,6 +36,10 @@ from t1core.update import ppo_update, score, sft_update
 from t1core.warmstart import reference_transcripts
 
 
+REFERENCE_DIR = "reference"
+"""Run subdirectory with the warm-started policy (HF format), the anchor of the KL penalty when kl_coef > 0."""
+
+
 class Trainer:
     """Holds the run's parts; each method is one phase of the loop in `run`."""
 
@@ -155,7 +159,9 @@ class Trainer:
         if not self.state["warm_started"]:
             logger.log(-1, {**self.warm_start(), **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
+                # The KL anchor is the warm-started policy; saved once so that a resumed run anchors to it too.
                 self.ref_policy = _frozen_copy(self.policy)
+                self.policy.save_pretrained(self.run_dir / REFERENCE_DIR)
             self.state["warm_started"] = True
         for step in tqdm(range(self.state["step"], cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
@@ -193,7 +199,13 @@ class Trainer:
         self.state = dict(ckpt["data_state"])
         self.engine.update_weights(self.policy)
         if self.cfg.algo.kl_coef > 0:
-            raise ValueError("resume with algo.kl_coef > 0 needs the reference policy, which is not checkpointed")
+            ref_dir = self.run_dir / REFERENCE_DIR
+            if not (ref_dir / "config.json").is_file():
+                raise ValueError(f"resume with algo.kl_coef > 0: the KL reference policy {ref_dir} is missing "
+                                 "(the run was started with kl_coef = 0?)")
+            param = next(self.policy.parameters())
+            self.ref_policy = _frozen_copy(type(self.policy).from_pretrained(ref_dir, dtype=param.dtype,
+                                                                             device=param.device))
         print(f"resumed from {ckpt['path']} at step {self.state['step']}")
         return self.state["step"] - 1
 

@@ -9,6 +9,8 @@ and a reference that does not pass its own verifiers is caught (and left out) he
 
 from __future__ import annotations
 
+import sys
+
 from concurrent.futures import Future
 
 import torch
@@ -76,5 +78,10 @@ def reference_transcripts(tasks: list[Task], images: dict[str, str], *, tok: Cha
         good = [t for t in trajs if t.verifier is not None and t.verifier["passed"] == t.verifier["total"] > 0]
     else:
         good = [t for t in trajs if t.finish_reason == "done"]
-    metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(trajs) - len(good))}
+    bad = [t for t in trajs if not any(t is g for g in good)]
+    if bad:  # dropped, not fatal: one flaky sandbox should not end a run, but nobody should miss it either
+        print(f"warm start: {len(bad)} of {len(trajs)} reference transcripts dropped: "
+              + "; ".join(f"{t.task_name} ({t.finish_reason}, verifier {t.verifier})" for t in bad[:10]),
+              file=sys.stderr, flush=True)
+    metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(bad))}
     return good, metrics

@@ -1,6 +1,7 @@
 """The trainer end to end on tiny settings: real sandboxes, real model, real verifiers.
 
-Resume: 4 RL steps straight and 2 steps + `--resume` + 2 more give bitwise-identical policy and critic.
+Resume: 4 RL steps straight and 2 steps + `--resume` + 2 more give bitwise-identical policy and critic (with the
+KL penalty on, so the resumed run must also reload its anchor policy).
 Episodes run one at a time (concurrency 1) so that the engine's batch composition, and with it every
 floating-point sum, is the same in both runs.
 """
@@ -33,7 +34,7 @@ needs_docker = pytest.mark.skipif(not _daemon_ok(), reason="no Docker daemon ans
 TINY = ["--rollout.episodes_per_step=2", "--rollout.concurrency=1", "--rollout.max_turns=2",
         "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400",
         "--warmstart.sft_enabled=false", "--warmstart.critic_only_iterations=1", "--run.checkpoint_every=2",
-        "--optim.lr_actor=1e-3"]
+        "--optim.lr_actor=1e-3", "--algo.kl_coef=0.1"]  # KL on: resume must reload the anchor policy too
 
 
 @pytest.fixture(scope="module")
