@@ -35,7 +35,6 @@ from t1core.retokenize import retokenize
 from t1core.update import ppo_update, score, sft_update
 from t1core.warmstart import reference_transcripts
 
-
 REFERENCE_DIR = "reference"
 """Run subdirectory with the warm-started policy (HF format), the anchor of the KL penalty when kl_coef > 0."""
 

@@ -10,7 +10,6 @@ and a reference that does not pass its own verifiers is caught (and left out) he
 from __future__ import annotations
 
 import sys
-
 from concurrent.futures import Future
 
 import torch
