@@ -119,7 +119,9 @@ class TorchEngine:
         self._thread: threading.Thread | None = None
         self._head_cache: tuple[int, torch.Tensor] | None = None
         self._step = 0
-        self._cpu_threads = torch.get_num_threads()  # the caller's intra-op thread count: the engine's maximum
+        # The caller's intra-op thread count is the engine's maximum; None off CPU (no thread policy there).
+        on_cpu = model.lm_head.weight.device.type == "cpu"
+        self._cpu_threads: int | None = torch.get_num_threads() if on_cpu else None
         self.stats = {"steps": 0, "prefill_tokens": 0, "cached_tokens": 0, "decode_tokens": 0, "step_s": 0.0,
                       "model_s": 0.0, "capture_s": 0.0}
         """Counters; step_s: wall time inside steps; model_s: the part in model.extend; capture_s: the part
@@ -294,7 +296,7 @@ class TorchEngine:
         """Intra-op threads of the engine thread for the next extend (CPU only). The OpenMP count is per thread;
         torch also keeps the value as the default of threads that start later, so threads that care (the
         trainer's main thread is set up at import) set their own."""
-        if self.model.lm_head.weight.device.type == "cpu":
+        if self._cpu_threads is not None:
             small = num_tokens < self.config.cpu_parallel_min_tokens
             torch.set_num_threads(1 if small else self._cpu_threads)
 

@@ -76,6 +76,9 @@ def family_tasks(out_dir: str | Path, *, split: Split, num_per_family: int, seed
     for family in names:
         instance_seed, made = seed * _SEED_STRIDE, 0
         while made < num_per_family:
+            if instance_seed - seed * _SEED_STRIDE >= _SEED_STRIDE:  # bounded: a hopeless `avoid` must not hang
+                raise ValueError(f"family {family!r}: no {num_per_family} instances outside `avoid` among "
+                                 f"{_SEED_STRIDE} seeds of split {split!r}")
             spec = generate(family, instance_seed, split)
             if spec.instruction.strip() not in seen:
                 path = out / f"{family}-{split}-{instance_seed}"

@@ -203,8 +203,8 @@ class Trainer:
                 raise ValueError(f"resume with algo.kl_coef > 0: the KL reference policy {ref_dir} is missing "
                                  "(the run was started with kl_coef = 0?)")
             param = next(self.policy.parameters())
-            self.ref_policy = _frozen_copy(type(self.policy).from_pretrained(ref_dir, dtype=param.dtype,
-                                                                             device=param.device))
+            ref = type(self.policy).from_pretrained(ref_dir, dtype=param.dtype, device=param.device)
+            self.ref_policy = ref.eval().requires_grad_(False)
         print(f"resumed from {ckpt['path']} at step {self.state['step']}")
         return self.state["step"] - 1
 

@@ -391,6 +391,12 @@ def test_families_are_deterministic_and_splits_share_one_distribution(tmp_path: 
                                                                   generate("create_file", s, split).instruction)]
         odd = sum(d % 2 for d in digits) / len(digits)
         assert 0.35 < odd < 0.65, (split, odd)
+    a = suite.train_tasks(tmp_path / "a", num_per_family=2, seed=1, include_fixed=False)
+    b, _ = suite.heldout_tasks(tmp_path / "b", num_per_family=2, seed=1, avoid=a)
+    assert len(a) == len(b) == 2 * len(FAMILIES)
+    assert not {t.instruction for t in a} & {t.instruction for t in b}
+    again = suite.train_tasks(tmp_path / "a", num_per_family=2, seed=1, include_fixed=False)
+    assert [t.instruction for t in again] == [t.instruction for t in a]
 
 
 def test_heldout_instances_never_repeat_a_training_instruction(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """Seeded task families: each synthesizes task instances (other names, contents, numbers, bugs) from a seed.
 
-`FAMILIES` maps a family name to its generator `(random.Random) -> TaskSpec`; the split only seeds the stream. `SHORT_FAMILIES` are
-the ones a tiny model can learn from scratch: a one- or two-sentence instruction and a one-command solution
-whose arguments all appear verbatim in the instruction.
+`FAMILIES` maps a family name to its generator `(random.Random) -> TaskSpec`; the split only seeds the
+stream. `SHORT_FAMILIES` are the ones a tiny model can learn from scratch: a one- or two-sentence instruction
+and a one-command solution whose arguments all appear verbatim in the instruction.
 """
 
 from __future__ import annotations
