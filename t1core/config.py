@@ -154,7 +154,10 @@ class RolloutSection:
 @dataclass(frozen=True, kw_only=True)
 class AlgoSection:
     gamma: float = _field(1.0, "discount per sampled token in GAE")
-    gae_lambda: float = _field(0.95, "GAE lambda")
+    gae_lambda: float = _field(1.0, "GAE lambda of the policy's advantages")
+    critic_lambda: float = _field(
+        1.0, "GAE lambda of the critic's value targets (decoupled from the policy's, as in VAPO; 1.0 = the "
+        "Monte-Carlo return, which stays unbiased however poor the critic still is)")
     clip_eps: float = _field(0.2, "PPO ratio clip: ratios outside [1-eps, 1+eps] get no gradient")
     value_clip_eps: float | None = _field(0.2, "value clip around the rollout-time values; none = unclipped")
     vf_coef: float = _field(0.5, "weight of the value loss")
@@ -175,6 +178,7 @@ class AlgoSection:
         _check_types(self)
         _check(0 < self.gamma <= 1, "algo.gamma", "in (0, 1]", self.gamma)
         _check(0 <= self.gae_lambda <= 1, "algo.gae_lambda", "in [0, 1]", self.gae_lambda)
+        _check(0 <= self.critic_lambda <= 1, "algo.critic_lambda", "in [0, 1]", self.critic_lambda)
         _check(0 < self.clip_eps < 1, "algo.clip_eps", "in (0, 1)", self.clip_eps)
         _check(self.value_clip_eps is None or self.value_clip_eps > 0, "algo.value_clip_eps", "> 0 or none",
                self.value_clip_eps)

@@ -33,6 +33,7 @@ class ChatTokenizer:
 
     def __init__(self, tokenizer_json: str) -> None:
         """From the text of a tokenizer.json; it must define every token in CHAT_TOKENS as a single id."""
+        self._json = tokenizer_json
         self._tok = Tokenizer.from_str(tokenizer_json)
         # A second instance that treats special-token strings as plain text (for untrusted content).
         self._plain = Tokenizer.from_str(tokenizer_json)
@@ -62,6 +63,11 @@ class ChatTokenizer:
         if not file.exists():
             raise FileNotFoundError(f"{file} not found (only tokenizer.json based tokenizers are supported)")
         return cls(file.read_text())
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write tokenizer.json into a checkpoint directory, so that `from_pretrained(path)` finds it."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "tokenizer.json").write_text(self._json)
 
     def token_id(self, token: str) -> int:
         """Id of a single token string (e.g. "<tool_call>"); ValueError when it is not one token."""

@@ -35,8 +35,10 @@ from t1core.retokenize import retokenize
 from t1core.update import ppo_update, score, sft_update
 from t1core.warmstart import reference_transcripts
 
-REFERENCE_DIR = "reference"
-"""Run subdirectory with the warm-started policy (HF format), the anchor of the KL penalty when kl_coef > 0."""
+WARMSTART_DIR = "warmstart"
+"""Run subdirectory with the warm-started policy and its tokenizer (HF format): the anchor of the KL penalty
+when kl_coef > 0, and a starting point for further RL runs (`--model.name=RUN/warmstart
+--warmstart.sft_enabled=false` skips the SFT phase)."""
 
 
 class Trainer:
@@ -156,11 +158,12 @@ class Trainer:
         cfg = self.cfg
         logger = MetricsLogger(self.run_dir / "metrics.jsonl", resume_step=self._maybe_resume())
         if not self.state["warm_started"]:
-            logger.log(-1, {**self.warm_start(), **self.evaluate("before"), **self.clock.pop()})
+            warm = self.warm_start()
+            # Saved once: a resumed run anchors its KL penalty to it, and later runs can start from it.
+            self.save_hf(self.run_dir / WARMSTART_DIR)
+            logger.log(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
-                # The KL anchor is the warm-started policy; saved once so that a resumed run anchors to it too.
                 self.ref_policy = _frozen_copy(self.policy)
-                self.policy.save_pretrained(self.run_dir / REFERENCE_DIR)
             self.state["warm_started"] = True
         for step in tqdm(range(self.state["step"], cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
@@ -178,7 +181,12 @@ class Trainer:
             self.state["evaluated_at"] = cfg.run.steps
         logger.close()
         plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
-        self.policy.save_pretrained(self.run_dir / "final")
+        self.save_hf(self.run_dir / "final")
+
+    def save_hf(self, path: Path) -> None:
+        """The policy as a HF checkpoint directory with its tokenizer: `--model.name=PATH` loads it."""
+        self.policy.save_pretrained(path)
+        self.tok.save_pretrained(path)
 
     def checkpoint(self) -> Path:
         return save_checkpoint(self.run_dir / "checkpoints", step=self.state["step"], policy=self.policy,
@@ -198,10 +206,9 @@ class Trainer:
         self.state = dict(ckpt["data_state"])
         self.engine.update_weights(self.policy)
         if self.cfg.algo.kl_coef > 0:
-            ref_dir = self.run_dir / REFERENCE_DIR
+            ref_dir = self.run_dir / WARMSTART_DIR
             if not (ref_dir / "config.json").is_file():
-                raise ValueError(f"resume with algo.kl_coef > 0: the KL reference policy {ref_dir} is missing "
-                                 "(the run was started with kl_coef = 0?)")
+                raise ValueError(f"resume with algo.kl_coef > 0: the KL reference policy {ref_dir} is missing")
             param = next(self.policy.parameters())
             ref = type(self.policy).from_pretrained(ref_dir, dtype=param.dtype, device=param.device)
             self.ref_policy = ref.eval().requires_grad_(False)

@@ -65,6 +65,10 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         rewards_T = place_terminal_rewards(batch.reward_B, batch.loss_mask_T, batch.cu_seqlens)
         adv_T, ret_T = gae(rewards_T, values_T, batch.loss_mask_T, batch.cu_seqlens, gamma=algo.gamma,
                            lam=algo.gae_lambda)
+        if algo.critic_lambda != algo.gae_lambda:
+            # Decoupled GAE: the actor's advantages use gae_lambda, the critic's targets critic_lambda.
+            _, ret_T = gae(rewards_T, values_T, batch.loss_mask_T, batch.cu_seqlens, gamma=algo.gamma,
+                           lam=algo.critic_lambda)
         ref_T = None
         if ref_policy is not None:
             ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3)

@@ -103,6 +103,8 @@ def test_from_pretrained_dir_and_missing_tokens(tmp_path) -> None:
         ChatTokenizer(json.dumps(data))
     with pytest.raises(FileNotFoundError):
         ChatTokenizer.from_pretrained(tmp_path / "nope")
+    tok.save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "tokenizer.json").read_text() == tokenizer_json
 
 
 def test_tokenizer_json_regenerates_identically() -> None:

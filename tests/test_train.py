@@ -73,8 +73,15 @@ def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path) -> None:
     assert steps[0]["train/actor_updated"] == 0.0 and steps[3]["train/actor_updated"] == 1.0
     assert steps[3]["tito/drift_tokens"] == 0.0 and steps[3]["tito/prefix_checks"] > 0
     # Every run directory has what the issue lists.
-    for name in ("config.toml", "metrics.jsonl", "metrics.png", "final/config.json", "trajectories/step_0003"):
+    for name in ("config.toml", "metrics.jsonl", "metrics.png", "final/config.json", "final/tokenizer.json",
+                 "warmstart/tokenizer.json", "trajectories/step_0003"):
         assert (straight / name).exists(), name
+
+    # A saved checkpoint starts a new run as it is: its warm start (SFT off) is the loaded policy, bit for bit.
+    again = tmp_path / "again"
+    assert train.main(["--out", str(again), "--run.steps=1", f"--model.name={straight / 'final'}", *common]) == 0
+    assert (again / "warmstart" / "model.safetensors").read_bytes() == \
+        (straight / "final" / "model.safetensors").read_bytes()
 
 
 def test_nonfinite_loss_skips_the_step() -> None:
