@@ -24,6 +24,7 @@ else:  # Python 3.10 has no tomllib; tomli is the same parser (needs `pip instal
     import tomli as tomllib
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_ADV_NORMS = ("center", "whiten", "none")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -171,6 +172,10 @@ class AlgoSection:
     format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
     use_tito: bool = _field(True, "train on the exact sampled token IDs (false: re-tokenize the transcript)")
     use_r3: bool = _field(True, "replay the rollout's expert routing in every training forward")
+    advantage_norm: str = _field(
+        "center", "per-step advantage normalisation: 'center' subtracts the token mean, 'whiten' also divides by "
+        "the std (a step whose episodes all scored alike then gets a full-size update from critic noise alone), "
+        "'none' keeps GAE's raw advantages")
     ppo_epochs: int = _field(1, "passes over each step's batch")
     minibatch_tokens: int = _field(4096, "tokens per optimizer step (whole trajectories are packed)")
 
@@ -187,6 +192,7 @@ class AlgoSection:
         _check(self.tis_cap is None or self.tis_cap >= 1, "algo.tis_cap", ">= 1 or none", self.tis_cap)
         _check(self.icepop is None or 0 < self.icepop[0] < 1 < self.icepop[1], "algo.icepop",
                "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
+        _check(self.advantage_norm in _ADV_NORMS, "algo.advantage_norm", f"one of {_ADV_NORMS}", self.advantage_norm)
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", self.ppo_epochs)
         _check(self.minibatch_tokens >= 1, "algo.minibatch_tokens", ">= 1", self.minibatch_tokens)
 

@@ -75,7 +75,7 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         scored.append(Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T))
         for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
             metrics[k].append((v, batch.reward_B.numel()))
-    _normalise_advantages(scored)
+    _normalise_advantages(scored, algo.advantage_norm)
     return scored, {k: sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
 
 
@@ -92,16 +92,23 @@ def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T:
     return out
 
 
-def _normalise_advantages(scored: list[Scored]) -> None:
-    # Dense rewards are absolute verifier counts, so raw advantages scale with the task's number of
-    # verifiers; whitening over the step keeps the actor's step size independent of that scale (the
-    # critic still fits the raw returns).
+def _normalise_advantages(scored: list[Scored], mode: str) -> None:
+    """'center': subtract the step's token-mean advantage; 'whiten': also divide by its std; 'none': as is.
+
+    Why 'center' is the default: dense rewards are verifier counts, and in most steps of a hard task set every
+    episode scores alike. The advantages of such a step are only the critic's residual noise; dividing by
+    their (small) std would blow that noise up to the size of a real learning signal, and the actor would
+    take a full step in a random direction. Left in reward units, those steps stay small next to steps that
+    hold a success, and Adam's running second moment scales the actor's step across steps instead."""
+    if mode == "none":
+        return
     adv = torch.cat([s.advantages_T[s.batch.loss_mask_T] for s in scored])
     if adv.numel() < 2:
         return
-    mean, std = adv.mean(), adv.std().clamp(min=1e-6)
+    mean = adv.mean()
+    scale = adv.std().clamp(min=1e-6) if mode == "whiten" else torch.ones((), dtype=adv.dtype)
     for s in scored:
-        s.advantages_T = torch.where(s.batch.loss_mask_T, (s.advantages_T - mean) / std, 0.0)
+        s.advantages_T = torch.where(s.batch.loss_mask_T, (s.advantages_T - mean) / scale, 0.0)
 
 
 def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,

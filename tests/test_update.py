@@ -1,0 +1,77 @@
+"""The scoring pass's advantage handling: decoupled GAE lambdas and the per-step normalisation modes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from t1core.batch import pack
+from t1core.config import AlgoSection
+from t1core.losses import gae, place_terminal_rewards
+from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1core.update import Scored, _normalise_advantages, score
+
+SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_experts=4, num_experts_per_tok=2)
+
+
+def _trajectory(g: torch.Generator, n: int, reward: float) -> SimpleNamespace:
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[n // 3: n // 2] = True   # two sampled turns with an observation between them
+    mask[2 * n // 3:] = True
+    return SimpleNamespace(token_ids=torch.randint(0, 301, (n,), generator=g).tolist(), loss_mask=mask,
+                           rollout_logprobs=torch.where(mask, -1.0, 0.0), routing=None, reward=reward, num_tokens=n)
+
+
+def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets() -> None:
+    g = torch.Generator().manual_seed(0)
+    trajs = [_trajectory(g, 30, 3.0), _trajectory(g, 24, 1.0), _trajectory(g, 27, 0.0)]
+    policy = MoEModel(SMALL, seed=0)
+    critic = ValueModel.from_policy(policy)
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)  # non-constant values
+    algo = AlgoSection(gae_lambda=0.8, critic_lambda=1.0, use_r3=False, advantage_norm="none")
+    (s,), _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None, algo=algo,
+                    temperature=1.0)
+    b = s.batch
+    rewards_T = place_terminal_rewards(b.reward_B, b.loss_mask_T, b.cu_seqlens)
+    adv_ref, _ = gae(rewards_T, s.old_values_T, b.loss_mask_T, b.cu_seqlens, gamma=1.0, lam=0.8)
+    torch.testing.assert_close(s.advantages_T, adv_ref)
+    # lambda = 1, gamma = 1: every sampled token's value target is its episode's final reward.
+    target_T = torch.where(b.loss_mask_T, b.reward_B[b.traj_index_T], 0.0)
+    torch.testing.assert_close(s.returns_T, target_T, rtol=0, atol=1e-6)
+
+
+def _scored(adv_T: torch.Tensor, mask_T: torch.Tensor) -> Scored:
+    batch = SimpleNamespace(loss_mask_T=mask_T)
+    return Scored(batch, adv_T * 0, adv_T * 0, adv_T.clone(), adv_T * 0, None)
+
+
+@pytest.mark.parametrize("mode", ["center", "whiten", "none"])
+def test_advantage_normalisation_modes(mode: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    mask = [torch.rand(40, generator=g) < 0.6, torch.rand(25, generator=g) < 0.6]
+    raw = [torch.randn(40, generator=g, dtype=torch.float64) * 2 + 1, torch.randn(25, generator=g, dtype=torch.float64)]
+    scored = [_scored(torch.where(m, a, 0.0), m) for a, m in zip(raw, mask)]
+    _normalise_advantages(scored, mode)
+    flat_raw = torch.cat([a[m] for a, m in zip(raw, mask)])
+    flat = torch.cat([s.advantages_T[m] for s, m in zip(scored, mask)])
+    expected = {"none": flat_raw, "center": flat_raw - flat_raw.mean(),
+                "whiten": (flat_raw - flat_raw.mean()) / flat_raw.std()}[mode]
+    torch.testing.assert_close(flat, expected)
+    assert all(bool((s.advantages_T[~m] == 0).all()) for s, m in zip(scored, mask))
+
+
+def test_centering_keeps_a_step_without_signal_small() -> None:
+    # Every episode scored alike: what is left is critic noise of size 1e-3. Whitening would make it a unit-size
+    # signal; centering keeps it at its own size.
+    g = torch.Generator().manual_seed(2)
+    mask = torch.ones(200, dtype=torch.bool)
+    noise = 1.0 + 1e-3 * torch.randn(200, generator=g, dtype=torch.float64)
+    centred, whitened = [_scored(noise, mask)], [_scored(noise, mask)]
+    _normalise_advantages(centred, "center")
+    _normalise_advantages(whitened, "whiten")
+    assert centred[0].advantages_T.abs().max() < 5e-3
+    assert whitened[0].advantages_T.std().item() == pytest.approx(1.0)
