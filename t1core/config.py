@@ -86,7 +86,7 @@ class TasksSection:
     source: str = _field("builtin", "'builtin' for the repo's suite, or a directory of Harbor/Terminal-Bench tasks")
     families: tuple[str, ...] = _field((), "seeded task families to train on; empty = every built-in family")
     num_per_family: int = _field(24, "training instances synthesized per family (seeds train_seed, train_seed+1, ...)")
-    num_heldout_per_family: int = _field(2, "held-out instances per family (seeds heldout_seed, heldout_seed+1, ...)")
+    num_heldout_per_family: int = _field(4, "held-out instances per family (seeds heldout_seed, heldout_seed+1, ...)")
     train_seed: int = _field(0, "first seed of the training instances")
     heldout_seed: int = _field(100_000, "first seed of the held-out instances; the two seed ranges must not overlap")
     base_image_overrides: tuple[str, ...] = _field(
@@ -163,7 +163,7 @@ class AlgoSection:
     value_clip_eps: float | None = _field(0.2, "value clip around the rollout-time values; none = unclipped")
     vf_coef: float = _field(0.5, "weight of the value loss")
     entropy_coef: float = _field(0.0, "weight of the entropy bonus; 0 = reported only")
-    kl_coef: float = _field(0.0, "weight of the k3 KL penalty to the warm-started reference policy; 0 = off")
+    kl_coef: float = _field(0.1, "weight of the k3 KL penalty to the warm-started reference policy; 0 = off")
     tis_cap: float | None = _field(2.0, "truncated importance sampling cap on pi_old/pi_rollout; none = off")
     icepop: tuple[float, float] | None = _field(
         None, "mask tokens whose pi_old/pi_rollout leaves [lo, hi], e.g. [0.5, 5.0]; none = off")
@@ -176,8 +176,11 @@ class AlgoSection:
         "center", "per-step advantage normalisation: 'center' subtracts the token mean, 'whiten' also divides by "
         "the std (a step whose episodes all scored alike then gets a full-size update from critic noise alone), "
         "'none' keeps GAE's raw advantages")
+    skip_flat_steps: bool = _field(
+        True, "no actor update in a step whose episodes all got the same reward: its advantages hold nothing but "
+        "the critic's error (the critic still trains on it)")
     ppo_epochs: int = _field(1, "passes over each step's batch")
-    minibatch_tokens: int = _field(4096, "tokens per optimizer step (whole trajectories are packed)")
+    minibatch_tokens: int = _field(2048, "tokens per optimizer step (whole trajectories are packed)")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -220,12 +223,13 @@ class WarmstartSection:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimSection:
-    lr_actor: float = _field(1e-4, "AdamW learning rate of the policy in RL")
+    lr_actor: float = _field(2e-4, "AdamW learning rate of the policy in RL")
     lr_critic: float = _field(1e-3, "AdamW learning rate of the critic")
     betas: tuple[float, float] = _field((0.9, 0.95), "AdamW betas")
     weight_decay: float = _field(0.0, "AdamW decoupled weight decay")
     grad_clip: float | None = _field(1.0, "global grad-norm clip per model; none = off")
-    warmup_steps: int = _field(0, "linear LR warmup in optimizer steps")
+    warmup_steps: int = _field(
+        10, "linear LR warmup in optimizer steps (Adam's first steps move every weight by ~lr whatever its gradient)")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -240,7 +244,7 @@ class OptimSection:
 @dataclass(frozen=True, kw_only=True)
 class RunSection:
     seed: int = _field(0, "seed of every generator of the run (model init, sampling, task order)")
-    steps: int = _field(8, "RL steps (critic-only iterations included)")
+    steps: int = _field(24, "RL steps (critic-only iterations included)")
     eval_every: int = _field(0, "held-out evaluation every N RL steps; 0 = only before and after RL")
     eval_temperature: float = _field(0.0, "sampling temperature of held-out evaluation; 0 = greedy (pass@1)")
     out_dir: str | None = _field(None, "run directory; none = runs/<time>-seed<seed>")

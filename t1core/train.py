@@ -139,9 +139,12 @@ class Trainer:
             pairs = [retokenize(t, self.tok) for t, _ in kept]
             train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
         metrics["tito/drift_tokens"] = float(drift)
-        update_actor = step >= cfg.warmstart.critic_only_iterations
+        kept_rewards = [r for _, r in kept]
+        flat = cfg.algo.skip_flat_steps and max(kept_rewards) == min(kept_rewards)
+        update_actor = step >= cfg.warmstart.critic_only_iterations and not flat
+        metrics["train/flat_step"] = float(flat)
         with self.clock.phase("update"):
-            scored, fidelity = score(train_trajs, [r for _, r in kept], policy=self.policy, critic=self.critic,
+            scored, fidelity = score(train_trajs, kept_rewards, policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature)
             upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
                              opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,

@@ -37,12 +37,25 @@ class Scored:
 
 def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature: float, replay: bool,
                     return_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logp_T, entropy_T | None) of each position's target under the policy; 0 where nothing is trained."""
+    """(logp_T, entropy_T | None) of each position's target under the policy; 0 where nothing is trained.
+
+    Only the loss rows go through the LM head: prompt and observation positions are most of an agent
+    trajectory (~80% of the default run's tokens), and their [V]-wide logits would be computed for nothing.
+    """
     routing = batch.routing_TLK if replay else None
     hidden_TD = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing)
-    out = token_logprobs(hidden_TD, policy.lm_head.weight, batch.targets_T, temperature=temperature,
-                         return_entropy=return_entropy)
-    return out if return_entropy else (out, None)
+    rows_N = batch.loss_mask_T.nonzero().squeeze(1)
+    out = token_logprobs(hidden_TD.index_select(0, rows_N), policy.lm_head.weight, batch.targets_T[rows_N],
+                         temperature=temperature, return_entropy=return_entropy)
+    T = hidden_TD.shape[0]
+    if return_entropy:
+        return _to_rows(out[0], rows_N, T), _to_rows(out[1], rows_N, T)
+    return _to_rows(out, rows_N, T), None
+
+
+def _to_rows(x_N: torch.Tensor, rows_N: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[N] values of the selected rows -> [num_rows], zero elsewhere (differentiable w.r.t. x_N)."""
+    return x_N.new_zeros(num_rows).index_copy(0, rows_N, x_N)
 
 
 def critic_values(critic: torch.nn.Module, batch: PackedBatch, *, replay: bool) -> torch.Tensor:

@@ -23,7 +23,7 @@ def test_default_is_a_tiny_cpu_run():
     assert cfg.run.device == "cpu" and cfg.model.name == "tiny"
     assert cfg.rollout.episodes_per_step == 8
     assert cfg.rollout.max_turns <= 8 and cfg.rollout.max_new_tokens_per_turn <= 48
-    assert 1 <= cfg.run.steps <= 10
+    assert 1 <= cfg.run.steps <= 32  # with ~9 s per step on 2 cores, inside the 15-minute budget
 
 
 def test_every_field_has_help_and_is_printed():

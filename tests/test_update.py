@@ -11,7 +11,8 @@ from t1core.batch import pack
 from t1core.config import AlgoSection
 from t1core.losses import gae, place_terminal_rewards
 from t1core.model import ModelConfig, MoEModel, ValueModel
-from t1core.update import Scored, _normalise_advantages, score
+from kernels.logprob import token_logprobs
+from t1core.update import Scored, _normalise_advantages, policy_logprobs, score
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -42,6 +43,25 @@ def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets(
     # lambda = 1, gamma = 1: every sampled token's value target is its episode's final reward.
     target_T = torch.where(b.loss_mask_T, b.reward_B[b.traj_index_T], 0.0)
     torch.testing.assert_close(s.returns_T, target_T, rtol=0, atol=1e-6)
+
+
+def test_policy_logprobs_on_loss_rows_only_match_the_full_head() -> None:
+    g = torch.Generator().manual_seed(3)
+    b = pack([_trajectory(g, 30, 1.0), _trajectory(g, 21, 0.0)], with_routing=False)
+    policy = MoEModel(SMALL, seed=0)
+    logp_T, ent_T = policy_logprobs(policy, b, temperature=0.7, replay=False, return_entropy=True)
+    (logp_T.sum() + ent_T.sum()).backward()
+    ours = [p.grad.clone() for p in policy.parameters()]
+    policy.zero_grad()
+    hidden_TD = policy(b.input_ids_T, cu_seqlens=b.cu_seqlens)
+    full_T, full_ent_T = token_logprobs(hidden_TD, policy.lm_head.weight, b.targets_T, temperature=0.7,
+                                        return_entropy=True)  # every row, ignore_index off the mask
+    (full_T.sum() + full_ent_T.sum()).backward()
+    torch.testing.assert_close(logp_T, full_T)
+    torch.testing.assert_close(ent_T, full_ent_T)
+    assert bool((logp_T[~b.loss_mask_T] == 0).all()) and bool((logp_T[b.loss_mask_T] < 0).all())
+    for a, p in zip(ours, policy.parameters()):
+        torch.testing.assert_close(a, p.grad)
 
 
 def _scored(adv_T: torch.Tensor, mask_T: torch.Tensor) -> Scored:
