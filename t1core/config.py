@@ -206,6 +206,9 @@ class WarmstartSection:
     sft_epochs: int = _field(10, "passes over the SFT transcripts")
     sft_max_steps: int | None = _field(None, "stop SFT after this many optimizer steps; none = run all epochs")
     sft_lr: float = _field(1e-3, "SFT learning rate of the actor")
+    sft_minibatch_tokens: int = _field(
+        4096, "tokens per SFT optimizer step (separate from algo.minibatch_tokens: halving it doubled the tiny "
+        "default's final SFT NLL, 0.31 -> 0.65)")
     verify_references: bool = _field(
         False, "run the verifiers on every reference transcript and drop those that fail (slower; the test "
         "suite already checks every built-in reference solution)")
@@ -217,6 +220,7 @@ class WarmstartSection:
         _check(self.sft_max_steps is None or self.sft_max_steps >= 1, "warmstart.sft_max_steps", ">= 1 or none",
                self.sft_max_steps)
         _check(self.sft_lr > 0, "warmstart.sft_lr", "> 0", self.sft_lr)
+        _check(self.sft_minibatch_tokens >= 1, "warmstart.sft_minibatch_tokens", ">= 1", self.sft_minibatch_tokens)
         _check(self.critic_only_iterations >= 0, "warmstart.critic_only_iterations", ">= 0",
                self.critic_only_iterations)
 
@@ -278,6 +282,8 @@ class RunConfig:
         # Minibatches pack whole trajectories, so the longest one must fit in one.
         _check(self.algo.minibatch_tokens >= self.rollout.max_tokens, "algo.minibatch_tokens",
                f">= rollout.max_tokens ({self.rollout.max_tokens})", self.algo.minibatch_tokens)
+        _check(self.warmstart.sft_minibatch_tokens >= self.rollout.max_tokens, "warmstart.sft_minibatch_tokens",
+               f">= rollout.max_tokens ({self.rollout.max_tokens})", self.warmstart.sft_minibatch_tokens)
 
 
 def _sections() -> dict[str, type]:

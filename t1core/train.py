@@ -98,7 +98,7 @@ class Trainer:
         for epoch in tqdm(range(w.sft_epochs), desc="sft", leave=False, file=sys.stdout, disable=None):
             with self.clock.phase("sft_update"):
                 m = sft_update(transcripts, policy=self.policy, opt=opt, grad_clip=self.cfg.optim.grad_clip,
-                               minibatch_tokens=self.cfg.algo.minibatch_tokens, generator=gen)
+                               minibatch_tokens=w.sft_minibatch_tokens, generator=gen)
             steps += 1
             if w.sft_max_steps is not None and steps >= w.sft_max_steps:
                 break
