@@ -92,13 +92,14 @@ class Trainer:
                 config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
                 num_parallel=self.cfg.rollout.concurrency)
         save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
-        opt, _ = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg)
+        opt, sched = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg)
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, 1 << 20))
         steps = 0
         for epoch in tqdm(range(w.sft_epochs), desc="sft", leave=False, file=sys.stdout, disable=None):
             with self.clock.phase("sft_update"):
-                m = sft_update(transcripts, policy=self.policy, opt=opt, grad_clip=self.cfg.optim.grad_clip,
-                               minibatch_tokens=w.sft_minibatch_tokens, generator=gen)
+                m = sft_update(transcripts, policy=self.policy, opt=opt, sched=sched,
+                               grad_clip=self.cfg.optim.grad_clip, minibatch_tokens=w.sft_minibatch_tokens,
+                               generator=gen)
             steps += 1
             if w.sft_max_steps is not None and steps >= w.sft_max_steps:
                 break

@@ -184,7 +184,8 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
 
 
 def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.optim.Optimizer,
-               grad_clip: float | None, minibatch_tokens: int, generator: torch.Generator) -> dict[str, float]:
+               sched: torch.optim.lr_scheduler.LRScheduler | None, grad_clip: float | None, minibatch_tokens: int,
+               generator: torch.Generator) -> dict[str, float]:
     """One epoch of supervised fine-tuning on reference transcripts: NLL of the loss-mask tokens, no replay
     (the reference tokens were written, not sampled by the model, so there is no routing to replay)."""
     metrics: dict[str, list[float]] = defaultdict(list)
@@ -194,7 +195,7 @@ def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.op
         batch = pack([trajectories[order[j]] for j in group], with_routing=False)
         logp_T, _ = policy_logprobs(policy, batch, temperature=1.0, replay=False)
         loss, m = sft_loss(logp_T, batch.loss_mask_T)
-        _step(loss, params, opt, None, grad_clip, "sft", metrics)
+        _step(loss, params, opt, sched, grad_clip, "sft", metrics)
         for k, v in m.items():
             metrics[k].append(float(v))
     return _summarise(metrics)

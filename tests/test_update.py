@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from t1core.batch import pack
-from t1core.config import AlgoSection
+from t1core.config import AlgoSection, load_config
 from t1core.losses import gae, place_terminal_rewards
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from kernels.logprob import token_logprobs
-from t1core.update import Scored, _normalise_advantages, policy_logprobs, score
+from t1core.update import Scored, _normalise_advantages, policy_logprobs, score, sft_update
+from t1core.world import make_optimizer
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -95,3 +96,16 @@ def test_centering_keeps_a_step_without_signal_small() -> None:
     _normalise_advantages(whitened, "whiten")
     assert centred[0].advantages_T.abs().max() < 5e-3
     assert whitened[0].advantages_T.std().item() == pytest.approx(1.0)
+
+
+def test_sft_steps_the_warmup_schedule() -> None:
+    # A LambdaLR sets lr = base * factor(0) when it is made; an SFT loop that never stepped it trained at
+    # lr / warmup_steps throughout (a bug this guards against).
+    g = torch.Generator().manual_seed(4)
+    trajs = [_trajectory(g, 30, 0.0) for _ in range(6)]
+    policy = MoEModel(SMALL, seed=0)
+    cfg = load_config(None, ["--optim.warmup_steps=3"])
+    opt, sched = make_optimizer(policy, lr=1e-3, cfg=cfg)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 3)
+    sft_update(trajs, policy=policy, opt=opt, sched=sched, grad_clip=1.0, minibatch_tokens=60, generator=g)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)  # 6 optimizer steps > 3 warmup steps

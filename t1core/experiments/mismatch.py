@@ -309,8 +309,8 @@ def warm_start(cfg: MismatchConfig, tasks: list[Task], images: dict[str, str], t
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.sft_lr, foreach=False)
     gen = torch.Generator().manual_seed(cfg.model_seed)
     for epoch in range(cfg.sft_epochs):
-        m = sft_update(transcripts, policy=policy, opt=opt, grad_clip=1.0, minibatch_tokens=cfg.sft_minibatch_tokens,
-                       generator=gen)
+        m = sft_update(transcripts, policy=policy, opt=opt, sched=None, grad_clip=1.0,
+                       minibatch_tokens=cfg.sft_minibatch_tokens, generator=gen)
         log(f"  sft epoch {epoch + 1}/{cfg.sft_epochs}: nll {m['sft/nll']:.3f}")
     return policy.eval().requires_grad_(False), {**metrics, "sft/nll_last_epoch": m["sft/nll"]}
 
