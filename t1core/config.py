@@ -227,7 +227,7 @@ class WarmstartSection:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimSection:
-    lr_actor: float = _field(2e-4, "AdamW learning rate of the policy in RL")
+    lr_actor: float = _field(1e-4, "AdamW learning rate of the policy in RL")
     lr_critic: float = _field(1e-3, "AdamW learning rate of the critic")
     betas: tuple[float, float] = _field((0.9, 0.95), "AdamW betas")
     weight_decay: float = _field(0.0, "AdamW decoupled weight decay")

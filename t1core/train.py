@@ -104,6 +104,9 @@ class Trainer:
             if w.sft_max_steps is not None and steps >= w.sft_max_steps:
                 break
         self.engine.update_weights(self.policy)
+        # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
+        # the policy had before SFT; it has taken no optimizer step yet, so there is no state to reset.
+        self.critic.model.load_state_dict(self.policy.model.state_dict())
         return {**metrics, **m, "sft/epochs": float(steps)}
 
     def evaluate(self, tag: str) -> dict[str, float]:
