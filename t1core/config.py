@@ -176,6 +176,9 @@ class AlgoSection:
         "center", "per-step advantage normalisation: 'center' subtracts the token mean, 'whiten' also divides by "
         "the std (a step whose episodes all scored alike then gets a full-size update from critic noise alone), "
         "'none' keeps GAE's raw advantages")
+    negative_adv_scale: float = _field(
+        1.0, "multiplier of negative advantages after normalisation (1 = plain PPO; below 1 a failed episode pushes "
+        "its tokens down less, most of which, in a near-miss, were right)")
     skip_flat_steps: bool = _field(
         True, "no actor update in a step whose episodes all got the same reward: its advantages hold nothing but "
         "the critic's error (the critic still trains on it)")
@@ -196,6 +199,7 @@ class AlgoSection:
         _check(self.icepop is None or 0 < self.icepop[0] < 1 < self.icepop[1], "algo.icepop",
                "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
         _check(self.advantage_norm in _ADV_NORMS, "algo.advantage_norm", f"one of {_ADV_NORMS}", self.advantage_norm)
+        _check(0 <= self.negative_adv_scale <= 1, "algo.negative_adv_scale", "in [0, 1]", self.negative_adv_scale)
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", self.ppo_epochs)
         _check(self.minibatch_tokens >= 1, "algo.minibatch_tokens", ">= 1", self.minibatch_tokens)
 

@@ -89,6 +89,9 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
             metrics[k].append((v, batch.reward_B.numel()))
     _normalise_advantages(scored, algo.advantage_norm)
+    if algo.negative_adv_scale != 1.0:
+        for s in scored:
+            s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * algo.negative_adv_scale, s.advantages_T)
     return scored, {k: sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
 
 

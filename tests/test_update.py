@@ -109,3 +109,19 @@ def test_sft_steps_the_warmup_schedule() -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 3)
     sft_update(trajs, policy=policy, opt=opt, sched=sched, grad_clip=1.0, minibatch_tokens=60, generator=g)
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)  # 6 optimizer steps > 3 warmup steps
+
+
+def test_negative_advantages_are_scaled_after_normalisation() -> None:
+    g = torch.Generator().manual_seed(5)
+    trajs = [_trajectory(g, 30, 3.0), _trajectory(g, 24, 1.0), _trajectory(g, 27, 0.0)]
+    policy = MoEModel(SMALL, seed=0)
+    critic = ValueModel.from_policy(policy)
+    runs = {}
+    for scale in (1.0, 0.25):
+        algo = AlgoSection(use_r3=False, negative_adv_scale=scale)  # default: centred advantages
+        (s,), _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None, algo=algo,
+                        temperature=1.0)
+        runs[scale] = s.advantages_T
+    full = runs[1.0]
+    assert bool((full < 0).any()) and bool((full > 0).any())
+    torch.testing.assert_close(runs[0.25], torch.where(full < 0, full * 0.25, full))
