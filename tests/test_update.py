@@ -34,7 +34,8 @@ def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets(
     policy = MoEModel(SMALL, seed=0)
     critic = ValueModel.from_policy(policy)
     torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)  # non-constant values
-    algo = AlgoSection(gae_lambda=0.8, critic_lambda=1.0, use_r3=False, advantage_norm="none")
+    algo = AlgoSection(gae_lambda=0.8, critic_lambda=1.0, use_r3=False, advantage_norm="none",
+                       negative_adv_scale=1.0)
     (s,), _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None, algo=algo,
                     temperature=1.0)
     b = s.batch
