@@ -512,8 +512,12 @@ class ValueModel(nn.Module):
         """A critic whose trunk is a copy (not a share) of the policy's trunk; head zero."""
         ref = policy.lm_head.weight
         critic = cls(policy.config, seed=None, dtype=ref.dtype, device=ref.device)
-        critic.model.load_state_dict(policy.model.state_dict())
+        critic.copy_trunk_from(policy)
         return critic
+
+    def copy_trunk_from(self, policy: MoEModel) -> None:
+        """Overwrite this critic's trunk with a copy of the policy's (the value head is left as it is)."""
+        self.model.load_state_dict(policy.model.state_dict())
 
     def forward(self, input_ids_T: torch.Tensor, *, cu_seqlens: torch.Tensor | list[int] | None = None,
                 replay_routing: torch.Tensor | None = None) -> torch.Tensor:

@@ -106,7 +106,7 @@ class Trainer:
         self.engine.update_weights(self.policy)
         # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
         # the policy had before SFT; it has taken no optimizer step yet, so there is no state to reset.
-        self.critic.model.load_state_dict(self.policy.model.state_dict())
+        self.critic.copy_trunk_from(self.policy)
         return {**metrics, **m, "sft/epochs": float(steps)}
 
     def evaluate(self, tag: str) -> dict[str, float]:

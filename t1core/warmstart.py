@@ -73,12 +73,15 @@ def reference_transcripts(tasks: list[Task], images: dict[str, str], *, tok: Cha
         specs.append(EpisodeSpec(task=task, image=images[task.name], seed=i))
     engine = ReferenceEngine(tok, scripts)
     trajs = run_episodes(engine, tok, specs, config=config, num_parallel=num_parallel)
+
     def usable(t: Trajectory) -> bool:
         if config.verify:
             return t.verifier is not None and t.verifier["passed"] == t.verifier["total"] > 0
         return t.finish_reason == "done"
 
-    good, bad = [t for t in trajs if usable(t)], [t for t in trajs if not usable(t)]
+    good, bad = [], []
+    for t in trajs:  # one pass: each transcript is judged once
+        (good if usable(t) else bad).append(t)
     if bad:  # dropped, not fatal: one flaky sandbox should not end a run, but nobody should miss it either
         print(f"warm start: {len(bad)} of {len(trajs)} reference transcripts dropped: "
               + "; ".join(f"{t.task_name} ({t.finish_reason}, verifier {t.verifier})" for t in bad[:10]),
