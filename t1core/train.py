@@ -25,12 +25,14 @@ from tqdm import tqdm
 from rollout.agent import EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
 from rollout.trajectory import save_trajectories
+from sandbox.families import FAMILIES
 from sandbox.reap import reap
 from t1core import world
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
 from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
+from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
 from t1core.update import ppo_update, score, sft_update
 from t1core.warmstart import reference_transcripts
@@ -46,6 +48,7 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
         self.cfg, self.run_dir = cfg, run_dir
+        self.pretrains = world.pretrains(cfg)  # checked first: a config error must not wait for image builds
         reap()  # containers left behind by crashed runs
         self.tok = world.load_tokenizer(cfg)
         self.tasks = world.load_tasks(cfg, run_dir)
@@ -82,10 +85,15 @@ class Trainer:
         return out
 
     def warm_start(self) -> dict[str, float]:
-        """(a) SFT of the actor on reference transcripts; the critic-only steps are part of the RL loop."""
+        """Base pretraining (from-scratch presets only), then (a) SFT of the actor on reference transcripts;
+        the critic-only steps (b) are part of the RL loop."""
         w = self.cfg.warmstart
+        out = self.pretrain_base() if self.pretrains else {}
         if not w.sft_enabled:
-            return {}
+            if out:
+                self.engine.update_weights(self.policy)
+                self.critic.copy_trunk_from(self.policy)
+            return out
         with self.clock.phase("sft_transcripts"):
             transcripts, metrics = reference_transcripts(
                 self.tasks.train, self.tasks.images, tok=self.tok,
@@ -107,7 +115,19 @@ class Trainer:
         # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
         # the policy had before SFT; it has taken no optimizer step yet, so there is no state to reset.
         self.critic.copy_trunk_from(self.policy)
-        return {**metrics, **m, "sft/epochs": float(steps)}
+        return {**out, **metrics, **m, "sft/epochs": float(steps)}
+
+    def pretrain_base(self) -> dict[str, float]:
+        """Next-token training on synthetic instruction -> tool-call text (t1core.pretrain): the base model a
+        from-scratch preset lacks. RL and held-out instructions are kept out of the corpus."""
+        w, t = self.cfg.warmstart, self.tasks
+        opt, sched = world.make_optimizer(self.policy, lr=w.pretrain_lr, cfg=self.cfg)
+        families = list(self.cfg.tasks.families) or list(FAMILIES)
+        avoid = {task.instruction.strip() for task in t.rl + t.heldout_family}
+        with self.clock.phase("pretrain"):
+            return pretrain(self.policy, self.tok, families=families, steps=w.pretrain_steps, opt=opt, sched=sched,
+                            grad_clip=self.cfg.optim.grad_clip, row_tokens=w.pretrain_row_tokens,
+                            seed_block=w.pretrain_seed_block, avoid=avoid)
 
     def evaluate(self, tag: str) -> dict[str, float]:
         """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately."""
@@ -128,28 +148,32 @@ class Trainer:
         """collect -> score -> update -> sync."""
         cfg = self.cfg
         gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, step))
-        order = torch.randint(len(self.tasks.train), (cfg.rollout.episodes_per_step,), generator=gen).tolist()
+        n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
+        instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()
+        order = [i for i in instances for _ in range(k)]  # each instance sampled k times (its own sampling seeds)
+        group_of = [j // k for j in range(n)]
         with self.clock.phase("collect"):
-            trajs = self.collect([self.tasks.train[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
+            trajs = self.collect([self.tasks.rl[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
                                  desc=f"step {step} rollout")
         save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
         rewards = self.rewards(trajs)
         metrics = _rollout_metrics(trajs, rewards)
-        kept = [(t, r) for t, r in zip(trajs, rewards) if bool(t.loss_mask.any())]
+        kept = [(t, r, g) for t, r, g in zip(trajs, rewards, group_of) if bool(t.loss_mask.any())]
         if not kept:
             return {**metrics, "skipped/no_sampled_tokens": 1.0}
-        train_trajs, drift = [t for t, _ in kept], sum(self.sampled.drift(t) for t, _ in kept)
+        train_trajs, drift = [t for t, _, _ in kept], sum(self.sampled.drift(t) for t, _, _ in kept)
         if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
-            pairs = [retokenize(t, self.tok) for t, _ in kept]
+            pairs = [retokenize(t, self.tok) for t, _, _ in kept]
             train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
         metrics["tito/drift_tokens"] = float(drift)
-        kept_rewards = [r for _, r in kept]
+        kept_rewards = [r for _, r, _ in kept]
         flat = cfg.algo.skip_flat_steps and max(kept_rewards) == min(kept_rewards)
         update_actor = step >= cfg.warmstart.critic_only_iterations and not flat
         metrics["train/flat_step"] = float(flat)
         with self.clock.phase("update"):
             scored, fidelity = score(train_trajs, kept_rewards, policy=self.policy, critic=self.critic,
-                                     ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature)
+                                     ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
+                                     group_ids=[g for _, _, g in kept])
             upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
                              opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
                              algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,

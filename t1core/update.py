@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,8 @@ class Scored:
     advantages_T: torch.Tensor
     returns_T: torch.Tensor
     ref_logp_T: torch.Tensor | None
+    traj_ids: list[int] = field(default_factory=list)
+    """Index, in the step's trajectory list, of each trajectory packed here (in packing order)."""
 
 
 def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature: float, replay: bool,
@@ -66,8 +68,10 @@ def critic_values(critic: torch.nn.Module, batch: PackedBatch, *, replay: bool) 
 @torch.no_grad()
 def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.Module, critic: torch.nn.Module,
           ref_policy: torch.nn.Module | None, algo: AlgoSection, temperature: float,
-          ) -> tuple[list[Scored], dict[str, float]]:
-    """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step."""
+          group_ids: Sequence[int] | None = None) -> tuple[list[Scored], dict[str, float]]:
+    """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step.
+
+    `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group')."""
     groups = split_by_tokens([t.num_tokens for t in trajectories], max_tokens=algo.minibatch_tokens)
     scored, metrics = [], defaultdict(list)
     for group in groups:
@@ -85,10 +89,10 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         ref_T = None
         if ref_policy is not None:
             ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3)
-        scored.append(Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T))
+        scored.append(Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group))
         for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
             metrics[k].append((v, batch.reward_B.numel()))
-    _normalise_advantages(scored, algo.advantage_norm)
+    _normalise_advantages(scored, algo.advantage_norm, group_ids)
     if algo.negative_adv_scale != 1.0:
         for s in scored:
             s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * algo.negative_adv_scale, s.advantages_T)
@@ -108,17 +112,39 @@ def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T:
     return out
 
 
-def _normalise_advantages(scored: list[Scored], mode: str) -> None:
-    """'center': subtract the step's token-mean advantage; 'whiten': also divide by its std; 'none': as is.
+def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[int] | None = None) -> None:
+    """'center': subtract the step's token-mean advantage; 'group': subtract the token mean of the episodes of the
+    same task instance; 'whiten': center, then divide by the std; 'none': as is.
 
-    Why 'center' is the default: dense rewards are verifier counts, and in most steps of a hard task set every
+    Why centring and not whitening: dense rewards are verifier counts, and in most steps of a hard task set every
     episode scores alike. The advantages of such a step are only the critic's residual noise; dividing by
     their (small) std would blow that noise up to the size of a real learning signal, and the actor would
     take a full step in a random direction. Left in reward units, those steps stay small next to steps that
-    hold a success, and Adam's running second moment scales the actor's step across steps instead."""
+    hold a success, and Adam's running second moment scales the actor's step across steps instead.
+
+    Why 'group': episodes of one instance share most tokens (the same command with one word wrong). With the
+    instance's own mean as baseline, the shared tokens get +a in one episode and -a in the other, and only the
+    tokens that differ carry a net push; instance difficulty (which the critic explains little of) drops out."""
     if mode == "none":
         return
-    adv = torch.cat([s.advantages_T[s.batch.loss_mask_T] for s in scored])
+    masks = [s.batch.loss_mask_T for s in scored]
+    if mode == "group":
+        if group_ids is None:
+            raise ValueError("advantage_norm='group' needs the group id (task instance) of every trajectory")
+        # Token sums and counts per group, over all minibatches; then each token minus its group's mean.
+        gid_T = [torch.as_tensor([group_ids[i] for i in s.traj_ids], dtype=torch.long)[s.batch.traj_index_T]
+                 for s in scored]
+        num_groups = max(group_ids) + 1
+        sums = torch.zeros(num_groups, dtype=torch.float64)
+        counts = torch.zeros(num_groups, dtype=torch.float64)
+        for s, g_T, m_T in zip(scored, gid_T, masks):
+            sums.index_add_(0, g_T[m_T], s.advantages_T[m_T].double())
+            counts.index_add_(0, g_T[m_T], torch.ones(int(m_T.sum()), dtype=torch.float64))
+        mean_G = (sums / counts.clamp(min=1)).to(scored[0].advantages_T.dtype) if scored else sums
+        for s, g_T, m_T in zip(scored, gid_T, masks):
+            s.advantages_T = torch.where(m_T, s.advantages_T - mean_G[g_T], 0.0)
+        return
+    adv = torch.cat([s.advantages_T[m] for s, m in zip(scored, masks)])
     if adv.numel() < 2:
         return
     mean = adv.mean()

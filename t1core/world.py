@@ -15,7 +15,7 @@ from rollout.agent import AgentConfig
 from rollout.torch_engine import EngineConfig, TorchEngine
 from sandbox.images import build_task_images, default_base_image_overrides
 from sandbox.image import ensure_base_image
-from sandbox.suite import heldout_tasks, train_tasks
+from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core.config import RunConfig
 from t1core.model import ModelConfig, MoEModel, ValueModel
@@ -26,29 +26,40 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class TaskSets:
-    train: list[Task]
+    train: list[Task]           # SFT: reference transcripts of these
+    rl: list[Task]              # RL episodes (the SFT instances themselves when no separate RL set is drawn)
     heldout_family: list[Task]
     heldout_fixed: list[Task]
     images: dict[str, str] = field(default_factory=dict)   # task name -> image ref
 
     def all(self) -> list[Task]:
-        return self.train + self.heldout_family + self.heldout_fixed
+        unique = {t.name: t for t in self.train + self.rl + self.heldout_family + self.heldout_fixed}
+        return list(unique.values())
 
 
 def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
-    """The built-in suite (families written under run_dir/tasks) or a directory of task dirs (all train)."""
+    """The built-in suite (families written under run_dir/tasks) or a directory of task dirs (all train).
+
+    Built-in: SFT instances, RL instances (fresh seeds: RL then practises on instances the warm start has not
+    memorised, which is what held-out success measures; plus the fixed train tasks) and held-out instances,
+    no instruction repeated across the three."""
     t = cfg.tasks
     families = list(t.families) or None
     if t.source == "builtin":
         out = run_dir / "tasks"
         train = train_tasks(out, num_per_family=t.num_per_family, seed=t.train_seed, families=families)
+        rl = train
+        if t.num_rl_per_family:
+            rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=t.rl_seed,
+                              families=families, avoid=train) + fixed_tasks("train")
         fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=t.heldout_seed,
-                                   families=families, avoid=train)
-        return TaskSets(train, fam, fixed)
+                                   families=families, avoid=train + rl)
+        return TaskSets(train, rl, fam, fixed)
     root = Path(t.source)
     if not root.is_dir():
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {t.source!r}")
-    return TaskSets([load_task(p) for p in sorted(root.iterdir()) if p.is_dir()], [], [])
+    tasks = [load_task(p) for p in sorted(root.iterdir()) if p.is_dir()]
+    return TaskSets(tasks, tasks, [], [])
 
 
 def build_images(tasks: TaskSets, cfg: RunConfig) -> None:
@@ -75,6 +86,22 @@ def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueMode
         raise ValueError(f"model.name: expected a ModelConfig preset (e.g. 'tiny') or a checkpoint dir, got {name!r}")
     policy = policy.to(device)
     return policy, ValueModel.from_policy(policy).to(device)
+
+
+def pretrains(cfg: RunConfig) -> bool:
+    """Whether the run pretrains its base (t1core.pretrain): a from-scratch preset and pretrain_steps > 0.
+
+    The corpus comes from the built-in families, so a from-scratch model on a task directory must say
+    `warmstart.pretrain_steps=0` explicitly rather than silently start RL from random weights."""
+    name = cfg.model.name
+    if cfg.warmstart.pretrain_steps == 0 or Path(name).is_dir() or not hasattr(ModelConfig, name):
+        return False
+    if cfg.tasks.source != "builtin":
+        raise ValueError(f"warmstart.pretrain_steps={cfg.warmstart.pretrain_steps} pretrains a from-scratch "
+                         f"model on the built-in families' text, but tasks.source={cfg.tasks.source!r}: use "
+                         "tasks.source='builtin', start from a checkpoint (model.name=DIR), or set "
+                         "warmstart.pretrain_steps=0")
+    return True
 
 
 def load_tokenizer(cfg: RunConfig) -> ChatTokenizer:

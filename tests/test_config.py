@@ -21,9 +21,9 @@ def test_default_is_a_tiny_cpu_run():
     cfg = load_config(None, [])
     assert cfg == RunConfig()
     assert cfg.run.device == "cpu" and cfg.model.name == "tiny"
-    assert cfg.rollout.episodes_per_step == 8
+    assert cfg.rollout.episodes_per_step == 16 and cfg.rollout.group_size == 4
     assert cfg.rollout.max_turns <= 8 and cfg.rollout.max_new_tokens_per_turn <= 48
-    assert 1 <= cfg.run.steps <= 32  # with ~9 s per step on 2 cores, inside the 15-minute budget
+    assert 1 <= cfg.run.steps <= 32  # with ~16 s per step on 2 cores, inside the 15-minute budget
 
 
 def test_every_field_has_help_and_is_printed():
@@ -80,7 +80,10 @@ def test_overrides_are_typed_and_win_over_toml(tmp_path):
     ("--rollout.top_p=0", "rollout.top_p"),
     ("--run.device=tpu", "run.device"),
     ("--tasks.base_image_overrides=debian", "PATTERN=IMAGE"),
-    ("--tasks.heldout_seed=2", "disjoint"),
+    ("--rollout.group_size=3", "rollout.group_size: expected >= 1 and a divisor of episodes_per_step"),
+    ("--rollout.group_size=1", "'group' only with rollout.group_size >= 2"),
+    ("--tasks.rl_seed=0", "tasks.rl_seed: expected a seed block other than tasks.train_seed"),
+    ("--tasks.heldout_seed=-1", "tasks.heldout_seed: expected >= 0"),
     ("--algo.minibatch_tokens=100", "algo.minibatch_tokens: expected >= rollout.max_tokens"),
 ])
 def test_bad_overrides_raise_with_expected_and_got(override, message):

@@ -33,7 +33,8 @@ needs_docker = pytest.mark.skipif(not _daemon_ok(), reason="no Docker daemon ans
 
 TINY = ["--rollout.episodes_per_step=2", "--rollout.concurrency=1", "--rollout.max_turns=2",
         "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400",
-        "--warmstart.sft_enabled=false", "--warmstart.critic_only_iterations=1", "--run.checkpoint_every=2",
+        "--warmstart.pretrain_steps=0", "--warmstart.sft_enabled=false", "--warmstart.critic_only_iterations=1",
+        "--run.checkpoint_every=2",
         "--optim.lr_actor=1e-3",
         "--algo.kl_coef=0.1",  # KL on: resume must reload the anchor policy too
         "--algo.skip_flat_steps=false"]  # two episodes often score alike; the test needs actor updates
@@ -138,3 +139,22 @@ def test_drift_check_sees_an_altered_sampled_token() -> None:
     assert log.drift(traj(prompt + altered)) == 1
     log.clear()
     assert log.drift(traj(prompt + reply)) == len(reply)  # nothing recorded: every token unverified
+
+
+def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> None:
+    from t1core import world
+
+    fams = "--tasks.families=[\"create_file\", \"count_lines\"]"
+    cfg, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5"])
+    sets = world.load_tasks(cfg, tmp_path)
+    family = [t for t in sets.rl if "-train-" in t.name]
+    assert len(family) == 10
+    instructions = [{t.instruction for t in ts if t.name.split("-")[0] in ("create_file", "count_lines")}
+                    for ts in (sets.train, family, sets.heldout_family)]
+    assert [len(s) for s in instructions] == [6, 10, 8]  # no repeat within a set either
+    assert not (instructions[0] & instructions[1]) and not (instructions[2] & (instructions[0] | instructions[1]))
+    # The fixed train tasks are practised in RL too; 0 RL instances means RL on the SFT instances.
+    assert {t.name for t in sets.rl} - {t.name for t in family} == {t.name for t in sets.train[6:]}
+    cfg0, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=0"])
+    same = world.load_tasks(cfg0, tmp_path / "b")
+    assert [t.name for t in same.rl] == [t.name for t in same.train]

@@ -126,3 +126,33 @@ def test_negative_advantages_are_scaled_after_normalisation() -> None:
     full = runs[1.0]
     assert bool((full < 0).any()) and bool((full > 0).any())
     torch.testing.assert_close(runs[0.25], torch.where(full < 0, full * 0.25, full))
+
+
+def test_group_normalisation_subtracts_each_instance_mean_across_minibatches() -> None:
+    # Trajectories 0, 2 are one instance and 1, 3 another; small minibatches put each group in two of them.
+    g = torch.Generator().manual_seed(6)
+    trajs = [_trajectory(g, n, r) for n, r in ((30, 3.0), (24, 1.0), (27, 0.0), (22, 2.0))]
+    policy = MoEModel(SMALL, seed=0)
+    critic = ValueModel.from_policy(policy)
+    group_ids = [0, 1, 0, 1]
+    out = {}
+    for mode in ("none", "group"):
+        algo = AlgoSection(use_r3=False, advantage_norm=mode, negative_adv_scale=1.0, minibatch_tokens=60)
+        scored, _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
+                          algo=algo, temperature=1.0, group_ids=group_ids)
+        assert len(scored) > 1
+        # Back to per-trajectory advantage vectors (masked positions only), in the step's order.
+        per = {}
+        for s in scored:
+            for j, i in enumerate(s.traj_ids):
+                rows = (s.batch.traj_index_T == j) & s.batch.loss_mask_T
+                per[i] = s.advantages_T[rows].double()
+        out[mode] = [per[i] for i in range(len(trajs))]
+    for grp in (0, 1):
+        members = [i for i, gid in enumerate(group_ids) if gid == grp]
+        mean = torch.cat([out["none"][i] for i in members]).mean()
+        for i in members:
+            torch.testing.assert_close(out["group"][i], out["none"][i] - mean, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="group id"):
+        score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
+              algo=AlgoSection(use_r3=False, advantage_norm="group"), temperature=1.0)

@@ -1,0 +1,77 @@
+"""Base pretraining of a from-scratch policy: the corpus stream, the packing, the training loop, the guard."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from sandbox.families import generate
+from t1core import world
+from t1core.config import load_config
+from t1core.model import ModelConfig, MoEModel
+from t1core.pretrain import SEED_STRIDE, corpus_texts, packed_rows, pretrain
+from t1core.tokenizer import ChatTokenizer, format_tool_call
+
+FAMS = ["create_file", "count_lines"]
+
+
+def test_corpus_is_deterministic_alternates_families_and_skips_avoided_instructions() -> None:
+    first = list(itertools.islice(corpus_texts(FAMS, seed_block=2), 6))
+    assert first == list(itertools.islice(corpus_texts(FAMS, seed_block=2), 6))
+    spec = generate("count_lines", 2 * SEED_STRIDE, "train")  # the second text of the stream
+    assert first[1] == f"{spec.instruction.strip()}\n{format_tool_call(spec.solution.strip())}\n"
+    assert first[0].startswith("Create the file") and first[1].startswith(spec.instruction.strip()[:10])
+    skipped = list(itertools.islice(corpus_texts(FAMS, seed_block=2, avoid={spec.instruction.strip()}), 5))
+    assert skipped == [first[0]] + first[2:6]
+    assert list(itertools.islice(corpus_texts(FAMS, seed_block=3), 1)) != first[:1]
+    with pytest.raises(ValueError, match="family names"):
+        next(corpus_texts(["no_such_family"], seed_block=2))
+
+
+def test_packed_rows_hold_whole_documents_with_in_document_targets() -> None:
+    tok = ChatTokenizer.builtin()
+    texts = list(itertools.islice(corpus_texts(FAMS, seed_block=2), 40))
+    rows = packed_rows(iter(texts), tok, row_tokens=300)
+    docs = []
+    for _ in range(3):
+        ids_T, targets_T, cu = next(rows)
+        assert ids_T.numel() <= 300 and cu[0] == 0 and cu[-1] == ids_T.numel()
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            doc = ids_T[a:b]
+            docs.append(tok.decode(doc.tolist()))
+            assert torch.equal(targets_T[a:b - 1], doc[1:]) and targets_T[b - 1] == -100
+    assert docs == texts[:len(docs)]  # in order, none split or dropped at a row boundary
+    with pytest.raises(ValueError, match="exceeds row_tokens"):
+        next(packed_rows(iter(texts), tok, row_tokens=10))
+
+
+def _pretrained(steps: int) -> tuple[MoEModel, dict[str, float]]:
+    tok = ChatTokenizer.builtin()
+    cfg = ModelConfig.tiny().replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                     moe_intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                     head_dim=32, num_experts=4)
+    model = MoEModel(cfg, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
+    metrics = pretrain(model, tok, families=FAMS, steps=steps, opt=opt, sched=None, grad_clip=1.0, row_tokens=512,
+                       seed_block=2)
+    return model, metrics
+
+
+def test_pretraining_lowers_the_loss_and_is_bitwise_reproducible() -> None:
+    a, metrics = _pretrained(60)
+    assert metrics["pretrain/steps"] == 60 and metrics["pretrain/tokens"] > 60 * 400
+    assert metrics["pretrain/loss_last"] < 0.6 * metrics["pretrain/loss_first"]
+    b, _ = _pretrained(60)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_from_scratch_model_on_a_task_directory_must_opt_out_of_pretraining(tmp_path) -> None:
+    cfg = load_config(None, [f"--tasks.source={tmp_path}"])
+    with pytest.raises(ValueError, match="warmstart.pretrain_steps=0"):
+        world.pretrains(cfg)
+    assert not world.pretrains(load_config(None, [f"--tasks.source={tmp_path}", "--warmstart.pretrain_steps=0"]))
+    assert world.pretrains(load_config(None, []))
+    with pytest.raises(ValueError, match="warmstart.pretrain_seed_block"):
+        load_config(None, ["--warmstart.pretrain_seed_block=1"])  # the RL instances' block
