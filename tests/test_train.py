@@ -31,7 +31,8 @@ def _daemon_ok() -> bool:
 
 needs_docker = pytest.mark.skipif(not _daemon_ok(), reason="no Docker daemon answers")
 
-TINY = ["--rollout.episodes_per_step=2", "--rollout.concurrency=1", "--rollout.max_turns=2",
+TINY = ["--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=1",
+        "--rollout.max_turns=2",
         "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400",
         "--warmstart.pretrain_steps=0", "--warmstart.sft_enabled=false", "--warmstart.critic_only_iterations=1",
         "--run.checkpoint_every=2",

@@ -119,7 +119,7 @@ def test_negative_advantages_are_scaled_after_normalisation() -> None:
     critic = ValueModel.from_policy(policy)
     runs = {}
     for scale in (1.0, 0.25):
-        algo = AlgoSection(use_r3=False, negative_adv_scale=scale)  # default: centred advantages
+        algo = AlgoSection(use_r3=False, negative_adv_scale=scale, advantage_norm="center")
         (s,), _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None, algo=algo,
                         temperature=1.0)
         runs[scale] = s.advantages_T
