@@ -4,8 +4,10 @@ Legend: T packed tokens, B documents/slots, H query heads, Hkv KV heads, Dh head
 
 Two entry points, both GQA-aware (H is a multiple of Hkv):
 - `packed_causal_attention`: training / full forward. Each document of a packed row attends causally to itself only.
-  On CUDA with fp16/bf16 and `flash_attn` installed it runs `flash_attn_varlen_func`; otherwise torch SDPA, one call
-  when all documents have the same length, else one call per document (a block-diagonal mask would cost T^2).
+  On CUDA with fp16/bf16 and `flash_attn` installed it runs `flash_attn_varlen_func`; otherwise torch SDPA: one call
+  when all documents have the same length; one call over documents right-padded to the longest when that adds
+  little work (padding sits after every real token, so causal attention never reads it); else one call per
+  document (a block-diagonal mask would cost T^2).
 - `cached_attention`: incremental decoding. New chunks of several slots attend to their slot's cached keys plus
   causally within the chunk, in one batched SDPA call with a boolean mask.
 """
@@ -17,6 +19,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+# Documents of unequal length run as one right-padded SDPA batch while B * max_len <= PAD_LIMIT * T: up to that much
+# padded work costs less than one small SDPA call (forward and backward) per document. On the tiny model's
+# pretraining rows (2,048 tokens of 39-105-token documents, 2 cores) a training step took 0.242 s instead of 0.263 s.
+PAD_LIMIT = 1.6
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,12 +41,25 @@ def uses_flash_attn(q_THD: torch.Tensor) -> bool:
     return q_THD.is_cuda and q_THD.dtype in (torch.float16, torch.bfloat16) and _flash_attn_varlen() is not None
 
 
+def padded_index(doc_lens: list[int], positions_T: torch.Tensor) -> torch.Tensor | None:
+    """Row of each token in the [B * max_len] right-padded layout, or None when padding would cost too much
+    (or is not needed: one document, or all of one length)."""
+    num_docs, max_len, total = len(doc_lens), max(doc_lens, default=0), sum(doc_lens)
+    if num_docs < 2 or len(set(doc_lens)) == 1 or num_docs * max_len > PAD_LIMIT * total:
+        return None
+    doc_T = torch.repeat_interleave(torch.arange(num_docs, device=positions_T.device),
+                                    torch.tensor(doc_lens, device=positions_T.device), output_size=total)
+    return doc_T * max_len + positions_T
+
+
 def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
-                            doc_lens: list[int], cu_seqlens_B1: torch.Tensor, scale: float) -> torch.Tensor:
+                            doc_lens: list[int], cu_seqlens_B1: torch.Tensor, scale: float,
+                            pad_index_T: torch.Tensor | None = None) -> torch.Tensor:
     """Block-diagonal causal attention over packed documents; returns [T, H, Dh].
 
     `doc_lens` are the document lengths on the host (they decide how to batch the SDPA calls), `cu_seqlens_B1` the
-    same as int32/int64 offsets on the tensors' device (for flash-attn).
+    same as int32/int64 offsets on the tensors' device (for flash-attn), `pad_index_T` the padded layout from
+    `padded_index` (None: no padding).
     """
     if uses_flash_attn(q_THD):
         flash = _flash_attn_varlen()
@@ -56,6 +76,16 @@ def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: tor
         v_BKND = v_TKD.view(num_docs, n, num_kv_heads, -1).transpose(1, 2)
         o_BHND = F.scaled_dot_product_attention(q_BHND, k_BKND, v_BKND, is_causal=True, scale=scale, enable_gqa=gqa)
         return o_BHND.transpose(1, 2).reshape(q_THD.shape)
+    if pad_index_T is not None:
+        num_docs, n = len(doc_lens), max(doc_lens)
+
+        def padded(x_TXD: torch.Tensor) -> torch.Tensor:  # [T, X, Dh] -> [B, X, n, Dh], zeros after each document
+            out = x_TXD.new_zeros(num_docs * n, *x_TXD.shape[1:]).index_copy(0, pad_index_T, x_TXD)
+            return out.view(num_docs, n, *x_TXD.shape[1:]).transpose(1, 2)
+
+        o_BHND = F.scaled_dot_product_attention(padded(q_THD), padded(k_TKD), padded(v_TKD), is_causal=True,
+                                                scale=scale, enable_gqa=gqa)
+        return o_BHND.transpose(1, 2).reshape(num_docs * n, *q_THD.shape[1:]).index_select(0, pad_index_T)
     outs = []
     for q_NHD, k_NKD, v_NKD in zip(q_THD.split(doc_lens), k_TKD.split(doc_lens), v_TKD.split(doc_lens)):
         o_HND = F.scaled_dot_product_attention(q_NHD.transpose(0, 1), k_NKD.transpose(0, 1), v_NKD.transpose(0, 1),
@@ -131,6 +161,7 @@ class PackedContext(AttnContext):
 
     def __init__(self, doc_lens: list[int], cu_seqlens_B1: torch.Tensor, positions_T: torch.Tensor) -> None:
         self.doc_lens, self.cu_seqlens_B1, self.positions_T = doc_lens, cu_seqlens_B1, positions_T
+        self.pad_index_T = padded_index(doc_lens, positions_T)  # once per forward, shared by every layer
 
     @classmethod
     def build(cls, doc_lens: list[int], *, device: torch.device) -> PackedContext:
@@ -143,7 +174,7 @@ class PackedContext(AttnContext):
     def attend(self, layer_idx: int, q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
                scale: float) -> torch.Tensor:
         return packed_causal_attention(q_THD, k_TKD, v_TKD, doc_lens=self.doc_lens, cu_seqlens_B1=self.cu_seqlens_B1,
-                                       scale=scale)
+                                       scale=scale, pad_index_T=self.pad_index_T)
 
 
 class CachedContext(AttnContext):

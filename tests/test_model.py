@@ -198,13 +198,27 @@ def test_packed_equals_separate() -> None:
     from t1core.attention import PackedContext
     assert PackedContext.build([3, 2, 1], device=torch.device("cpu")).positions_T.tolist() == [0, 1, 2, 0, 1, 0]
     model = MoEModel(SMALL, seed=0)
-    for lens in ([17, 40, 5], [16, 16, 16]):  # per-document SDPA path and the batched equal-length path
+    # Per-document SDPA calls, the right-padded batch, the equal-length batch.
+    for lens, padded in (([17, 40, 5], False), ([30, 40, 25], True), ([16, 16, 16], False)):
+        assert (PackedContext.build(lens, device=torch.device("cpu")).pad_index_T is not None) == padded
         docs = [_ids(n, SMALL.vocab_size, seed=i) for i, n in enumerate(lens)]
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
         packed, routing = model(torch.cat(docs), cu_seqlens=cu, return_routing=True)
         alone = [model(d, return_routing=True) for d in docs]
         torch.testing.assert_close(packed, torch.cat([h for h, _ in alone]), rtol=1e-5, atol=1e-5)
         assert torch.equal(routing, torch.cat([r for _, r in alone]))
+        # Gradients too: the padded rows must send nothing back.
+        probe = torch.randn(packed.shape, generator=torch.Generator().manual_seed(3))
+        model.zero_grad()
+        (model(torch.cat(docs), cu_seqlens=cu) * probe).sum().backward()
+        packed_grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        for d, pr in zip(docs, probe.split(lens)):
+            (model(d) * pr).sum().backward()
+        for a, p in zip(packed_grads, model.parameters()):
+            assert (a is None) == (p.grad is None)  # the LM head: hidden states only
+            if a is not None:
+                torch.testing.assert_close(a, p.grad, rtol=1e-3, atol=2e-4)  # fp32, other summation order
 
 
 def _last_logprobs(model: MoEModel, seq: torch.Tensor) -> torch.Tensor:
