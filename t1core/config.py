@@ -90,6 +90,9 @@ class TasksSection:
     num_rl_per_family: int = _field(
         16, "RL instances per family, from seed block rl_seed: instances the warm start never saw (the SFT'd tiny "
         "policy solves 36% of its own SFT instances greedily, 14% of unseen ones); 0 = RL on the SFT instances")
+    rl_fixed_tasks: bool = _field(
+        False, "RL also practises the fixed train tasks (SFT'd already; long multi-turn episodes whose many "
+        "sampled tokens weigh heavily in a step's loss); false = RL on the unseen family instances only")
     train_seed: int = _field(0, "seed block of the training instances (block b draws seeds b*100000, b*100000+1, ...)")
     rl_seed: int = _field(1, "seed block of the RL instances (train split, so it must differ from train_seed)")
     heldout_seed: int = _field(100_000, "seed block of the held-out instances (held-out split)")

@@ -51,7 +51,7 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
         rl = train
         if t.num_rl_per_family:
             rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=t.rl_seed,
-                              families=families, avoid=train) + fixed_tasks("train")
+                              families=families, avoid=train) + (fixed_tasks("train") if t.rl_fixed_tasks else [])
         fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=t.heldout_seed,
                                    families=families, avoid=train + rl)
         return TaskSets(train, rl, fam, fixed)

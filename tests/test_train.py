@@ -148,14 +148,16 @@ def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> N
     fams = "--tasks.families=[\"create_file\", \"count_lines\"]"
     cfg, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5"])
     sets = world.load_tasks(cfg, tmp_path)
-    family = [t for t in sets.rl if "-train-" in t.name]
-    assert len(family) == 10
+    family = sets.rl  # by default RL practises unseen family instances only
+    assert len(family) == 10 and all("-train-" in t.name for t in family)
     instructions = [{t.instruction for t in ts if t.name.split("-")[0] in ("create_file", "count_lines")}
                     for ts in (sets.train, family, sets.heldout_family)]
     assert [len(s) for s in instructions] == [6, 10, 8]  # no repeat within a set either
     assert not (instructions[0] & instructions[1]) and not (instructions[2] & (instructions[0] | instructions[1]))
-    # The fixed train tasks are practised in RL too; 0 RL instances means RL on the SFT instances.
-    assert {t.name for t in sets.rl} - {t.name for t in family} == {t.name for t in sets.train[6:]}
+    # On request the fixed train tasks are practised in RL too; 0 RL instances means RL on the SFT instances.
+    with_fixed = world.load_tasks(train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
+                                                    "--tasks.rl_fixed_tasks=true"])[0], tmp_path / "c")
+    assert [t.name for t in with_fixed.rl] == [t.name for t in family] + [t.name for t in sets.train[6:]]
     cfg0, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=0"])
     same = world.load_tasks(cfg0, tmp_path / "b")
     assert [t.name for t in same.rl] == [t.name for t in same.train]
