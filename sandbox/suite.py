@@ -23,8 +23,8 @@ from sandbox.tasks import Task, TaskFormatError, load_task
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
 FIXED_DIR = TASKS_DIR / "fixed"
 SPLIT_FILE = TASKS_DIR / "split.toml"
-# Seeds of one call occupy [seed * _SEED_STRIDE, seed * _SEED_STRIDE + num_per_family).
-_SEED_STRIDE = 100_000
+# Seeds of one call occupy [seed * SEED_STRIDE, seed * SEED_STRIDE + num_per_family).
+SEED_STRIDE = 100_000
 
 
 def fixed_task_names(split: Split) -> list[str]:
@@ -74,11 +74,11 @@ def family_tasks(out_dir: str | Path, *, split: Split, num_per_family: int, seed
     seen = {t.instruction for t in avoid}
     tasks = []
     for family in names:
-        instance_seed, made = seed * _SEED_STRIDE, 0
+        instance_seed, made = seed * SEED_STRIDE, 0
         while made < num_per_family:
-            if instance_seed - seed * _SEED_STRIDE >= _SEED_STRIDE:  # bounded: a hopeless `avoid` must not hang
+            if instance_seed - seed * SEED_STRIDE >= SEED_STRIDE:  # bounded: a hopeless `avoid` must not hang
                 raise ValueError(f"family {family!r}: no {num_per_family} instances outside `avoid` among "
-                                 f"{_SEED_STRIDE} seeds of split {split!r}")
+                                 f"{SEED_STRIDE} seeds of split {split!r}")
             spec = generate(family, instance_seed, split)
             if spec.instruction.strip() not in seen:
                 path = out / f"{family}-{split}-{instance_seed}"
@@ -129,4 +129,4 @@ def _remove_generated(path: Path) -> None:
 
 
 __all__ = ["FAMILIES", "SHORT_FAMILIES", "fixed_task_names", "fixed_tasks", "family_tasks", "train_tasks",
-           "heldout_tasks", "reference_solution"]
+           "heldout_tasks", "reference_solution", "SEED_STRIDE"]

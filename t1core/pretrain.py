@@ -25,12 +25,9 @@ from tqdm import tqdm
 
 from kernels.logprob import token_logprobs
 from sandbox.families import FAMILIES, generate
+from sandbox.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
 from t1core.tokenizer import ChatTokenizer, format_tool_call
 from t1core.update import _step, _summarise
-
-SEED_STRIDE = 100_000
-"""Instance seeds of seed block b are b * SEED_STRIDE + i, as in `sandbox.suite`."""
-
 
 def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[str] = ()) -> Iterator[str]:
     """Endless, deterministic stream of `instruction\\n<tool_call>...</tool_call>\\n`, families in turn.

@@ -87,13 +87,19 @@ class Trainer:
     def warm_start(self) -> dict[str, float]:
         """Base pretraining (from-scratch presets only), then (a) SFT of the actor on reference transcripts;
         the critic-only steps (b) are part of the RL loop."""
-        w = self.cfg.warmstart
         out = self.pretrain_base() if self.pretrains else {}
-        if not w.sft_enabled:
-            if out:
-                self.engine.update_weights(self.policy)
-                self.critic.copy_trunk_from(self.policy)
-            return out
+        if self.cfg.warmstart.sft_enabled:
+            out.update(self.sft())
+        if out:  # the policy changed
+            self.engine.update_weights(self.policy)
+            # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
+            # the policy had before; it has taken no optimizer step yet, so there is no state to reset.
+            self.critic.copy_trunk_from(self.policy)
+        return out
+
+    def sft(self) -> dict[str, float]:
+        """(a) SFT of the actor on reference-solution transcripts of the training tasks."""
+        w = self.cfg.warmstart
         with self.clock.phase("sft_transcripts"):
             transcripts, metrics = reference_transcripts(
                 self.tasks.train, self.tasks.images, tok=self.tok,
@@ -111,11 +117,7 @@ class Trainer:
             steps += 1
             if w.sft_max_steps is not None and steps >= w.sft_max_steps:
                 break
-        self.engine.update_weights(self.policy)
-        # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
-        # the policy had before SFT; it has taken no optimizer step yet, so there is no state to reset.
-        self.critic.copy_trunk_from(self.policy)
-        return {**out, **metrics, **m, "sft/epochs": float(steps)}
+        return {**metrics, **m, "sft/epochs": float(steps)}
 
     def pretrain_base(self) -> dict[str, float]:
         """Next-token training on synthetic instruction -> tool-call text (t1core.pretrain): the base model a
@@ -158,22 +160,23 @@ class Trainer:
         save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
         rewards = self.rewards(trajs)
         metrics = _rollout_metrics(trajs, rewards)
-        kept = [(t, r, g) for t, r, g in zip(trajs, rewards, group_of) if bool(t.loss_mask.any())]
+        kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
         if not kept:
             return {**metrics, "skipped/no_sampled_tokens": 1.0}
-        train_trajs, drift = [t for t, _, _ in kept], sum(self.sampled.drift(t) for t, _, _ in kept)
+        train_trajs = [trajs[i] for i in kept]
+        kept_rewards, kept_groups = [rewards[i] for i in kept], [group_of[i] for i in kept]
+        drift = sum(self.sampled.drift(t) for t in train_trajs)
         if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
-            pairs = [retokenize(t, self.tok) for t, _, _ in kept]
+            pairs = [retokenize(t, self.tok) for t in train_trajs]
             train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
         metrics["tito/drift_tokens"] = float(drift)
-        kept_rewards = [r for _, r, _ in kept]
         flat = cfg.algo.skip_flat_steps and max(kept_rewards) == min(kept_rewards)
         update_actor = step >= cfg.warmstart.critic_only_iterations and not flat
         metrics["train/flat_step"] = float(flat)
         with self.clock.phase("update"):
             scored, fidelity = score(train_trajs, kept_rewards, policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
-                                     group_ids=[g for _, _, g in kept])
+                                     group_ids=kept_groups)
             upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
                              opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
                              algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,

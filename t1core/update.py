@@ -125,7 +125,7 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
     Why 'group': episodes of one instance share most tokens (the same command with one word wrong). With the
     instance's own mean as baseline, the shared tokens get +a in one episode and -a in the other, and only the
     tokens that differ carry a net push; instance difficulty (which the critic explains little of) drops out."""
-    if mode == "none":
+    if mode == "none" or not scored:
         return
     masks = [s.batch.loss_mask_T for s in scored]
     if mode == "group":
@@ -140,7 +140,7 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
         for s, g_T, m_T in zip(scored, gid_T, masks):
             sums.index_add_(0, g_T[m_T], s.advantages_T[m_T].double())
             counts.index_add_(0, g_T[m_T], torch.ones(int(m_T.sum()), dtype=torch.float64))
-        mean_G = (sums / counts.clamp(min=1)).to(scored[0].advantages_T.dtype) if scored else sums
+        mean_G = (sums / counts.clamp(min=1)).to(scored[0].advantages_T.dtype)
         for s, g_T, m_T in zip(scored, gid_T, masks):
             s.advantages_T = torch.where(m_T, s.advantages_T - mean_G[g_T], 0.0)
         return

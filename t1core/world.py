@@ -41,8 +41,8 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     """The built-in suite (families written under run_dir/tasks) or a directory of task dirs (all train).
 
     Built-in: SFT instances, RL instances (fresh seeds: RL then practises on instances the warm start has not
-    memorised, which is what held-out success measures; plus the fixed train tasks) and held-out instances,
-    no instruction repeated across the three."""
+    memorised, which is what held-out success measures; the fixed train tasks too if tasks.rl_fixed_tasks) and
+    held-out instances, no instruction repeated across the three."""
     t = cfg.tasks
     families = list(t.families) or None
     if t.source == "builtin":
@@ -77,7 +77,7 @@ def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueMode
     name = cfg.model.name
     if Path(name).is_dir():
         policy = MoEModel.from_pretrained(name, dtype=dtype)
-    elif hasattr(ModelConfig, name):
+    elif _is_preset(name):
         mcfg = getattr(ModelConfig, name)()
         if mcfg.vocab_size < tok.vocab_size:
             raise ValueError(f"model.name={name!r}: vocab_size {mcfg.vocab_size} < tokenizer's {tok.vocab_size}")
@@ -88,13 +88,17 @@ def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueMode
     return policy, ValueModel.from_policy(policy).to(device)
 
 
+def _is_preset(name: str) -> bool:
+    """model.name names a ModelConfig preset (a model built from scratch), not a checkpoint directory."""
+    return not Path(name).is_dir() and hasattr(ModelConfig, name)
+
+
 def pretrains(cfg: RunConfig) -> bool:
     """Whether the run pretrains its base (t1core.pretrain): a from-scratch preset and pretrain_steps > 0.
 
     The corpus comes from the built-in families, so a from-scratch model on a task directory must say
     `warmstart.pretrain_steps=0` explicitly rather than silently start RL from random weights."""
-    name = cfg.model.name
-    if cfg.warmstart.pretrain_steps == 0 or Path(name).is_dir() or not hasattr(ModelConfig, name):
+    if cfg.warmstart.pretrain_steps == 0 or not _is_preset(cfg.model.name):
         return False
     if cfg.tasks.source != "builtin":
         raise ValueError(f"warmstart.pretrain_steps={cfg.warmstart.pretrain_steps} pretrains a from-scratch "

@@ -11,7 +11,8 @@ from sandbox.families import generate
 from t1core import world
 from t1core.config import load_config
 from t1core.model import ModelConfig, MoEModel
-from t1core.pretrain import SEED_STRIDE, corpus_texts, packed_rows, pretrain
+from sandbox.suite import SEED_STRIDE
+from t1core.pretrain import corpus_texts, packed_rows, pretrain
 from t1core.tokenizer import ChatTokenizer, format_tool_call
 
 FAMS = ["create_file", "count_lines"]
