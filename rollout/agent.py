@@ -28,6 +28,7 @@ from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
 from rollout.trajectory import Trajectory
 from sandbox.errors import SandboxError
+from sandbox.images import TaskImage
 from sandbox.tasks import Task
 from sandbox.verify import run_verifiers
 from t1core.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
@@ -220,7 +221,7 @@ class EpisodeSpec:
     """One episode to run: a task (with its built image) and the episode's seed."""
 
     task: Task
-    image: str
+    image: str | TaskImage  # TaskImage: from sandbox.images.build_task_image (may carry preloaded files)
     seed: int
 
 

@@ -34,6 +34,7 @@ import requests.exceptions
 
 from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, ImageNotFound,
                             SandboxError, ShellUnresponsive)
+from sandbox.images import TaskImage
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
 
@@ -125,7 +126,7 @@ def _own_start_time() -> str:
 class DockerSandbox:
     """A container with one persistent shell. Use as a context manager; `close()` always removes it."""
 
-    def __init__(self, image: str, *, cpus: float = 1.0, memory: str | int = "1g", pids: int = 256,
+    def __init__(self, image: str | TaskImage, *, cpus: float = 1.0, memory: str | int = "1g", pids: int = 256,
                  network: bool = False, workdir: str = "/app", run_id: str | None = None,
                  env: dict[str, str] | None = None, output_cap: int = 16 * 1024,
                  max_command_bytes: int = 1 << 20, max_file_bytes: int = 64 << 20,
@@ -138,7 +139,8 @@ class DockerSandbox:
             raise ValueError(f"output_cap must be >= 256 bytes, got {output_cap}")
         if not workdir.startswith("/"):
             raise ValueError(f"workdir must be absolute, got {workdir!r}")
-        self.image = image
+        # A TaskImage may carry files (a COPY-only Dockerfile, not built): placed before the container starts.
+        self.image, self._preload = (image.ref, image.preload) if isinstance(image, TaskImage) else (image, b"")
         self.memory_bytes = _parse_memory(memory)
         self.workdir = workdir
         self.run_id = run_id or os.environ.get("T1_RUN_ID") or f"pid{os.getpid()}"
@@ -180,6 +182,9 @@ class DockerSandbox:
                 self.image, entrypoint=["sleep", "infinity"], command=[], working_dir=self.workdir,
                 labels=labels, host_config=host_config, hostname="sandbox", name=name, detach=True)["Id"]
         try:
+            if self._preload:
+                with docker_errors(f"placing the task's files into container {name}"):
+                    self._api.put_archive(self.id, "/", self._preload)
             with docker_errors(f"starting container {name}"):
                 self._api.start(self.id)
         except BaseException:

@@ -5,20 +5,31 @@ No registry is reachable from T1's machines, so every `FROM` must name an image 
 image; the FROM line is rewritten in a temporary copy of the build context. The image tag is a hash of the
 build context's files, the rewritten Dockerfile and the resolved base image ids, so identical environments
 (for example many instances of one task family) share one image, and a rebuilt base invalidates its tasks.
-A Dockerfile that is only `FROM` (plus WORKDIR/ENV/comments that the sandbox sets itself) runs on the base
-image directly, with no build.
+A Dockerfile that is only `FROM` (plus WORKDIR/LABEL/comments) runs on the base image directly, with no build.
+
+A Dockerfile that is only `FROM` plus plain `COPY` of build-context files (the usual shape of a task that ships its
+input data; every seeded family instance) is not built either: `TaskImage.preload` holds those files as a tar that
+`DockerSandbox` places into the container before it starts, with COPY's semantics (root-owned, modes kept,
+missing parents created 0755). A build costs ~0.2 s and one more image per instance; a preload costs one
+`put_archive` per container. Anything a preload cannot reproduce exactly (RUN, ENV, flags, wildcards, a
+.dockerignore, more than PRELOAD_MAX_BYTES of files) is built.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
+import json
+import posixpath
 import re
 import shutil
+import tarfile
 import tempfile
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -31,10 +42,22 @@ DEFAULT_OVERRIDE_PATTERNS = ("debian:*", "ubuntu:*", "python:*")
 _FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 _BUILD_LOCKS: dict[str, threading.Lock] = {}
 _BUILD_LOCKS_GUARD = threading.Lock()
+# Above this, files are baked into an image: a preload is sent once per container, a layer once per run.
+PRELOAD_MAX_BYTES = 4 << 20
 
 
 class TaskImageError(RuntimeError):
     """A task image could not be built: missing base image, bad Dockerfile, failed build step."""
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """What a task's sandbox starts from: an image, plus files to place before the container starts.
+
+    `preload` is a tar to extract at `/` (empty: none). `DockerSandbox(task_image, ...)` accepts this directly."""
+
+    ref: str
+    preload: bytes = field(default=b"", repr=False)
 
 
 def default_base_image_overrides() -> dict[str, str]:
@@ -54,11 +77,12 @@ def parse_override(spec: str) -> tuple[str, str]:
 
 
 def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | None = None,
-                     client: docker.DockerClient | None = None) -> str:
-    """Build (or reuse) the image of `task`'s environment and return its reference.
+                     client: docker.DockerClient | None = None, preload: bool = True) -> TaskImage:
+    """Build (or reuse) the image of `task`'s environment and return it.
 
     `base_image_overrides`: glob on the FROM image name -> local image; the first matching pattern wins.
     None means no overrides (pass `default_base_image_overrides()` for the usual mapping).
+    `preload=False` builds COPY-only Dockerfiles too instead of preloading their files.
     Raises TaskImageError naming the Dockerfile line when a FROM image is not present locally.
     """
     client = client or docker.from_env()
@@ -67,27 +91,31 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     rewritten, base_refs = _rewrite_from_lines(text, overrides, task.dockerfile)
     base_ids = [_local_image_id(client, ref, task.dockerfile) for ref in base_refs]
     if len(base_refs) == 1 and _only_from(rewritten):
-        return base_refs[0]
+        return TaskImage(base_refs[0])
+    if len(base_refs) == 1 and preload:
+        blob = _preload_archive(rewritten, task.dockerfile_dir)
+        if blob is not None:
+            return TaskImage(base_refs[0], blob)
     digest = _context_hash(task.dockerfile_dir, task.dockerfile, rewritten, base_ids)
     ref = f"{IMAGE_REPO}:{digest}"
     with _lock_for(ref):
         if _image_exists(client, ref):
-            return ref
+            return TaskImage(ref)
         _build(client, task, rewritten, ref)
-    return ref
+    return TaskImage(ref)
 
 
 def build_task_images(tasks: list[Task], *, base_image_overrides: Mapping[str, str] | None = None,
-                      num_workers: int = 4) -> dict[str, str]:
-    """Build the images of many tasks with `num_workers` parallel builds; returns task name -> image ref.
+                      num_workers: int = 4, preload: bool = True) -> dict[str, TaskImage]:
+    """Build the images of many tasks with `num_workers` parallel builds; returns task name -> image.
 
     Identical environments (same content hash) are built once."""
     if num_workers < 1:
         raise ValueError(f"expected num_workers >= 1, got {num_workers}")
     client = docker.from_env()
     with ThreadPoolExecutor(num_workers) as pool:
-        refs = pool.map(lambda t: build_task_image(t, base_image_overrides=base_image_overrides, client=client),
-                        tasks)
+        refs = pool.map(lambda t: build_task_image(t, base_image_overrides=base_image_overrides, client=client,
+                                                   preload=preload), tasks)
         return {t.name: ref for t, ref in zip(tasks, refs)}
 
 
@@ -157,6 +185,88 @@ def _only_from(dockerfile_text: str) -> bool:
         if s and not s.startswith("#") and s.split()[0].upper() not in neutral:
             return False
     return True
+
+
+def _preload_archive(dockerfile_text: str, context: Path) -> bytes | None:
+    """The tar that reproduces a FROM + COPY Dockerfile's files, or None when it is not of that shape.
+
+    COPY semantics (Dockerfile reference): a directory source copies its contents; a file source lands at
+    `dest` itself unless `dest` ends with `/` (or there are several sources); a relative `dest` is relative
+    to the WORKDIR in effect; files keep their mode, are owned by root, and missing parents are created."""
+    if (context / ".dockerignore").exists():
+        return None
+    workdir, copies = None, []  # None: the base image's, which this does not know
+    for line in dockerfile_text.splitlines():
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        if s.endswith("\\"):
+            return None  # continuation lines: leave the parsing to docker
+        word, _, rest = s.partition(" ")
+        word, rest = word.upper(), rest.strip()
+        if word in ("FROM", "LABEL", "MAINTAINER"):
+            continue
+        if word == "WORKDIR" and rest and "$" not in rest:
+            workdir = posixpath.normpath(posixpath.join(workdir or "/", rest.strip("\"'")))
+            continue
+        if word != "COPY":
+            return None
+        args = _copy_args(rest)
+        if args is None or len(args) < 2:
+            return None
+        *sources, dest = args
+        if not dest.startswith("/") and workdir is None:
+            return None
+        dest = posixpath.join(workdir or "/", dest)
+        for src in sources:
+            path = (context / src).resolve()
+            if any(c in src for c in "*?[$") or not path.is_relative_to(context.resolve()) or not path.exists() \
+                    or (context / src).is_symlink():
+                return None
+            if path.is_dir():
+                copies.append((path, dest))
+            elif dest.endswith("/") or len(sources) > 1:
+                copies.append((path, posixpath.join(dest, path.name)))
+            else:
+                copies.append((path, dest))
+    return _tar(copies)
+
+
+def _copy_args(rest: str) -> list[str] | None:
+    """COPY's arguments in shell form or JSON form; None for flags (--chown, --from, ...) or bad JSON."""
+    if rest.startswith("["):
+        try:
+            args = json.loads(rest)
+        except json.JSONDecodeError:
+            return None
+        return args if isinstance(args, list) and all(isinstance(a, str) for a in args) else None
+    args = rest.split()
+    return None if any(a.startswith("--") for a in args) else args
+
+
+def _tar(copies: list[tuple[Path, str]]) -> bytes | None:
+    """A tar of (host path, container path) pairs to extract at /; None above PRELOAD_MAX_BYTES."""
+    total = 0
+
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        nonlocal total
+        total += info.size
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for src, dest in copies:
+            arc = posixpath.normpath(dest).lstrip("/")
+            if src.is_dir():
+                for child in sorted(src.iterdir()):  # the contents, not the directory (COPY dir/ dest)
+                    tar.add(child, arcname=posixpath.join(arc, child.name), filter=as_root)
+            else:
+                tar.add(src, arcname=arc, filter=as_root)
+            if total > PRELOAD_MAX_BYTES:
+                return None
+    return buf.getvalue()
 
 
 def _context_hash(context: Path, dockerfile: Path, dockerfile_text: str, base_ids: list[str]) -> str:

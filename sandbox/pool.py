@@ -16,12 +16,13 @@ from typing import Any
 
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
+from sandbox.images import TaskImage
 
 
 class SandboxPool:
     """Keeps `size` idle sandboxes of `image` warm; `sandbox_kwargs` go to every `DockerSandbox`."""
 
-    def __init__(self, image: str, *, size: int, max_parallel_starts: int = 4, retry_after_error_s: float = 2.0,
+    def __init__(self, image: str | TaskImage, *, size: int, max_parallel_starts: int = 4, retry_after_error_s: float = 2.0,
                  **sandbox_kwargs: Any) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")

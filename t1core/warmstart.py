@@ -17,6 +17,7 @@ import torch
 from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.trajectory import Trajectory
+from sandbox.images import TaskImage
 from sandbox.suite import reference_solution
 from sandbox.tasks import Task
 from t1core.tokenizer import ChatTokenizer, format_tool_call
@@ -61,7 +62,7 @@ class ReferenceEngine:
         return generate_via_submit(self, prompts, params)
 
 
-def reference_transcripts(tasks: list[Task], images: dict[str, str], *, tok: ChatTokenizer, config: AgentConfig,
+def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, tok: ChatTokenizer, config: AgentConfig,
                           num_parallel: int) -> tuple[list[Trajectory], dict[str, float]]:
     """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
     transcripts that pass all their verifiers; without, those that ran to the done marker.

@@ -13,7 +13,7 @@ import torch
 
 from rollout.agent import AgentConfig
 from rollout.torch_engine import EngineConfig, TorchEngine
-from sandbox.images import build_task_images, default_base_image_overrides
+from sandbox.images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
@@ -30,7 +30,7 @@ class TaskSets:
     rl: list[Task]              # RL episodes (the SFT instances themselves when no separate RL set is drawn)
     heldout_family: list[Task]
     heldout_fixed: list[Task]
-    images: dict[str, str] = field(default_factory=dict)   # task name -> image ref
+    images: dict[str, TaskImage] = field(default_factory=dict)   # task name -> image (and preloaded files)
 
     def all(self) -> list[Task]:
         unique = {t.name: t for t in self.train + self.rl + self.heldout_family + self.heldout_fixed}

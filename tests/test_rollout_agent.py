@@ -91,7 +91,7 @@ def test_parse_action() -> None:
     assert parse_action(f"{format_tool_call('pwd')} {DONE_MARKER}").command == "pwd"
 
 
-def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[Task], images: dict[str, str]) -> None:
+def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
     task = tasks[0]
     engine = ScriptedEngine(tok, tasks, solve_then_done)
     with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:
@@ -114,7 +114,7 @@ def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[
 
 
 def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: list[Task],
-                                                     images: dict[str, str]) -> None:
+                                                     images: dict[str, TaskImage]) -> None:
     task = tasks[1]
     replies = ["Let me look around first.", "<tool_call>\n{\"name\": \"bash\", \"arguments\": {oops\n</tool_call>",
                format_tool_call(suite.reference_solution(task)), DONE_MARKER]
@@ -128,7 +128,7 @@ def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: 
     assert traj.reward == traj.verifier["total"]
 
 
-def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], images: dict[str, str]) -> None:
+def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
     task = tasks[2]
     engine = ScriptedEngine(tok, tasks, lambda t, n: format_tool_call("echo hello"))
     with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:
@@ -140,7 +140,7 @@ def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], imag
         assert cut.finish_reason == "token_budget" and len(cut.turns) == 2 and cut.num_tokens <= budget
 
 
-def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task], images: dict[str, str]) -> None:
+def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
     engine = ScriptedEngine(tok, tasks, solve_then_done)
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=i) for i, t in enumerate(tasks)]
     assert len(specs) == 8
@@ -169,7 +169,7 @@ def _find_container_running(needle: str, api: docker.APIClient, timeout_s: float
 
 
 def test_sandbox_killed_mid_episode_ends_only_that_episode(tok: ChatTokenizer, tasks: list[Task],
-                                                           images: dict[str, str]) -> None:
+                                                           images: dict[str, TaskImage]) -> None:
     victim, other = tasks[0], tasks[5]
     marker = "sleep 4321"
 
@@ -202,7 +202,7 @@ def test_sandbox_killed_mid_episode_ends_only_that_episode(tok: ChatTokenizer, t
 
 
 def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: list[Task],
-                                                     images: dict[str, str]) -> None:
+                                                     images: dict[str, TaskImage]) -> None:
     """4 concurrent episodes of the tiny untrained policy: every token has routing that replays to the engine's
     log-probs, the loss region is exactly what was sampled, and naive re-tokenization would have drifted."""
     model = MoEModel(ModelConfig.tiny(), seed=0)
@@ -228,7 +228,7 @@ def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: 
     assert drifted > 0
 
 
-def test_collect_cli(tasks: list[Task], images: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_collect_cli(tasks: list[Task], images: dict[str, TaskImage], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from rollout.collect import main
     from rollout.trajectory import load_trajectories
 

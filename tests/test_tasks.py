@@ -211,7 +211,7 @@ def test_poisoned_shell_cannot_run_code_at_verification(overrides: dict[str, str
 # ---- timeouts and script verifiers --------------------------------------------------------------------------
 
 def _harbor_task(root: Path, name: str, *, tests: dict[str, str], verifier_timeout: float = 30,
-                 dockerfile: str = "FROM debian:bookworm\nRUN mkdir -p /app\nWORKDIR /app\n") -> Task:
+                 dockerfile: str = "FROM debian:bookworm\nWORKDIR /app\n") -> Task:
     d = root / name
     (d / "environment").mkdir(parents=True)
     (d / "tests").mkdir()
@@ -340,15 +340,76 @@ def test_override_globs() -> None:
 def test_images_cached_by_content(tmp_path: Path, overrides: dict[str, str]) -> None:
     task = load_task(_broken_copy(tmp_path, "cache-a", "fixed/text-dedupe-emails"))
     same = load_task(_broken_copy(tmp_path, "cache-b", "fixed/text-dedupe-emails"))
-    refs = build_task_images([task, same], base_image_overrides=overrides)
+    refs = build_task_images([task, same], base_image_overrides=overrides, preload=False)
     ref = refs[task.name]
-    assert refs[same.name] == ref  # same content, other directory
+    assert refs[same.name] == ref and not ref.preload  # same content, other directory
     (same.dockerfile_dir / "emails.txt").write_text("x@y.z\n")
-    changed = build_task_image(same, base_image_overrides=overrides)
-    assert changed != ref and changed.startswith("t1-task:")
+    changed = build_task_image(same, base_image_overrides=overrides, preload=False)
+    assert changed != ref and changed.ref.startswith("t1-task:")
     bare = _harbor_task(tmp_path, "bare", tests={"test_x.py": "def test_a():\n    pass\n"},
                         dockerfile="FROM debian:bookworm\nWORKDIR /app\n")
-    assert build_task_image(bare, base_image_overrides=overrides) == overrides["debian:*"]
+    assert build_task_image(bare, base_image_overrides=overrides).ref == overrides["debian:*"]
+
+
+_COPY_ONLY = """FROM debian:bookworm
+# a comment, then every COPY form a preload reproduces
+COPY app/ /app/
+COPY ["notes.txt", "/opt/t1/notes-renamed.txt"]
+COPY run.sh notes.txt /opt/t1/bin/
+WORKDIR /app
+COPY sub conf/
+LABEL purpose=test
+"""
+_LISTING = ("find /app /opt/t1 -printf '%p %y %m %u:%g %s %l\\n' | sort; "
+            "find /app /opt/t1 -type f -print0 | sort -z | xargs -0 sha256sum")
+
+
+def _copy_context(root: Path, dockerfile: str) -> Task:
+    task = _harbor_task(root, "copy-only", tests={"test_x.py": "def test_a():\n    pass\n"}, dockerfile=dockerfile)
+    env = task.dockerfile_dir
+    for rel, text, mode in [("app/data/a.csv", "x,y\n1,2\n", 0o640), ("app/tool.sh", "echo hi\n", 0o755),
+                            ("app/.hidden", "h\n", 0o600), ("notes.txt", "n\n", 0o644), ("run.sh", "true\n", 0o700),
+                            ("sub/deep/x.txt", "x\n", 0o604)]:
+        (env / rel).parent.mkdir(parents=True, exist_ok=True)
+        (env / rel).write_text(text)
+        (env / rel).chmod(mode)
+    (env / "app" / "data").chmod(0o750)
+    (env / "app" / "link").symlink_to("tool.sh")
+    return task
+
+
+def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_path: Path,
+                                                                          overrides: dict[str, str]) -> None:
+    """No image is built, and the sandbox sees what `docker build` would have put there: paths, kinds, modes,
+    owners, sizes, link targets and contents."""
+    task = _copy_context(tmp_path, _COPY_ONLY)
+    preloaded = build_task_image(task, base_image_overrides=overrides)
+    built = build_task_image(task, base_image_overrides=overrides, preload=False)
+    assert preloaded.ref == overrides["debian:*"] and preloaded.preload
+    assert built.ref.startswith("t1-task:") and not built.preload
+    listings = []
+    for image in (preloaded, built):
+        with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
+            r = sb.run(_LISTING, timeout=30)
+            assert r.exit_code == 0, r.output
+            listings.append(r.output)
+    assert "/opt/t1/bin/run.sh f 700 root:root" in listings[1] and "/app/conf/deep/x.txt" in listings[1]
+    assert listings[0] == listings[1]
+
+
+@pytest.mark.parametrize("dockerfile", [
+    "FROM debian:bookworm\nCOPY app/ /app/\nRUN true\n",             # a RUN step
+    "FROM debian:bookworm\nCOPY --chown=1000:1000 app/ /app/\n",            # a flag
+    "FROM debian:bookworm\nCOPY app/*.sh /app/\n",                    # a wildcard
+    "FROM debian:bookworm\nCOPY notes.txt rel/\n",                    # relative to the base image's WORKDIR
+    "FROM debian:bookworm\nENV A=1\nCOPY app/ /app/\n",              # the image's config changes
+    "FROM debian:bookworm\nCOPY app/ \\\n  /app/\n",                 # a continuation line
+])
+def test_dockerfiles_a_preload_cannot_reproduce_are_built(tmp_path: Path, overrides: dict[str, str],
+                                                           dockerfile: str) -> None:
+    task = _copy_context(tmp_path, dockerfile)
+    image = build_task_image(task, base_image_overrides=overrides)
+    assert image.ref.startswith("t1-task:") and not image.preload
 
 
 def test_cli_runs_a_task_and_reports_json(tmp_path: Path, overrides: dict[str, str]) -> None:

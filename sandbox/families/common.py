@@ -124,7 +124,8 @@ def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, 
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_text(content)
         dst.chmod(spec.modes.get(path, 0o644))
-    copy = "COPY app/ /app/\n" if spec.files else "RUN mkdir -p /app\n"
+    # COPY-only: sandbox.images preloads the files into the base image's container instead of building an image.
+    copy = "COPY app/ /app/\n" if spec.files else ""  # the container's working_dir creates an empty /app
     (env / "Dockerfile").write_text(f"FROM debian:bookworm\n{copy}WORKDIR /app\n")
     (out_dir / "solution").mkdir()
     (out_dir / "solution" / "solve.sh").write_text(f"#!/usr/bin/env bash\n{spec.solution.strip()}\n")

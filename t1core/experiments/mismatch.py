@@ -52,7 +52,7 @@ from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox import suite
-from sandbox.images import build_task_image, default_base_image_overrides
+from sandbox.images import TaskImage, build_task_image, default_base_image_overrides
 from sandbox.tasks import Task
 from t1core.batch import PackedBatch, pack
 from t1core.drift import CompletionLog
@@ -294,7 +294,7 @@ def prepare_tasks(cfg: MismatchConfig, out_dir: Path) -> tuple[list[Task], dict[
     return tasks, {t.name: build_task_image(t, base_image_overrides=overrides) for t in tasks}
 
 
-def warm_start(cfg: MismatchConfig, tasks: list[Task], images: dict[str, str], tok: ChatTokenizer,
+def warm_start(cfg: MismatchConfig, tasks: list[Task], images: dict[str, TaskImage], tok: ChatTokenizer,
                log: Callable[[str], None]) -> tuple[MoEModel, dict[str, float]]:
     """The fp32 policy: a checkpoint, or the tiny model after `sft_epochs` of SFT on reference transcripts."""
     if cfg.checkpoint is not None:
@@ -315,7 +315,7 @@ def warm_start(cfg: MismatchConfig, tasks: list[Task], images: dict[str, str], t
     return policy.eval().requires_grad_(False), {**metrics, "sft/nll_last_epoch": m["sft/nll"]}
 
 
-def collect(rollout_model: MoEModel, tasks: list[Task], images: dict[str, str], tok: ChatTokenizer,
+def collect(rollout_model: MoEModel, tasks: list[Task], images: dict[str, TaskImage], tok: ChatTokenizer,
             cfg: MismatchConfig, *, seed: int) -> tuple[list[Trajectory], CompletionLog]:
     """`num_episodes` real episodes sampled by a fresh engine over `rollout_model`, and the engine's record."""
     ecfg = EngineConfig(max_batch=cfg.num_parallel, num_slots=2 * cfg.num_parallel,
