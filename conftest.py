@@ -4,3 +4,4 @@ import os
 
 # Set before any test module imports torch (see t1core/__init__.py for why).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")

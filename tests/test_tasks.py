@@ -7,12 +7,14 @@ nothing. All sandbox runs go through a small thread pool: the daemon and 2 CPUs 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,8 +24,9 @@ import pytest
 from sandbox import suite
 from sandbox.docker_sandbox import LABEL_RUN, DockerSandbox, docker_client
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
-from sandbox.images import (TaskImageError, _resolve_override, build_task_image, build_task_images,
-                            default_base_image_overrides)
+from sandbox.families.common import FILE_MTIME
+from sandbox.images import (TaskImageError, _preload_archive, _resolve_override, build_task_image,
+                            build_task_images, default_base_image_overrides)
 from sandbox.run_task import run_task
 from sandbox.tasks import Task, TaskFormatError, load_task
 from sandbox.verify import VerifierResult, run_verifiers
@@ -361,6 +364,7 @@ COPY sub conf/
 LABEL purpose=test
 """
 _LISTING = ("find /app /opt/t1 -printf '%p %y %m %u:%g %s %l\\n' | sort; "
+            "find /app /opt/t1 -type f -printf '%p %T@\\n' | sort; "  # files keep their mtime; new dirs do not
             "find /app /opt/t1 -type f -print0 | sort -z | xargs -0 sha256sum")
 
 
@@ -375,6 +379,10 @@ def _copy_context(root: Path, dockerfile: str) -> Task:
         (env / rel).chmod(mode)
     (env / "app" / "data").chmod(0o750)
     (env / "app" / "link").symlink_to("tool.sh")
+    (env / "app" / "unique.txt").write_text(str(root))  # a context no earlier run built (built images are cached)
+    for path in env.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, (1_700_000_000, 1_700_000_000 + len(path.name)))
     return task
 
 
@@ -388,12 +396,16 @@ def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_pa
     assert preloaded.ref == overrides["debian:*"] and preloaded.preload
     assert built.ref.startswith("t1-task:") and not built.preload
     listings = []
-    for image in (preloaded, built):
-        with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
-            r = sb.run(_LISTING, timeout=30)
-            assert r.exit_code == 0, r.output
-            listings.append(r.output)
+    try:
+        for image in (preloaded, built):
+            with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
+                r = sb.run(_LISTING, timeout=30)
+                assert r.exit_code == 0, r.output
+                listings.append(r.output)
+    finally:
+        docker_client().remove_image(built.ref, force=True)
     assert "/opt/t1/bin/run.sh f 700 root:root" in listings[1] and "/app/conf/deep/x.txt" in listings[1]
+    assert "/app/tool.sh 1700000007" in listings[1]
     assert listings[0] == listings[1]
 
 
@@ -458,6 +470,21 @@ def test_families_are_deterministic_and_splits_share_one_distribution(tmp_path: 
     assert not {t.instruction for t in a} & {t.instruction for t in b}
     again = suite.train_tasks(tmp_path / "a", num_per_family=2, seed=1, include_fixed=False)
     assert [t.instruction for t in again] == [t.instruction for t in a]
+
+
+def test_family_instances_preload_the_same_bytes_whenever_written(tmp_path: Path) -> None:
+    """What the agent sees (`ls -l` included) must not depend on when an instance was written."""
+    first = suite.family_tasks(tmp_path / "a", split="train", num_per_family=1, seed=3)
+    again = suite.family_tasks(tmp_path / "b", split="train", num_per_family=1, seed=3)
+    shipping = 0
+    for a, b in zip(first, again, strict=True):
+        blob = _preload_archive(a.dockerfile.read_text(), a.dockerfile_dir)
+        assert blob is not None and blob == _preload_archive(b.dockerfile.read_text(), b.dockerfile_dir), a.name
+        with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+            members = tar.getmembers()
+        assert all(m.mtime == FILE_MTIME and m.uid == 0 for m in members), a.name
+        shipping += bool(members)
+    assert shipping >= len(FAMILIES) // 2
 
 
 def test_heldout_instances_never_repeat_a_training_instruction(tmp_path: Path) -> None:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import random
 import re
 import textwrap
 from pathlib import Path
 from typing import Literal
+
+FILE_MTIME = 1_704_067_200  # 2024-01-01 00:00 UTC: the mtime of every file an instance ships
 
 Split = Literal["train", "heldout"]
 
@@ -124,6 +127,12 @@ def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, 
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_text(content)
         dst.chmod(spec.modes.get(path, 0o644))
+        # A fixed mtime: `ls -l` output is part of what the agent sees, and the same seed must show the same
+        # bytes whenever and wherever the instance is written (COPY and the preload both keep mtimes).
+        os.utime(dst, (FILE_MTIME, FILE_MTIME))
+    for sub in sorted((env / "app").rglob("*"), reverse=True) if spec.files else ():  # children before parents
+        if sub.is_dir():
+            os.utime(sub, (FILE_MTIME, FILE_MTIME))
     # COPY-only: sandbox.images preloads the files into the base image's container instead of building an image.
     copy = "COPY app/ /app/\n" if spec.files else ""  # the container's working_dir creates an empty /app
     (env / "Dockerfile").write_text(f"FROM debian:bookworm\n{copy}WORKDIR /app\n")
