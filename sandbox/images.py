@@ -5,18 +5,21 @@ No registry is reachable from T1's machines, so every `FROM` must name an image 
 image; the FROM line is rewritten in a temporary copy of the build context. The image tag is a hash of the
 build context's files, the rewritten Dockerfile and the resolved base image ids, so identical environments
 (for example many instances of one task family) share one image, and a rebuilt base invalidates its tasks.
-A Dockerfile that is only `FROM` (plus WORKDIR/LABEL/comments) runs on the base image directly, with no build.
+A Dockerfile that is only `FROM` (plus LABEL/comments) runs on the base image directly, with no build.
 
-A Dockerfile that is only `FROM` plus plain `COPY` of build-context files (the usual shape of a task that ships its
-input data; every seeded family instance) is not built either: `TaskImage.preload` holds those files as a tar that
-`DockerSandbox` places into the container before it starts, with COPY's semantics (root-owned, modes kept,
-missing parents created 0755). A build costs ~0.2 s and one more image per instance; a preload costs one
-`put_archive` per container. Anything a preload cannot reproduce exactly (RUN, ENV, flags, wildcards, a
-.dockerignore, more than PRELOAD_MAX_BYTES of files) is built.
+A Dockerfile that is only `FROM` plus WORKDIR and plain `COPY` of build-context files (the usual shape of a task
+that ships its input data; every seeded family instance) is not built either: `TaskImage.preload` holds those
+files as a tar that `DockerSandbox` places into the container before it starts, with COPY's semantics
+(root-owned, modes and mtimes kept, missing directories created 0755). A build costs ~0.2 s and one more image
+per instance; a preload costs one `put_archive` (~40 ms) per container. Directories the preload creates carry
+the base image's creation time, so what the agent sees does not depend on when the container started. Anything
+a preload cannot reproduce exactly (RUN, ENV, flags, wildcards, a .dockerignore, more than PRELOAD_MAX_BYTES of
+files) is built.
 """
 
 from __future__ import annotations
 
+import calendar
 import fnmatch
 import hashlib
 import io
@@ -27,6 +30,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -92,8 +96,10 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     base_ids = [_local_image_id(client, ref, task.dockerfile) for ref in base_refs]
     if len(base_refs) == 1 and _only_from(rewritten):
         return TaskImage(base_refs[0])
-    if len(base_refs) == 1 and preload:
-        blob = _preload_archive(rewritten, task.dockerfile_dir)
+    plan = _preload_plan(rewritten, task.dockerfile_dir) if len(base_refs) == 1 and preload else None
+    if plan is not None:
+        base_dirs, created = _base_facts(client, base_refs[0], base_ids[0])
+        blob = _tar(*plan, existing_dirs=base_dirs, dir_mtime=created)
         if blob is not None:
             return TaskImage(base_refs[0], blob)
     digest = _context_hash(task.dockerfile_dir, task.dockerfile, rewritten, base_ids)
@@ -179,7 +185,7 @@ def _repository(ref: str) -> str:
 
 def _only_from(dockerfile_text: str) -> bool:
     """True when the Dockerfile adds nothing the sandbox does not set itself (no COPY/RUN/USER/...)."""
-    neutral = {"FROM", "WORKDIR", "LABEL", "MAINTAINER"}
+    neutral = {"FROM", "LABEL", "MAINTAINER"}  # not WORKDIR: it creates its directory (see _preload_plan)
     for line in dockerfile_text.splitlines():
         s = line.strip()
         if s and not s.startswith("#") and s.split()[0].upper() not in neutral:
@@ -187,15 +193,17 @@ def _only_from(dockerfile_text: str) -> bool:
     return True
 
 
-def _preload_archive(dockerfile_text: str, context: Path) -> bytes | None:
-    """The tar that reproduces a FROM + COPY Dockerfile's files, or None when it is not of that shape.
+def _preload_plan(dockerfile_text: str, context: Path) -> tuple[list[tuple[Path, str]], set[str]] | None:
+    """What a FROM + WORKDIR + COPY Dockerfile adds: ((host path, container path) copies, directories it
+    creates), or None when it is not of that shape.
 
     COPY semantics (Dockerfile reference): a directory source copies its contents; a file source lands at
     `dest` itself unless `dest` ends with `/` (or there are several sources); a relative `dest` is relative
-    to the WORKDIR in effect; files keep their mode, are owned by root, and missing parents are created."""
+    to the WORKDIR in effect; files keep their mode and mtime and are owned by root. WORKDIR and COPY create
+    missing directories (0755, root): the second element names them with every ancestor."""
     if (context / ".dockerignore").exists():
         return None
-    workdir, copies = None, []  # None: the base image's, which this does not know
+    workdir, copies, dirs = None, [], set()  # workdir None: the base image's, which this does not know
     for line in dockerfile_text.splitlines():
         s = line.strip()
         if not s or s.startswith("#"):
@@ -208,6 +216,7 @@ def _preload_archive(dockerfile_text: str, context: Path) -> bytes | None:
             continue
         if word == "WORKDIR" and rest and "$" not in rest:
             workdir = posixpath.normpath(posixpath.join(workdir or "/", rest.strip("\"'")))
+            dirs.add(workdir)
             continue
         if word != "COPY":
             return None
@@ -225,11 +234,56 @@ def _preload_archive(dockerfile_text: str, context: Path) -> bytes | None:
                 return None
             if path.is_dir():
                 copies.append((path, dest))
-            elif dest.endswith("/") or len(sources) > 1:
-                copies.append((path, posixpath.join(dest, path.name)))
+                dirs.add(posixpath.normpath(dest))
             else:
-                copies.append((path, dest))
-    return _tar(copies)
+                target = posixpath.join(dest, path.name) if dest.endswith("/") or len(sources) > 1 else dest
+                copies.append((path, target))
+                dirs.add(posixpath.dirname(posixpath.normpath(target)))
+    # Preloaded files are the container's changes, not the image's: under the verifier's machinery they would
+    # read as tampering (sandbox.verify), so such a Dockerfile is built.
+    from sandbox.verify import is_protected  # here: verify imports the sandbox, which imports this module
+
+    for src, target in copies:
+        inside = src.rglob("*") if src.is_dir() else ()
+        if any(is_protected(t) for t in [target, *(posixpath.join(target, p.relative_to(src).as_posix())
+                                                    for p in inside)]):
+            return None
+    for d in list(dirs):
+        while d not in ("/", ""):
+            dirs.add(d)
+            d = posixpath.dirname(d)
+    dirs.discard("/")
+    return copies, dirs
+
+
+DirStat = tuple[int, int, int, float]  # mode, uid, gid, mtime
+_BASE_FACTS: dict[str, tuple[dict[str, DirStat], int]] = {}
+_BASE_FACTS_LOCK = threading.Lock()
+
+
+def _base_facts(client: docker.DockerClient, ref: str, image_id: str) -> tuple[dict[str, DirStat], int]:
+    """(the image's directories with their stat, its creation time as a Unix time), once per image id and
+    process; listing them costs one short container (~0.5 s).
+
+    Whatever the preload creates would otherwise carry the moment the container started, and `ls -l` would
+    differ from one run to the next: a directory it creates gets the base image's creation time, and an
+    existing directory it adds to gets its own stat back."""
+    with _BASE_FACTS_LOCK:
+        if image_id not in _BASE_FACTS:
+            try:
+                out = client.containers.run(ref, ["/", "-xdev", "-type", "d", "-printf", "%m %U %G %T@ %p\\n"],
+                                            entrypoint=["find"], remove=True, network_mode="none",
+                                            labels={"t1.kind": "base-listing"}, user="root")
+            except docker.errors.DockerException as e:
+                raise TaskImageError(f"listing the directories of {ref} (for preloaded task files) failed: {e}") \
+                    from None
+            dirs = {}
+            for line in out.decode().splitlines():
+                mode, uid, gid, mtime, path = line.split(" ", 4)
+                dirs[path] = (int(mode, 8), int(uid), int(gid), float(mtime))
+            created = client.images.get(image_id).attrs["Created"]  # RFC 3339, e.g. 2026-11-29T08:00:00.12Z
+            _BASE_FACTS[image_id] = (dirs, calendar.timegm(time.strptime(created[:19], "%Y-%m-%dT%H:%M:%S")))
+        return _BASE_FACTS[image_id]
 
 
 def _copy_args(rest: str) -> list[str] | None:
@@ -244,8 +298,10 @@ def _copy_args(rest: str) -> list[str] | None:
     return None if any(a.startswith("--") for a in args) else args
 
 
-def _tar(copies: list[tuple[Path, str]]) -> bytes | None:
-    """A tar of (host path, container path) pairs to extract at /; None above PRELOAD_MAX_BYTES."""
+def _tar(copies: list[tuple[Path, str]], dirs: set[str], *, existing_dirs: Mapping[str, DirStat],
+         dir_mtime: int) -> bytes | None:
+    """A tar to extract at /: an entry for each of `dirs` (the image's own stat where it has that directory,
+    else 0755, root, `dir_mtime`; parents first), then the copies. None above PRELOAD_MAX_BYTES."""
     total = 0
 
     def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -257,6 +313,14 @@ def _tar(copies: list[tuple[Path, str]]) -> bytes | None:
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for d in sorted(dirs):  # the daemon applies directory entries' times after extracting everything
+            info = tarfile.TarInfo(d.lstrip("/"))
+            info.type = tarfile.DIRTYPE
+            info.mode, uid, gid, info.mtime = existing_dirs.get(d, (0o755, 0, 0, dir_mtime))
+            info = as_root(info)
+            info.uid, info.gid = uid, gid
+            info.uname = info.gname = ""
+            tar.addfile(info)
         for src, dest in copies:
             arc = posixpath.normpath(dest).lstrip("/")
             if src.is_dir():

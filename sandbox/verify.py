@@ -63,6 +63,13 @@ _PROTECTED_FILES = frozenset(
     f"{d}/{name}" for d in ("/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin")
     for name in ("env", "timeout", "tail", "bash", "sh", "dash", "rm", "mkdir", "chmod", "ln")
 )
+
+
+def is_protected(path: str) -> bool:
+    """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery."""
+    return path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
+
+
 # Out-of-band process sweep (bash builtins only): kill everything but init, the container's keepalive (the
 # child of docker-init that started first) and the calling script, the agent's persistent shell included
 # (its traps would run agent code when its children die). Zombies are skipped: only their parent reaps.
@@ -266,7 +273,7 @@ def _inspect_changes(sandbox: DockerSandbox) -> tuple[list[str], bool]:
         path = change["Path"]
         if change["Kind"] == 0 and path in parents:
             continue
-        protected = path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
+        protected = is_protected(path)
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
         elif protected:

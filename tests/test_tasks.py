@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from sandbox import suite
 from sandbox.docker_sandbox import LABEL_RUN, DockerSandbox, docker_client
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
 from sandbox.families.common import FILE_MTIME
-from sandbox.images import (TaskImageError, _preload_archive, _resolve_override, build_task_image,
+from sandbox.images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
                             build_task_images, default_base_image_overrides)
 from sandbox.run_task import run_task
 from sandbox.tasks import Task, TaskFormatError, load_task
@@ -409,6 +410,24 @@ def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_pa
     assert listings[0] == listings[1]
 
 
+def test_preloaded_sandboxes_look_the_same_whenever_they_start(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """Directories the preload creates (WORKDIR, COPY destinations) do not carry the container's start time."""
+    copying = _copy_context(tmp_path, _COPY_ONLY)
+    bare = _harbor_task(tmp_path, "workdir-only", tests={"test_x.py": "def test_a():\n    pass\n"},
+                        dockerfile="FROM debian:bookworm\nWORKDIR /srv/t1/work\n")
+    for task in (copying, bare):
+        image = build_task_image(task, base_image_overrides=overrides)
+        assert image.ref == overrides["debian:*"] and image.preload, task.name
+        listings = []
+        for _ in range(2):
+            with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
+                r = sb.run("find /app /opt/t1 /srv -printf '%p %m %T@\\n' 2>/dev/null | sort; pwd", timeout=30)
+                listings.append(r.output)
+            time.sleep(1.1)  # the next container starts in another second
+        assert listings[0] == listings[1], task.name
+        assert task.workdir in listings[0]
+
+
 @pytest.mark.parametrize("dockerfile", [
     "FROM debian:bookworm\nCOPY app/ /app/\nRUN true\n",             # a RUN step
     "FROM debian:bookworm\nCOPY --chown=1000:1000 app/ /app/\n",            # a flag
@@ -416,6 +435,7 @@ def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_pa
     "FROM debian:bookworm\nCOPY notes.txt rel/\n",                    # relative to the base image's WORKDIR
     "FROM debian:bookworm\nENV A=1\nCOPY app/ /app/\n",              # the image's config changes
     "FROM debian:bookworm\nCOPY app/ \\\n  /app/\n",                 # a continuation line
+    "FROM debian:bookworm\nCOPY notes.txt /usr/lib/python3/dist-packages/\n",  # the verifier's machinery
 ])
 def test_dockerfiles_a_preload_cannot_reproduce_are_built(tmp_path: Path, overrides: dict[str, str],
                                                            dockerfile: str) -> None:
@@ -477,13 +497,19 @@ def test_family_instances_preload_the_same_bytes_whenever_written(tmp_path: Path
     first = suite.family_tasks(tmp_path / "a", split="train", num_per_family=1, seed=3)
     again = suite.family_tasks(tmp_path / "b", split="train", num_per_family=1, seed=3)
     shipping = 0
+    def archive(task: Task) -> bytes | None:
+        plan = _preload_plan(task.dockerfile.read_text(), task.dockerfile_dir)
+        assert plan is not None, task.name
+        return _tar(*plan, existing_dirs={}, dir_mtime=7)
+
     for a, b in zip(first, again, strict=True):
-        blob = _preload_archive(a.dockerfile.read_text(), a.dockerfile_dir)
-        assert blob is not None and blob == _preload_archive(b.dockerfile.read_text(), b.dockerfile_dir), a.name
+        blob = archive(a)
+        assert blob is not None and blob == archive(b), a.name
         with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
             members = tar.getmembers()
-        assert all(m.mtime == FILE_MTIME and m.uid == 0 for m in members), a.name
-        shipping += bool(members)
+        assert [(m.name, m.mtime, m.mode) for m in members if m.isdir() and m.name == "app"] == [("app", 7, 0o755)]
+        assert all(m.mtime == FILE_MTIME and m.uid == 0 for m in members if m.name != "app"), a.name
+        shipping += len(members) > 1
     assert shipping >= len(FAMILIES) // 2
 
 

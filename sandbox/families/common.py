@@ -134,7 +134,7 @@ def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, 
         if sub.is_dir():
             os.utime(sub, (FILE_MTIME, FILE_MTIME))
     # COPY-only: sandbox.images preloads the files into the base image's container instead of building an image.
-    copy = "COPY app/ /app/\n" if spec.files else ""  # the container's working_dir creates an empty /app
+    copy = "COPY app/ /app/\n" if spec.files else ""  # WORKDIR creates /app (a preloaded directory entry)
     (env / "Dockerfile").write_text(f"FROM debian:bookworm\n{copy}WORKDIR /app\n")
     (out_dir / "solution").mkdir()
     (out_dir / "solution" / "solve.sh").write_text(f"#!/usr/bin/env bash\n{spec.solution.strip()}\n")
