@@ -123,6 +123,17 @@ def _own_start_time() -> str:
         return f.read().rsplit(")", 1)[1].split()[19]
 
 
+def default_run_id() -> str:
+    """$T1_RUN_ID (the trainer sets it for its sandboxes), else one per process."""
+    return os.environ.get("T1_RUN_ID") or f"pid{os.getpid()}"
+
+
+def owner_labels(run_id: str) -> dict[str, str]:
+    """Labels of every container T1 creates: its run and owner process, which `sandbox.reap` judges by."""
+    return {LABEL_RUN: run_id, LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname(),
+            LABEL_START: _own_start_time(), LABEL_CREATED: f"{time.time():.3f}"}
+
+
 class DockerSandbox:
     """A container with one persistent shell. Use as a context manager; `close()` always removes it."""
 
@@ -143,7 +154,7 @@ class DockerSandbox:
         self.image, self._preload = (image.ref, image.preload) if isinstance(image, TaskImage) else (image, b"")
         self.memory_bytes = _parse_memory(memory)
         self.workdir = workdir
-        self.run_id = run_id or os.environ.get("T1_RUN_ID") or f"pid{os.getpid()}"
+        self.run_id = run_id or default_run_id()
         self.output_cap = output_cap
         self.max_command_bytes = max_command_bytes
         self.max_file_bytes = max_file_bytes
@@ -170,8 +181,7 @@ class DockerSandbox:
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
     def _create(self, *, cpus: float, pids: int, network: bool) -> None:
-        labels = {LABEL_RUN: self.run_id, LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname(),
-                  LABEL_START: _own_start_time(), LABEL_CREATED: f"{time.time():.3f}"}
+        labels = owner_labels(self.run_id)
         host_config = self._api.create_host_config(
             init=True, network_mode="bridge" if network else "none", mem_limit=self.memory_bytes,
             memswap_limit=self.memory_bytes, nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"],

@@ -268,12 +268,15 @@ def _base_facts(client: docker.DockerClient, ref: str, image_id: str) -> tuple[d
     Whatever the preload creates would otherwise carry the moment the container started, and `ls -l` would
     differ from one run to the next: a directory it creates gets the base image's creation time, and an
     existing directory it adds to gets its own stat back."""
+    from sandbox.docker_sandbox import default_run_id, owner_labels  # here: that module imports this one
+
     with _BASE_FACTS_LOCK:
         if image_id not in _BASE_FACTS:
-            try:
+            try:  # owner labels: a process killed mid-listing leaves a container that `sandbox.reap` removes
                 out = client.containers.run(ref, ["/", "-xdev", "-type", "d", "-printf", "%m %U %G %T@ %p\\n"],
                                             entrypoint=["find"], remove=True, network_mode="none",
-                                            labels={"t1.kind": "base-listing"}, user="root")
+                                            labels={**owner_labels(default_run_id()), "t1.kind": "base-listing"},
+                                            user="root")
             except docker.errors.DockerException as e:
                 raise TaskImageError(f"listing the directories of {ref} (for preloaded task files) failed: {e}") \
                     from None

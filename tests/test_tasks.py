@@ -428,6 +428,26 @@ def test_preloaded_sandboxes_look_the_same_whenever_they_start(tmp_path: Path, o
         assert task.workdir in listings[0]
 
 
+def test_base_listing_container_carries_owner_labels(tmp_path: Path, overrides: dict[str, str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one container build_task_image starts itself (listing the base's directories) is reapable."""
+    from docker.models.containers import ContainerCollection
+
+    import sandbox.images as images
+
+    seen, real_run = [], ContainerCollection.run
+
+    def spy(self, *args, **kwargs):  # the real call, recorded
+        seen.append(kwargs.get("labels", {}))
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(ContainerCollection, "run", spy)
+    monkeypatch.setattr(images, "_BASE_FACTS", {})
+    image = build_task_image(_copy_context(tmp_path, _COPY_ONLY), base_image_overrides=overrides)
+    assert image.preload and len(seen) == 1
+    assert seen[0][LABEL_RUN] and seen[0]["t1.owner_pid"] == str(os.getpid())
+
+
 @pytest.mark.parametrize("dockerfile", [
     "FROM debian:bookworm\nCOPY app/ /app/\nRUN true\n",             # a RUN step
     "FROM debian:bookworm\nCOPY --chown=1000:1000 app/ /app/\n",            # a flag
