@@ -220,7 +220,7 @@ class DockerSandbox:
             sent = self._chan.send(init_script(token, keep=self._keep), deadline)
             payload = self._chan.read_frame(token, deadline, Discard()) if sent else None
         except ShellExited as e:
-            self._raise_if_dead("starting the sandbox shell")
+            self._raise_if_dead("starting the sandbox shell", settle_s=2.0)  # an error path: wait to be sure
             raise SandboxError(f"the sandbox shell exited during start-up ({e}); does {self.image!r} have bash?")
         if payload is None:
             raise ShellUnresponsive(f"the sandbox shell did not start within {self._startup_timeout_s:.0f} s")
@@ -270,13 +270,21 @@ class DockerSandbox:
         with docker_errors(f"inspecting container {self.id[:12]}"):
             return self._api.inspect_container(self.id)["State"]
 
-    def _raise_if_dead(self, what: str) -> None:
-        try:
-            state = self._state()
-        except SandboxError as e:
-            raise ContainerDied(f"{what}: the container is gone ({e})") from e
-        if state["Running"]:
-            return
+    def _raise_if_dead(self, what: str, *, settle_s: float = 0.0) -> None:
+        """Raise ContainerDied if the container is not running. `settle_s`: when something just ended (a
+        stream, a shell), keep looking that long: a killed container's state lags its processes' deaths, by
+        more than 50 ms on a loaded box."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            try:
+                state = self._state()
+            except SandboxError as e:
+                raise ContainerDied(f"{what}: the container is gone ({e})") from e
+            if not state["Running"]:
+                break
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
         oom = bool(state.get("OOMKilled"))
         why = "OOM-killed (memory limit reached)" if oom else f"stopped (exit {state.get('ExitCode')})"
         raise ContainerDied(f"{what}: container {self.id[:12]} {why}", oom_killed=oom,
@@ -405,8 +413,7 @@ class DockerSandbox:
             if not info.get("Running"):
                 break
             time.sleep(0.02)
-        time.sleep(0.05)  # the container's state may lag the exec's end by a moment when it was killed
-        self._raise_if_dead("running a command")
+        self._raise_if_dead("running a command", settle_s=0.25)  # a killed container's state lags the exec's end
         code = info.get("ExitCode")
         code = -1 if code is None else int(code)
         self._spawn_shell()
