@@ -94,10 +94,10 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     text = task.dockerfile.read_text()
     rewritten, base_refs = _rewrite_from_lines(text, overrides, task.dockerfile)
     base_ids = [_local_image_id(client, ref, task.dockerfile) for ref in base_refs]
-    if len(base_refs) == 1 and _only_from(rewritten):
+    plan = _preload_plan(rewritten, task.dockerfile_dir) if len(base_refs) == 1 else None
+    if plan == ([], set()):  # only FROM (and LABEL/comments): the base image itself
         return TaskImage(base_refs[0])
-    plan = _preload_plan(rewritten, task.dockerfile_dir) if len(base_refs) == 1 and preload else None
-    if plan is not None:
+    if plan is not None and preload:
         base_dirs, created = _base_facts(client, base_refs[0], base_ids[0])
         blob = _tar(*plan, existing_dirs=base_dirs, dir_mtime=created)
         if blob is not None:
@@ -183,16 +183,6 @@ def _repository(ref: str) -> str:
     return head if sep and "/" not in tail else ref
 
 
-def _only_from(dockerfile_text: str) -> bool:
-    """True when the Dockerfile adds nothing the sandbox does not set itself (no COPY/RUN/USER/...)."""
-    neutral = {"FROM", "LABEL", "MAINTAINER"}  # not WORKDIR: it creates its directory (see _preload_plan)
-    for line in dockerfile_text.splitlines():
-        s = line.strip()
-        if s and not s.startswith("#") and s.split()[0].upper() not in neutral:
-            return False
-    return True
-
-
 def _preload_plan(dockerfile_text: str, context: Path) -> tuple[list[tuple[Path, str]], set[str]] | None:
     """What a FROM + WORKDIR + COPY Dockerfile adds: ((host path, container path) copies, directories it
     creates), or None when it is not of that shape.
@@ -201,8 +191,6 @@ def _preload_plan(dockerfile_text: str, context: Path) -> tuple[list[tuple[Path,
     `dest` itself unless `dest` ends with `/` (or there are several sources); a relative `dest` is relative
     to the WORKDIR in effect; files keep their mode and mtime and are owned by root. WORKDIR and COPY create
     missing directories (0755, root): the second element names them with every ancestor."""
-    if (context / ".dockerignore").exists():
-        return None
     workdir, copies, dirs = None, [], set()  # workdir None: the base image's, which this does not know
     for line in dockerfile_text.splitlines():
         s = line.strip()
@@ -239,6 +227,8 @@ def _preload_plan(dockerfile_text: str, context: Path) -> tuple[list[tuple[Path,
                 target = posixpath.join(dest, path.name) if dest.endswith("/") or len(sources) > 1 else dest
                 copies.append((path, target))
                 dirs.add(posixpath.dirname(posixpath.normpath(target)))
+    if copies and (context / ".dockerignore").exists():
+        return None  # which files COPY sends is then docker's business
     # Preloaded files are the container's changes, not the image's: under the verifier's machinery they would
     # read as tampering (sandbox.verify), so such a Dockerfile is built.
     from sandbox.verify import is_protected  # here: verify imports the sandbox, which imports this module
@@ -319,10 +309,7 @@ def _tar(copies: list[tuple[Path, str]], dirs: set[str], *, existing_dirs: Mappi
         for d in sorted(dirs):  # the daemon applies directory entries' times after extracting everything
             info = tarfile.TarInfo(d.lstrip("/"))
             info.type = tarfile.DIRTYPE
-            info.mode, uid, gid, info.mtime = existing_dirs.get(d, (0o755, 0, 0, dir_mtime))
-            info = as_root(info)
-            info.uid, info.gid = uid, gid
-            info.uname = info.gname = ""
+            info.mode, info.uid, info.gid, info.mtime = existing_dirs.get(d, (0o755, 0, 0, dir_mtime))
             tar.addfile(info)
         for src, dest in copies:
             arc = posixpath.normpath(dest).lstrip("/")
