@@ -152,9 +152,63 @@ def measure_throughput(N: int = 8192, D: int = 4096, V: int = 151_936, dtype: to
     return rows
 
 
+# (BLOCK_N, BLOCK_V, BLOCK_D, num_warps, num_stages) for bf16 on the GPU; the first is kernels.logprob_triton's.
+SWEEP = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 4),
+         (128, 256, 128, 8, 2)]
+
+
+def sweep_configs(N: int = 8192, D: int = 4096, V: int = 151_936, *, iters: int = 3) -> list[dict]:
+    """Per tile configuration (bf16): the forward kernel alone, the backward's dz kernel alone (no GEMMs), and
+    token_logprobs fwd+bwd with that tile in both kernels, against the LM-head matmul's FLOPs."""
+    from kernels import logprob_triton
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(N, D, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
+    weight = (torch.randn(V, D, generator=g, device="cuda") * D**-0.5).to(torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, V, (N,), generator=g, device="cuda")
+    g_N = torch.randn(N, generator=g, device="cuda")
+    flops = 3 * 2 * N * D * V
+    base = logprob_triton._config
+    kw = dict(temperature=1.0, ignore_index=-100)
+    rows = []
+    for bn, bv, bd, warps, stages in SWEEP:
+        cfg = dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_D=bd, DOT_PRECISION="tf32", num_warps=warps, num_stages=stages,
+                   vocab_per_split=8192)
+        logprob_triton._config = lambda dtype, kernel="fwd", cfg=cfg: dict(cfg)
+        try:
+            with torch.no_grad():
+                _, _, lse, mz = logprob_triton.triton_logprob_fwd(hidden, weight, targets, with_entropy=False, **kw)
+
+                def fwd() -> None:
+                    logprob_triton.triton_logprob_fwd(hidden, weight, targets, with_entropy=False, **kw)
+
+                def dz_only() -> None:
+                    logprob_triton.triton_logprob_bwd(hidden, weight, targets, lse, mz, g_N, None,
+                                                      need_hidden=False, need_weight=False, **kw)
+
+                ms_f, ms_dz = _time_ms(fwd, iters=iters), _time_ms(dz_only, iters=iters)
+
+            def fwd_bwd() -> None:
+                hidden.grad = weight.grad = None
+                (token_logprobs(hidden, weight, targets) * g_N).sum().backward()
+                hidden.grad = weight.grad = None
+
+            ms_fb = _time_ms(fwd_bwd, iters=iters)
+            rows.append(dict(check="sweep", config=[bn, bv, bd, warps, stages], fwd_kernel_ms=round(ms_f, 3),
+                             dz_kernel_ms=round(ms_dz, 3), fwd_bwd_ms=round(ms_fb, 3),
+                             lm_head_equiv_tflops=round(flops / ms_fb / 1e9, 1)))
+        except Exception as e:  # a tile that does not fit shared memory / registers: report and go on
+            rows.append(dict(check="sweep", config=[bn, bv, bd, warps, stages],
+                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+        finally:
+            logprob_triton._config = base
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="correctness only, no throughput")
+    parser.add_argument("--sweep", action="store_true", help="also time a few tile configurations")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(json.dumps(dict(error="no CUDA device")))
@@ -168,6 +222,8 @@ def main() -> int:
     if not args.quick:
         for row in measure_throughput():
             print(json.dumps(row), flush=True)
+        if args.sweep:
+            sweep_configs()
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -126,8 +126,12 @@ def _logprob_bwd_dz_kernel(h_ptr, w_ptr, tgt_ptr, lse_ptr, mz_ptr, glp_ptr, gen_
     tl.store(dz_ptrs, dz.to(dz_ptr.dtype.element_ty), mask=n_mask[:, None] & v_mask[None, :])
 
 
-def _config(dtype: torch.dtype) -> dict:
-    """Tile sizes and launch options. The interpreter gets small tiles (it runs programs one at a time)."""
+def _config(dtype: torch.dtype, kernel: str = "fwd") -> dict:
+    """Tile sizes and launch options of `kernel` ("fwd" or "dz"); a fresh dict per call (callers pop from it).
+
+    The interpreter gets small tiles (it runs programs one at a time). bf16/fp16 on the GPU: the fastest of a
+    sweep on an H200 at N=8192, D=4096, V=151,936 (bench/gpu_check_logprob.py --sweep).
+    """
     precision = "ieee" if dtype == torch.float32 else "tf32"  # fp32 must not silently drop to TF32
     if interpreter_on():
         return dict(BLOCK_N=16, BLOCK_V=64, BLOCK_D=16, DOT_PRECISION=precision, num_warps=4, num_stages=1,
@@ -135,7 +139,7 @@ def _config(dtype: torch.dtype) -> dict:
     if dtype == torch.float32:
         return dict(BLOCK_N=64, BLOCK_V=64, BLOCK_D=32, DOT_PRECISION=precision, num_warps=4, num_stages=2,
                     vocab_per_split=8192)
-    return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, DOT_PRECISION=precision, num_warps=8, num_stages=3,
+    return dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, DOT_PRECISION=precision, num_warps=8, num_stages=3,
                 vocab_per_split=8192)
 
 
@@ -196,7 +200,7 @@ def triton_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets
     N, D = hidden_ND.shape
     V = weight_VD.shape[0]
     dev = hidden_ND.device
-    cfg = _config(hidden_ND.dtype)
+    cfg = _config(hidden_ND.dtype, "dz")
     cfg.pop("vocab_per_split")
     chunk = scratch_columns(N, V, hidden_ND.dtype, scratch_bytes)
     dh_ND = torch.zeros(N, D, dtype=torch.float32, device=dev) if need_hidden else None
@@ -234,7 +238,7 @@ def triton_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets
 def scratch_columns(num_rows: int, vocab: int, dtype: torch.dtype, scratch_bytes: int = SCRATCH_BYTES) -> int:
     """Vocabulary columns per backward chunk: a multiple of BLOCK_V (except a last, whole-vocab chunk) that
     keeps the [num_rows, columns] dz scratch within `scratch_bytes` (at least one BLOCK_V column block)."""
-    bv = _config(dtype)["BLOCK_V"]
+    bv = _config(dtype, "dz")["BLOCK_V"]
     elem = torch.empty((), dtype=dtype).element_size()
     cols = scratch_bytes // max(1, num_rows * elem)
     return min(max(bv, cols // bv * bv), vocab)

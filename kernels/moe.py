@@ -119,16 +119,18 @@ def _check_moe_inputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
 
 
 class FusedMoEFunction(torch.autograd.Function):
-    """Autograd over (x, w13, w2, topk_weights). Triton recomputes activations in backward; the torch path keeps
-    its gathered inputs and pre-activations (`moe_torch.MoESaved`) instead."""
+    """Autograd over (x, w13, w2, topk_weights). Triton keeps the expert alignment and pre-activations of a
+    training forward (`moe_triton.MoESavedTriton`), or recomputes both in backward when asked; the torch path
+    keeps its gathered inputs and pre-activations (`moe_torch.MoESaved`)."""
 
     @staticmethod
-    def forward(ctx, x, w13, w2, topk_ids, topk_weights, backend):  # type: ignore[override]
+    def forward(ctx, x, w13, w2, topk_ids, topk_weights, backend, keep):  # type: ignore[override]
         ctx.backend = backend
         if backend == "triton":
             from kernels.moe_triton import moe_fwd_triton
             ctx.save_for_backward(x, w13, w2, topk_ids, topk_weights)
-            return moe_fwd_triton(x, w13, w2, topk_ids, topk_weights)
+            y, ctx.moe_saved = moe_fwd_triton(x, w13, w2, topk_ids, topk_weights, save=keep)
+            return y
         y, saved = moe_fwd_saving(x, w13, w2, topk_ids, topk_weights)
         ctx.save_for_backward(w13, w2, topk_weights)
         ctx.moe_saved = saved  # intermediates only (neither inputs nor outputs): safe to hold on ctx
@@ -140,17 +142,17 @@ class FusedMoEFunction(torch.autograd.Function):
         if ctx.backend == "triton":
             from kernels.moe_triton import moe_bwd_triton
             x, w13, w2, topk_ids, topk_weights = ctx.saved_tensors
-            dx, dw13, dw2, dw = moe_bwd_triton(dy, x, w13, w2, topk_ids, topk_weights)
+            dx, dw13, dw2, dw = moe_bwd_triton(dy, x, w13, w2, topk_ids, topk_weights, saved=ctx.moe_saved)
         else:
             w13, w2, topk_weights = ctx.saved_tensors
             dx, dw13, dw2, dw = moe_bwd_saved(dy, w13, w2, topk_weights, ctx.moe_saved)
         needs = ctx.needs_input_grad
         return (dx if needs[0] else None, dw13 if needs[1] else None, dw2 if needs[2] else None, None,
-                dw if needs[4] else None, None)
+                dw if needs[4] else None, None, None)
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-              topk_weights: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+              topk_weights: torch.Tensor, *, validate: bool = True, recompute: bool = False) -> torch.Tensor:
     """SwiGLU mixture-of-experts for precomputed routing: y[t] = sum_k w[t,k] w2[e] (silu(g) * u).
 
     With e = topk_ids[t, k], [g; u] = w13[e] @ x[t] (g the first F rows, u the last F).
@@ -162,11 +164,15 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
         topk_ids: [T, K] expert ids, uint8/int16/int32/int64, distinct within a row.
         topk_weights: [T, K] floating combine weights (any float dtype; the combine accumulates in fp32).
         validate: check ids for range and duplicates (one host sync); `route` output is already valid.
+        recompute: Triton backend only: keep nothing but the inputs for the backward, which then sorts again and
+            recomputes the up projection (one more [T*K, 2F] GEMM; measured on an H200 at T=8192, D=2048,
+            F=768, E=128, K=8: see bench/gpu_check_moe.py). Default: keep them.
 
     Returns:
-        y [T, D] in x's dtype. Differentiable w.r.t. x, w13, w2 and topk_weights. Memory: besides y, the
-        Triton forward keeps only its inputs (activations [T*K, 2F] are recomputed in backward); the torch (CPU)
-        path keeps its gathered inputs and pre-activations, O(T*K*(D + 2F)) per layer, and recomputes nothing.
+        y [T, D] in x's dtype. Differentiable w.r.t. x, w13, w2 and topk_weights. Memory kept for the backward
+        besides the inputs: Triton, the pre-activations [T*K (padded), 2F] and the alignment (nothing with
+        recompute=True, or when no input requires grad); the torch (CPU) path, its gathered inputs and
+        pre-activations, O(T*K*(D + 2F)) per layer.
 
     Raises:
         ValueError: shape/dtype/device mismatches, or (validate=True) ids outside [0, E) / duplicate ids.
@@ -177,5 +183,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
     if backend == "triton" and x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"x: the Triton backend takes float32/bfloat16/float16, got {x.dtype} "
                          f"(float64 runs on the torch path: T1_KERNEL_BACKEND=torch)")
+    # Keep h only when a backward can come: needs_input_grad inside forward stays True under no_grad.
+    keep = (not recompute and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (x, w13, w2, topk_weights)))
     return FusedMoEFunction.apply(x.contiguous(), w13.contiguous(), w2.contiguous(), topk_ids.contiguous(),
-                                  topk_weights.contiguous(), backend)
+                                  topk_weights.contiguous(), backend, keep)

@@ -8,7 +8,9 @@ segment of a row buffer sized by the upper bound P + min(E, P) * (BLOCK_M - 1), 
 Blocks past the last expert's segment exit at once. Each program of the grouped GEMMs handles BLOCK_M rows of a
 single expert. Outputs per pair are written to the sorted rows and reduced over K by a gather-sum kernel
 (fixed order: deterministic, no float atomics). Weight gradients: one program per (expert, tile) loops over
-that expert's rows with an fp32 accumulator (no atomics). Pointer offsets are int64 (packed RL batches pass
+that expert's rows with an fp32 accumulator (no atomics). A training forward keeps the alignment and the
+pre-activations h [M, 2F] for the backward (no second sort, no recomputed up projection); `fused_moe(...,
+recompute=True)` keeps neither and recomputes both in the backward. Pointer offsets are int64 (packed RL batches pass
 2^31 elements). fp32 inputs use IEEE dots (PREC="ieee": TF32 would miss fp32 tolerances); bf16/fp16 take
 the default tensor-core path (PREC="tf32", which only affects fp32 operands) and accumulate in fp32.
 """
@@ -43,21 +45,23 @@ class ExpertAlignment:
 def align_by_expert(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int) -> ExpertAlignment:
     """Sort pairs by expert (stable) and pad each expert's rows to block_m, with device ops only."""
     dev = topk_ids_TK.device
-    ids_P = topk_ids_TK.reshape(-1).long()
-    P = ids_P.numel()
-    # Integer scatter-add: exact and order-independent (torch.bincount would read its max on the host).
-    counts_E = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, ids_P, torch.ones_like(ids_P))
+    P = topk_ids_TK.numel()
+    # Narrow keys: the radix sort makes one pass per key byte (uint8 for E <= 256: one pass instead of eight).
+    key_dtype = torch.uint8 if num_experts <= 256 else torch.int16 if num_experts <= 2**15 else torch.int32
+    keys_sorted, order_P = torch.sort(topk_ids_TK.reshape(-1).to(key_dtype), stable=True)
+    ids_sorted = keys_sorted.long()
+    # First sorted position of every expert (and P at the end): exact, no atomics, no host read.
+    first_E1 = torch.searchsorted(ids_sorted, torch.arange(num_experts + 1, device=dev))
+    counts_E = first_E1.diff()
+    first_E = first_E1[:-1]
     padded_E = (counts_E + block_m - 1) // block_m * block_m
     seg_end_E = torch.cumsum(padded_E, 0)
     seg_start_E1 = torch.cat([seg_end_E.new_zeros(1), seg_end_E])
-    first_E = torch.cumsum(counts_E, 0) - counts_E
-    order_P = torch.sort(ids_P, stable=True).indices
-    ids_sorted = ids_P[order_P]
     row_sorted = seg_start_E1[ids_sorted] + torch.arange(P, device=dev) - first_E[ids_sorted]
     num_rows = triton.cdiv(P + min(num_experts, P) * (block_m - 1), block_m) * block_m
     sorted_pair_M = torch.full((num_rows,), -1, dtype=torch.int32, device=dev)
     sorted_pair_M[row_sorted] = order_P.to(torch.int32)
-    row_of_pair_P = torch.empty_like(ids_P)
+    row_of_pair_P = torch.empty_like(row_sorted)
     row_of_pair_P[order_P] = row_sorted
     block_starts = torch.arange(0, num_rows, block_m, device=dev)
     block_expert_B = torch.searchsorted(seg_end_E, block_starts, right=True).to(torch.int32)
@@ -71,7 +75,7 @@ def _sigmoid(g):
 
 
 @triton.jit
-def _row_block(block_expert_ptr, sorted_pair_ptr, N, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+def _row_block(block_expert_ptr, sorted_pair_ptr, N, TOPK, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr):
     """Program -> (expert, rows [BLOCK_M] int64, pair, valid, token int64, column offsets [BLOCK_N])."""
     pid = tl.program_id(0)
@@ -99,20 +103,22 @@ def _expert_tile(NI, NJ, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
 
 
 @triton.jit
-def _row_slice(sorted_pair_ptr, r0, TOPK: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Rows r0 .. r0 + BLOCK_M of one expert's segment -> (rows, pair, valid, token int64)."""
-    rows = r0 + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pair_ptr + rows)
+def _row_slice(sorted_pair_ptr, r0, end, TOPK, BLOCK_R: tl.constexpr):
+    """Rows r0 .. r0 + BLOCK_R of one expert's segment, masked at its end -> (rows, pair, valid, token int64).
+    The mask lets the weight gradients step through a segment in steps other than its alignment."""
+    rows = r0 + tl.arange(0, BLOCK_R)
+    pair = tl.load(sorted_pair_ptr + rows, mask=rows < end, other=-1)
     valid = pair >= 0
     return rows, pair, valid, tl.where(valid, pair // TOPK, 0).to(tl.int64)
 
 
 @triton.jit
-def _moe_up_kernel(x_ptr, w13_ptr, out_ptr, sorted_pair_ptr, block_expert_ptr,
-                   D, F, s_xt, s_xd, s_we, s_wf, s_wd, s_om, s_of,
-                   E: tl.constexpr, TOPK: tl.constexpr, STORE_H: tl.constexpr,
+def _moe_up_kernel(x_ptr, w13_ptr, h_ptr, act_ptr, sorted_pair_ptr, block_expert_ptr,
+                   D, F, s_xt, s_xd, s_we, s_wf, s_wd, s_hm, s_hf, s_am, s_af,
+                   E, TOPK, STORE_H: tl.constexpr, STORE_ACT: tl.constexpr,
                    PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows r of one expert e: [g; u] = w13[e] @ x[token(r)]; writes h=[g; u] (STORE_H) or a = silu(g) u."""
+    """Rows r of one expert e: [g; u] = w13[e] @ x[token(r)]; writes h = [g; u] (STORE_H) to h_ptr and/or
+    a = silu(g) u (STORE_ACT) to act_ptr."""
     e, rows, pair, valid, tok, offs_f = _row_block(block_expert_ptr, sorted_pair_ptr, F, TOPK, BLOCK_M, BLOCK_N)
     if e >= E:
         return
@@ -133,20 +139,21 @@ def _moe_up_kernel(x_ptr, w13_ptr, out_ptr, sorted_pair_ptr, block_expert_ptr,
         x_ptrs += BLOCK_K * s_xd
         wg_ptrs += BLOCK_K * s_wd
         wu_ptrs += BLOCK_K * s_wd
-    out_ptrs = out_ptr + rows[:, None] * s_om + offs_f[None, :] * s_of  # [BLOCK_M, BLOCK_N]
     f_ok = (offs_f < F)[None, :]
     if STORE_H:
-        tl.store(out_ptrs, acc_g.to(out_ptr.dtype.element_ty), mask=f_ok)
-        tl.store(out_ptrs + F * s_of, acc_u.to(out_ptr.dtype.element_ty), mask=f_ok)
-    else:
+        h_ptrs = h_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf  # [BLOCK_M, BLOCK_N]
+        tl.store(h_ptrs, acc_g.to(h_ptr.dtype.element_ty), mask=f_ok)
+        tl.store(h_ptrs + F * s_hf, acc_u.to(h_ptr.dtype.element_ty), mask=f_ok)
+    if STORE_ACT:
         a = acc_g * _sigmoid(acc_g) * acc_u
-        tl.store(out_ptrs, a.to(out_ptr.dtype.element_ty), mask=f_ok)
+        act_ptrs = act_ptr + rows[:, None] * s_am + offs_f[None, :] * s_af  # [BLOCK_M, BLOCK_N]
+        tl.store(act_ptrs, a.to(act_ptr.dtype.element_ty), mask=f_ok)
 
 
 @triton.jit
 def _moe_rows_gemm_kernel(a_ptr, w_ptr, out_ptr, weights_ptr, sorted_pair_ptr, block_expert_ptr,
                           N, J, s_am, s_aj, s_we, s_wn, s_wj, s_om, s_on,
-                          E: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                          E, MUL_WEIGHT: tl.constexpr,
                           PREC: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Rows r of one expert e: out[r, n] = (weight[pair(r)] *) sum_j a[r, j] W[e, n, j].
@@ -176,7 +183,7 @@ def _moe_rows_gemm_kernel(a_ptr, w_ptr, out_ptr, weights_ptr, sorted_pair_ptr, b
 
 @triton.jit
 def _moe_combine_kernel(src_ptr, row_of_pair_ptr, out_ptr, T, D, s_sm, s_sd, s_ot, s_od,
-                        TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                        TOPK, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """out[t] = sum_k src[row(t, k)], summed over k in index order in fp32 (deterministic)."""
     offs_t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -192,7 +199,7 @@ def _moe_combine_kernel(src_ptr, row_of_pair_ptr, out_ptr, T, D, s_sm, s_sd, s_o
 @triton.jit
 def _moe_dact_kernel(dy_ptr, w2_ptr, h_ptr, weights_ptr, dh_ptr, dwp_ptr, sorted_pair_ptr, block_expert_ptr,
                      D, F, s_yt, s_yd, s_we, s_wd, s_wf, s_hm, s_hf, s_pm, s_pn,
-                     E: tl.constexpr, TOPK: tl.constexpr,
+                     E, TOPK,
                      PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Rows r of expert e: s = w2[e]^T dy[token(r)]; partial dtopk_weights = <s, a> over this F tile;
     dh = [w s u silu'(g); w s silu(g)] with [g; u] = h[r] and w = topk_weights[pair(r)]."""
@@ -228,8 +235,8 @@ def _moe_dact_kernel(dy_ptr, w2_ptr, h_ptr, weights_ptr, dh_ptr, dwp_ptr, sorted
 @triton.jit
 def _moe_dw2_kernel(dy_ptr, h_ptr, weights_ptr, dw2_ptr, sorted_pair_ptr, seg_start_ptr,
                     D, F, s_yt, s_yd, s_hm, s_hf, s_ge, s_gd, s_gf,
-                    TOPK: tl.constexpr, PREC: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+                    TOPK, PREC: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
     """dw2[e, d, f] = sum over expert e's rows r of w[pair(r)] dy[token(r), d] * silu(g[r, f]) u[r, f]."""
     e, offs_d, offs_f = _expert_tile(D, F, BLOCK_I, BLOCK_J)
     d_ok = offs_d < D
@@ -237,13 +244,13 @@ def _moe_dw2_kernel(dy_ptr, h_ptr, weights_ptr, dw2_ptr, sorted_pair_ptr, seg_st
     start = tl.load(seg_start_ptr + e)
     end = tl.load(seg_start_ptr + e + 1)
     acc = tl.zeros((BLOCK_I, BLOCK_J), dtype=tl.float32)  # [BLOCK_I (d), BLOCK_J (f)]
-    for r0 in range(start, end, BLOCK_M):
-        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, TOPK, BLOCK_M)
+    for r0 in range(start, end, BLOCK_R):
+        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, end, TOPK, BLOCK_R)
         wt_r = tl.load(weights_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
         dyt = tl.load(dy_ptr + tok[None, :] * s_yt + offs_d[:, None] * s_yd,
-                      mask=valid[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_M]
+                      mask=valid[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_R]
         do_t = (dyt.to(tl.float32) * wt_r[None, :]).to(dyt.dtype)
-        h_ptrs = h_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf  # [BLOCK_M, BLOCK_J]
+        h_ptrs = h_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf  # [BLOCK_R, BLOCK_J]
         hm = valid[:, None] & f_ok[None, :]
         g = tl.load(h_ptrs, mask=hm, other=0.0).to(tl.float32)
         u = tl.load(h_ptrs + F * s_hf, mask=hm, other=0.0).to(tl.float32)
@@ -256,8 +263,8 @@ def _moe_dw2_kernel(dy_ptr, h_ptr, weights_ptr, dw2_ptr, sorted_pair_ptr, seg_st
 @triton.jit
 def _moe_dw13_kernel(dh_ptr, x_ptr, dw13_ptr, sorted_pair_ptr, seg_start_ptr,
                      F2, D, s_hm, s_hf, s_xt, s_xd, s_ge, s_gf, s_gd,
-                     TOPK: tl.constexpr, PREC: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+                     TOPK, PREC: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
     """dw13[e, j, d] = sum over expert e's rows r of dh[r, j] * x[token(r), d]."""
     e, offs_f, offs_d = _expert_tile(F2, D, BLOCK_I, BLOCK_J)
     f_ok = offs_f < F2
@@ -265,48 +272,70 @@ def _moe_dw13_kernel(dh_ptr, x_ptr, dw13_ptr, sorted_pair_ptr, seg_start_ptr,
     start = tl.load(seg_start_ptr + e)
     end = tl.load(seg_start_ptr + e + 1)
     acc = tl.zeros((BLOCK_I, BLOCK_J), dtype=tl.float32)  # [BLOCK_I (2F), BLOCK_J (d)]
-    for r0 in range(start, end, BLOCK_M):
-        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, TOPK, BLOCK_M)
+    for r0 in range(start, end, BLOCK_R):
+        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, end, TOPK, BLOCK_R)
         dht = tl.load(dh_ptr + rows[None, :] * s_hm + offs_f[:, None] * s_hf,
-                      mask=valid[None, :] & f_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_M]
+                      mask=valid[None, :] & f_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_R]
         xt = tl.load(x_ptr + tok[:, None] * s_xt + offs_d[None, :] * s_xd,
-                     mask=valid[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_J]
+                     mask=valid[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_R, BLOCK_J]
         acc = tl.dot(dht, xt, acc, input_precision=PREC)
     out = dw13_ptr + e.to(tl.int64) * s_ge + offs_f[:, None].to(tl.int64) * s_gf + offs_d[None, :] * s_gd
     tl.store(out, acc.to(dw13_ptr.dtype.element_ty), mask=f_ok[:, None] & d_ok[None, :])
 
 
 @dataclass(frozen=True)
-class _Config:
-    """Tile sizes and launch settings of one call (fixed, not autotuned: the interpreter cannot autotune)."""
+class Tile:
+    """Launch settings of one kernel: output tile width, reduction step, warps, pipeline depth."""
+
+    block_n: int
+    """Output columns per program (for the weight gradients: the tile's first edge)."""
+    block_k: int
+    """Reduction step (for the weight gradients: the tile's second edge; their reduction step is dw_step)."""
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Tiles of one fused_moe call, per kernel (fixed, not autotuned: the interpreter cannot autotune).
+
+    block_m is shared: it is the segment alignment of `align_by_expert`, which every kernel of a call reads.
+    """
 
     block_m: int
-    """Rows per block of the grouped GEMMs (and segment alignment)."""
-    block_n: int
-    """Output columns per program of the grouped GEMMs; also the dW tile edge."""
-    block_k: int
-    """Reduction step of the grouped GEMMs."""
-    num_warps: int
-    """Warps of the single-accumulator GEMMs."""
-    up_warps: int
-    """Warps of the up projection (two accumulators: gate and up)."""
-    dw_warps: int
-    """Warps of the weight-gradient kernels (block_n x block_n accumulator)."""
-    num_stages: int
-    """Software pipeline depth."""
+    """Rows per block of the grouped GEMMs and the segment alignment."""
+    up: Tile
+    """x @ w13[e]^T with SwiGLU fused (forward) or stored as h (backward's recompute); two accumulators."""
+    down: Tile
+    """act @ w2[e]^T times the combine weight (forward)."""
+    dact: Tile
+    """dy @ w2[e] -> dh and the partial combine-weight gradients (backward)."""
+    dx: Tile
+    """dh @ w13[e] -> per-row dx (backward)."""
+    dw: Tile
+    """dW2 and dW13 tiles, [block_n, block_k] per program, looping over the expert's rows (backward)."""
+    dw_step: int
+    """Rows per reduction step of the weight gradients (any power of two: slices are masked at segment ends)."""
     prec: str
     """tl.dot input precision: "ieee" for fp32 operands; bf16/fp16 ignore it (default "tf32")."""
 
 
-def _config(x: torch.Tensor) -> _Config:
-    # Interpreter: the smallest tiles tl.dot accepts (programs run one by one in numpy).
-    # GPU: tiles for the H100/H200 class at Qwen3-MoE widths (D 2048, F 768); fp32 runs IEEE dots (slow path,
-    # for tests) with smaller tiles to stay inside shared memory.
+def _same(tile: Tile, block_m: int, dw_step: int, prec: str) -> MoEConfig:
+    return MoEConfig(block_m, tile, tile, tile, tile, tile, dw_step, prec)
+
+
+def moe_config(x: torch.Tensor) -> MoEConfig:
+    """Tiles for this input. Interpreter: the smallest tiles tl.dot accepts (programs run one by one in numpy),
+    with a weight-gradient step twice the alignment so that the tests cross segment ends. GPU: tiles for the
+    H100/H200 class at Qwen3-MoE widths (D 2048, F 768), each kernel's the fastest of a sweep on an H200
+    (bench/gpu_check_moe.py --sweep, T=8192, E=128, K=8); fp32 runs IEEE dots (slow path, for tests) with
+    smaller tiles to stay inside shared memory."""
     if interpreter_on() or not x.is_cuda:
-        return _Config(16, 16, 16, num_warps=1, up_warps=1, dw_warps=1, num_stages=1, prec="ieee")
+        return _same(Tile(16, 16, num_warps=1, num_stages=1), 16, 32, "ieee")
     if x.dtype == torch.float32:
-        return _Config(64, 64, 32, num_warps=4, up_warps=4, dw_warps=4, num_stages=2, prec="ieee")
-    return _Config(64, 128, 64, num_warps=4, up_warps=8, dw_warps=8, num_stages=3, prec="tf32")
+        return _same(Tile(64, 32, num_warps=4, num_stages=2), 64, 64, "ieee")
+    return MoEConfig(64, up=Tile(256, 64, 8, 3), down=Tile(128, 64, 4, 3), dact=Tile(128, 64, 4, 3),
+                     dx=Tile(128, 64, 4, 3), dw=Tile(256, 128, 8, 2), dw_step=64, prec="tf32")
 
 
 def _new(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype, fill: float | None) -> torch.Tensor:
@@ -316,31 +345,35 @@ def _new(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype, fill: f
     return torch.full(shape, fill, dtype=dtype, device=like.device)
 
 
-def _up(x, w13, al: ExpertAlignment, cfg: _Config, *, store_h: bool, fill: float | None) -> torch.Tensor:
-    """[M, 2F] pre-activations (store_h) or [M, F] activations of the sorted rows."""
+def _up(x, w13, al: ExpertAlignment, cfg: MoEConfig, *, store_h: bool, store_act: bool,
+        fill: float | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(h [M, 2F] pre-activations if store_h, act [M, F] = silu(g) u if store_act) of the sorted rows."""
     E, F2, D = w13.shape
-    F = F2 // 2
-    out = _new((al.sorted_pair_M.numel(), F2 if store_h else F), x, x.dtype, fill)
-    grid = (al.block_expert_B.numel() * triton.cdiv(F, cfg.block_n),)
-    _moe_up_kernel[grid](x, w13, out, al.sorted_pair_M, al.block_expert_B, D, F,
+    F, M, t = F2 // 2, al.sorted_pair_M.numel(), cfg.up
+    h = _new((M, F2), x, x.dtype, fill) if store_h else None
+    act = _new((M, F), x, x.dtype, fill) if store_act else None
+    h_arg, act_arg = (h if h is not None else act), (act if act is not None else h)  # an unused one: any tensor
+    grid = (al.block_expert_B.numel() * triton.cdiv(F, t.block_n),)
+    _moe_up_kernel[grid](x, w13, h_arg, act_arg, al.sorted_pair_M, al.block_expert_B, D, F,
                          x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
-                         out.stride(0), out.stride(1), E=E, TOPK=al.row_of_pair_P.numel() // x.shape[0],
-                         STORE_H=store_h, PREC=cfg.prec, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                         BLOCK_K=cfg.block_k, num_warps=cfg.up_warps, num_stages=cfg.num_stages)
-    return out
+                         h_arg.stride(0), h_arg.stride(1), act_arg.stride(0), act_arg.stride(1),
+                         E, al.row_of_pair_P.numel() // x.shape[0], STORE_H=store_h, STORE_ACT=store_act,
+                         PREC=cfg.prec, BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                         num_warps=t.num_warps, num_stages=t.num_stages)
+    return h, act
 
 
-def _rows_gemm(a, w, w_strides: tuple[int, int, int], N: int, weights, al: ExpertAlignment, cfg: _Config,
-               out_dtype: torch.dtype, fill: float | None) -> torch.Tensor:
+def _rows_gemm(a, w, w_strides: tuple[int, int, int], N: int, weights, al: ExpertAlignment, cfg: MoEConfig,
+               t: Tile, out_dtype: torch.dtype, fill: float | None) -> torch.Tensor:
     """out[r, n] = (weights[pair(r)] *) sum_j a[r, j] W[e, n, j], W given by its (e, n, j) strides."""
     E, J = w.shape[0], a.shape[1]
     out = _new((a.shape[0], N), a, out_dtype, fill)
-    grid = (al.block_expert_B.numel() * triton.cdiv(N, cfg.block_n),)
+    grid = (al.block_expert_B.numel() * triton.cdiv(N, t.block_n),)
     _moe_rows_gemm_kernel[grid](a, w, out, weights if weights is not None else a, al.sorted_pair_M,
                                 al.block_expert_B, N, J, a.stride(0), a.stride(1), *w_strides,
-                                out.stride(0), out.stride(1), E=E, MUL_WEIGHT=weights is not None, PREC=cfg.prec,
-                                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                                out.stride(0), out.stride(1), E, MUL_WEIGHT=weights is not None, PREC=cfg.prec,
+                                BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                                num_warps=t.num_warps, num_stages=t.num_stages)
     return out
 
 
@@ -350,61 +383,103 @@ def _combine(src: torch.Tensor, al: ExpertAlignment, T: int, out_dtype: torch.dt
     block_d = 64 if src.is_cuda and not interpreter_on() else 16
     grid = (triton.cdiv(T, 16), triton.cdiv(D, block_d))
     _moe_combine_kernel[grid](src, al.row_of_pair_P, out, T, D, src.stride(0), src.stride(1),
-                              out.stride(0), out.stride(1), TOPK=al.row_of_pair_P.numel() // T,
+                              out.stride(0), out.stride(1), al.row_of_pair_P.numel() // T,
                               BLOCK_T=16, BLOCK_D=block_d)
     return out
 
 
+@dataclass(frozen=True)
+class MoESavedTriton:
+    """What a training forward keeps for its backward: the alignment and the pre-activations h [M, 2F]."""
+
+    alignment: ExpertAlignment
+    h: torch.Tensor
+
+
 def moe_fwd_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                   topk_weights: torch.Tensor, *, scratch_fill: float | None = None) -> torch.Tensor:
-    """Forward of `kernels.moe.fused_moe` (inputs contiguous and checked there). Scratch: [M, F] + [M, D]."""
+                   topk_weights: torch.Tensor, *, save: bool = False, scratch_fill: float | None = None
+                   ) -> tuple[torch.Tensor, MoESavedTriton | None]:
+    """Forward of `kernels.moe.fused_moe` (inputs contiguous and checked there) -> (y, saved).
+
+    save=True also writes h = [g; u] [M, 2F] and returns it with the alignment, so the backward neither sorts
+    again nor recomputes the up projection; save=False (inference, or a memory-bound backward that recomputes)
+    keeps scratch at [M, F] + [M, D], freed on return.
+    """
     T, D = x.shape
     if T == 0:
-        return x.new_zeros((0, D))
-    cfg = _config(x)
+        return x.new_zeros((0, D)), None
+    cfg = moe_config(x)
     al = align_by_expert(topk_ids, w13.shape[0], cfg.block_m)
-    act = _up(x, w13, al, cfg, store_h=False, fill=scratch_fill)
-    o = _rows_gemm(act, w2, (w2.stride(0), w2.stride(1), w2.stride(2)), D, topk_weights, al, cfg, x.dtype,
-                   scratch_fill)
-    return _combine(o, al, T, x.dtype)
+    h, act = _up(x, w13, al, cfg, store_h=save, store_act=True, fill=scratch_fill)
+    o = _rows_gemm(act, w2, (w2.stride(0), w2.stride(1), w2.stride(2)), D, topk_weights, al, cfg, cfg.down,
+                   x.dtype, scratch_fill)
+    return _combine(o, al, T, x.dtype), (MoESavedTriton(al, h) if save else None)
 
 
 def moe_bwd_triton(dy: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                   topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, scratch_fill: float | None = None
+                   topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, saved: MoESavedTriton | None = None,
+                   scratch_fill: float | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dw13, dw2, dtopk_weights); recomputes h = w13 x per row. Scratch: 2 x [M, 2F] + [M, D]."""
+    """(dx, dw13, dw2, dtopk_weights). Uses the forward's alignment and h when given (`saved`), else sorts
+    again and recomputes h = w13 x per row. Scratch: [M, 2F] (dh) + [M, D] (+ [M, 2F] when recomputing)."""
     T, D = x.shape
-    E, F2, _ = w13.shape
-    F = F2 // 2
+    E = w13.shape[0]
     if T == 0:
         return x.new_zeros((0, D)), torch.zeros_like(w13), torch.zeros_like(w2), torch.zeros_like(topk_weights)
-    cfg = _config(x)
-    al = align_by_expert(topk_ids, E, cfg.block_m)
-    M, K = al.sorted_pair_M.numel(), topk_ids.shape[1]
-    h = _up(x, w13, al, cfg, store_h=True, fill=scratch_fill)
-    dh = _new((M, F2), x, x.dtype, scratch_fill)
-    num_fn = triton.cdiv(F, cfg.block_n)
-    dwp = _new((M, num_fn), x, torch.float32, scratch_fill)
-    _moe_dact_kernel[(al.block_expert_B.numel() * num_fn,)](
-        dy, w2, h, topk_weights, dh, dwp, al.sorted_pair_M, al.block_expert_B, D, F,
-        dy.stride(0), dy.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), h.stride(0), h.stride(1),
-        dwp.stride(0), dwp.stride(1), E=E, TOPK=K, PREC=cfg.prec, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cfg = moe_config(x)
+    if saved is not None:
+        al, h = saved.alignment, saved.h
+    else:
+        al = align_by_expert(topk_ids, E, cfg.block_m)
+        h, _ = _up(x, w13, al, cfg, store_h=True, store_act=False, fill=scratch_fill)
+    K = topk_ids.shape[1]
+    dh, dwp = _dact(dy, w2, h, topk_weights, al, cfg, scratch_fill)
     # Per-pair sum over the F tiles in tile order (deterministic), then back to (token, slot) order.
     dtopk_w = dwp.sum(dim=1)[al.row_of_pair_P].view(T, K).to(topk_weights.dtype)
     # dx rows: W[e, n=d, j] = w13[e, j, d], i.e. w13 read with its last two strides swapped.
-    dxs = _rows_gemm(dh, w13, (w13.stride(0), w13.stride(2), w13.stride(1)), D, None, al, cfg, torch.float32,
-                     scratch_fill)
+    dxs = _rows_gemm(dh, w13, (w13.stride(0), w13.stride(2), w13.stride(1)), D, None, al, cfg, cfg.dx,
+                     torch.float32, scratch_fill)
     dx = _combine(dxs, al, T, x.dtype)
-    dw2 = torch.empty_like(w2)
-    bi = bj = cfg.block_n
-    _moe_dw2_kernel[(E * triton.cdiv(D, bi) * triton.cdiv(F, bj),)](
-        dy, h, topk_weights, dw2, al.sorted_pair_M, al.seg_start_E1, D, F, dy.stride(0), dy.stride(1),
-        h.stride(0), h.stride(1), dw2.stride(0), dw2.stride(1), dw2.stride(2), TOPK=K, PREC=cfg.prec,
-        BLOCK_M=cfg.block_m, BLOCK_I=bi, BLOCK_J=bj, num_warps=cfg.dw_warps, num_stages=cfg.num_stages)
-    dw13 = torch.empty_like(w13)
-    _moe_dw13_kernel[(E * triton.cdiv(F2, bi) * triton.cdiv(D, bj),)](
-        dh, x, dw13, al.sorted_pair_M, al.seg_start_E1, F2, D, dh.stride(0), dh.stride(1),
-        x.stride(0), x.stride(1), dw13.stride(0), dw13.stride(1), dw13.stride(2), TOPK=K, PREC=cfg.prec,
-        BLOCK_M=cfg.block_m, BLOCK_I=bi, BLOCK_J=bj, num_warps=cfg.dw_warps, num_stages=cfg.num_stages)
+    dw2 = _dw2(dy, h, topk_weights, al, cfg, w2)
+    dw13 = _dw13(dh, x, al, cfg, w13)
     return dx, dw13, dw2, dtopk_w
+
+
+def _dact(dy, w2, h, topk_weights, al: ExpertAlignment, cfg: MoEConfig, fill: float | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh [M, 2F], per-row partial combine-weight gradients [M, F / dact.block_n] in fp32)."""
+    E, D, F = w2.shape
+    M, t = al.sorted_pair_M.numel(), cfg.dact
+    dh = _new((M, 2 * F), h, h.dtype, fill)
+    num_fn = triton.cdiv(F, t.block_n)
+    dwp = _new((M, num_fn), h, torch.float32, fill)
+    _moe_dact_kernel[(al.block_expert_B.numel() * num_fn,)](
+        dy, w2, h, topk_weights, dh, dwp, al.sorted_pair_M, al.block_expert_B, D, F,
+        dy.stride(0), dy.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), h.stride(0), h.stride(1),
+        dwp.stride(0), dwp.stride(1), E, topk_weights.shape[1], PREC=cfg.prec, BLOCK_M=cfg.block_m,
+        BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages)
+    return dh, dwp
+
+
+def _dw2(dy, h, topk_weights, al: ExpertAlignment, cfg: MoEConfig, w2) -> torch.Tensor:
+    E, D, F = w2.shape
+    t = cfg.dw
+    dw2 = torch.empty_like(w2)
+    _moe_dw2_kernel[(E * triton.cdiv(D, t.block_n) * triton.cdiv(F, t.block_k),)](
+        dy, h, topk_weights, dw2, al.sorted_pair_M, al.seg_start_E1, D, F, dy.stride(0), dy.stride(1),
+        h.stride(0), h.stride(1), dw2.stride(0), dw2.stride(1), dw2.stride(2), topk_weights.shape[1],
+        PREC=cfg.prec, BLOCK_R=cfg.dw_step, BLOCK_I=t.block_n, BLOCK_J=t.block_k, num_warps=t.num_warps,
+        num_stages=t.num_stages)
+    return dw2
+
+
+def _dw13(dh, x, al: ExpertAlignment, cfg: MoEConfig, w13) -> torch.Tensor:
+    E, F2, D = w13.shape
+    t = cfg.dw
+    dw13 = torch.empty_like(w13)
+    _moe_dw13_kernel[(E * triton.cdiv(F2, t.block_n) * triton.cdiv(D, t.block_k),)](
+        dh, x, dw13, al.sorted_pair_M, al.seg_start_E1, F2, D, dh.stride(0), dh.stride(1),
+        x.stride(0), x.stride(1), dw13.stride(0), dw13.stride(1), dw13.stride(2),
+        al.row_of_pair_P.numel() // x.shape[0], PREC=cfg.prec, BLOCK_R=cfg.dw_step, BLOCK_I=t.block_n,
+        BLOCK_J=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages)
+    return dw13

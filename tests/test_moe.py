@@ -270,10 +270,16 @@ def test_interp_triton_matches_reference(T, D, F, E, K, mode):
     x, w13, w2, ids, w, dy = _problem(T, D, F, E, K, mode=mode)
     y_ref, grads_ref = _reference(x, w13, w2, ids, w, dy)
     nan = float("nan")  # scratch buffers start as NaN: a read of an unwritten row poisons the result
-    _assert_close(moe_fwd_triton(x, w13, w2, ids, w, scratch_fill=nan), y_ref, "y")
-    got = moe_bwd_triton(dy, x, w13, w2, ids, w, scratch_fill=nan)
+    y, saved = moe_fwd_triton(x, w13, w2, ids, w, save=True, scratch_fill=nan)
+    _assert_close(y, y_ref, "y")
+    y_lean, nothing = moe_fwd_triton(x, w13, w2, ids, w, scratch_fill=nan)
+    assert nothing is None and torch.equal(y, y_lean)  # keeping h changes no bit of the output
+    # The backward from the forward's alignment and h, and the one that sorts and recomputes: same bits.
+    got = moe_bwd_triton(dy, x, w13, w2, ids, w, saved=saved, scratch_fill=nan)
     for name, g, ref in zip(("dx", "dw13", "dw2", "dw"), got, grads_ref):
         _assert_close(g, ref, name)
+    again = moe_bwd_triton(dy, x, w13, w2, ids, w, scratch_fill=nan)
+    assert all(torch.equal(p, q) for p, q in zip(got, again))
 
 
 @interp
@@ -290,6 +296,20 @@ def test_interp_fused_moe_autograd_on_triton_backend():
         _assert_close(g, ref, name)
     y2 = fused_moe(x, w13, w2, ids, w)
     assert torch.equal(y.detach(), y2)  # deterministic: same inputs, same bits
+    y3 = fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3], recompute=True)
+    assert all(torch.equal(p, q) for p, q in zip(grads, torch.autograd.grad(y3, leaves, dy)))
+    # What the forward keeps: h only when a backward can come.
+    import kernels.moe_triton as mt
+    kept = []
+    real = mt.moe_fwd_triton
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mt, "moe_fwd_triton", lambda *a, **k: kept.append(k["save"]) or real(*a, **k))
+        fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3])
+        fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3], recompute=True)
+        fused_moe(x, w13, w2, ids, w)
+        with torch.no_grad():
+            fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3])
+    assert kept == [True, False, False, False], kept
     with pytest.raises(ValueError, match="x: the Triton backend takes"):
         fused_moe(x.double(), w13.double(), w2.double(), ids, w)
 
