@@ -35,6 +35,7 @@ import requests.exceptions
 from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, ImageNotFound,
                             SandboxError, ShellUnresponsive)
 from sandbox.images import TaskImage
+from sandbox.tarball import RootOwned
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
 
@@ -498,17 +499,8 @@ class DockerSandbox:
         local = Path(local_dir)
         if not local.is_dir():
             raise NotADirectoryError(f"local_dir must be a directory, got {str(local)!r}")
-        total = 0
-
-        def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            nonlocal total
-            total += info.size
-            if total > self.max_file_bytes:
-                raise FileTooLarge(f"{local} holds more than max_file_bytes={self.max_file_bytes}")
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            return info
-
+        as_root = RootOwned(self.max_file_bytes, lambda: FileTooLarge(
+            f"{local} holds more than max_file_bytes={self.max_file_bytes}"))
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for child in sorted(local.iterdir()):

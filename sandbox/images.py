@@ -39,6 +39,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from sandbox.tarball import RootOwned
 from sandbox.tasks import Task
 
 IMAGE_REPO = "t1-task"
@@ -295,15 +296,7 @@ def _tar(copies: list[tuple[Path, str]], dirs: set[str], *, existing_dirs: Mappi
          dir_mtime: int) -> bytes | None:
     """A tar to extract at /: an entry for each of `dirs` (the image's own stat where it has that directory,
     else 0755, root, `dir_mtime`; parents first), then the copies. None above PRELOAD_MAX_BYTES."""
-    total = 0
-
-    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        nonlocal total
-        total += info.size
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
+    as_root = RootOwned()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for d in sorted(dirs):  # the daemon applies directory entries' times after extracting everything
@@ -318,7 +311,7 @@ def _tar(copies: list[tuple[Path, str]], dirs: set[str], *, existing_dirs: Mappi
                     tar.add(child, arcname=posixpath.join(arc, child.name), filter=as_root)
             else:
                 tar.add(src, arcname=arc, filter=as_root)
-            if total > PRELOAD_MAX_BYTES:
+            if as_root.total > PRELOAD_MAX_BYTES:
                 return None
     return buf.getvalue()
 

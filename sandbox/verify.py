@@ -46,6 +46,7 @@ from typing import Any
 
 from sandbox.docker_sandbox import DockerSandbox, docker_client, docker_errors
 from sandbox.errors import SandboxError
+from sandbox.tarball import RootOwned
 from sandbox.tasks import Task
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -241,16 +242,11 @@ def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
         info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, int(time.time())
         tar.addfile(info)
 
-    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
     with tarfile.open(fileobj=buf, mode="w") as tar:
         add_dir(tar, name, 0o700)
         for sub in ("out", "pyc"):
             add_dir(tar, f"{name}/{sub}", 0o755)
-        tar.add(task.tests_dir, arcname=f"{name}/tests", filter=as_root)
+        tar.add(task.tests_dir, arcname=f"{name}/tests", filter=RootOwned())
         add_bytes(tar, f"{name}/runner.py", _RUNNER.encode())
         add_bytes(tar, f"{name}/pytest.ini", b"[pytest]\n")
     with docker_errors(f"uploading the tests of {task.name}"):

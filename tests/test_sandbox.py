@@ -321,3 +321,25 @@ def test_base_image_is_idempotent(image, api):
     out = subprocess.run([sys.executable, "-m", "sandbox.image", "build"], cwd=REPO, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True).stdout
     assert out.strip().splitlines()[-1] == image
+
+
+def test_root_owned_tar_filter_counts_bytes_and_stops_at_its_limit(tmp_path) -> None:
+    import io
+    import tarfile
+
+    from sandbox.tarball import RootOwned
+    (tmp_path / "a").write_bytes(b"x" * 700)
+    (tmp_path / "b").write_bytes(b"y" * 400)
+    keep = RootOwned()
+    with tarfile.open(fileobj=io.BytesIO(), mode="w") as tar:
+        tar.add(tmp_path / "a", arcname="a", filter=keep)
+        tar.add(tmp_path / "b", arcname="b", filter=keep)
+        assert [(m.uid, m.gid, m.uname, m.gname) for m in tar.getmembers()] == [(0, 0, "root", "root")] * 2
+    assert keep.total == 1100
+    capped = RootOwned(1000, lambda: FileTooLarge("over 1000 bytes"))
+    with tarfile.open(fileobj=io.BytesIO(), mode="w") as tar:
+        tar.add(tmp_path / "a", arcname="a", filter=capped)
+        with pytest.raises(FileTooLarge, match="over 1000 bytes"):
+            tar.add(tmp_path / "b", arcname="b", filter=capped)
+    with pytest.raises(ValueError, match="too_large"):
+        RootOwned(10)
