@@ -10,9 +10,11 @@ single expert. Outputs per pair are written to the sorted rows and reduced over 
 (fixed order: deterministic, no float atomics). Weight gradients: one program per (expert, tile) loops over
 that expert's rows with an fp32 accumulator (no atomics). A training forward keeps the alignment and the
 pre-activations h [M, 2F] for the backward (no second sort, no recomputed up projection); `fused_moe(...,
-recompute=True)` keeps neither and recomputes both in the backward. Pointer offsets are int64 (packed RL batches pass
-2^31 elements). fp32 inputs use IEEE dots (PREC="ieee": TF32 would miss fp32 tolerances); bf16/fp16 take
-the default tensor-core path (PREC="tf32", which only affects fp32 operands) and accumulate in fp32.
+recompute=True)` keeps neither and recomputes both in the backward. Pointer offsets are int64 (packed RL
+batches pass 2^31 elements). fp32 inputs use IEEE dots (PREC="ieee": TF32 would miss fp32 tolerances);
+bf16/fp16 take the default tensor-core path (PREC="tf32", which only affects fp32 operands) and accumulate in
+fp32. E and TOPK are runtime arguments, not constexprs: one compile serves every expert count and top-k (the
+GPU check's eight shapes compiled each kernel once per shape before).
 """
 
 from __future__ import annotations
