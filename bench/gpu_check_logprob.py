@@ -181,7 +181,7 @@ def sweep_configs(N: int = 8192, D: int = 4096, V: int = 151_936, *, iters: int 
                 def fwd() -> None:
                     logprob_triton.triton_logprob_fwd(hidden, weight, targets, with_entropy=False, **kw)
 
-                def dz_only() -> None:
+                def dz_only(lse=lse, mz=mz) -> None:
                     logprob_triton.triton_logprob_bwd(hidden, weight, targets, lse, mz, g_N, None,
                                                       need_hidden=False, need_weight=False, **kw)
 

@@ -14,8 +14,10 @@ Exits 1 when a correctness check fails. FLOPs: forward 6*T*K*D*F, forward+backwa
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -251,6 +253,21 @@ TILE_CANDIDATES = {  # (block_n, block_k, num_warps, num_stages); the first of e
 DW_STEPS = (64, 128)
 
 
+def _kernel_runs(x, w13, w2, w, dy, al, cfg0) -> dict[str, Callable]:
+    """Per kernel, a call under a given config; the inputs of the backward kernels are computed once here."""
+    D = x.shape[1]
+    h, act = moe_triton._up(x, w13, al, cfg0, store_h=True, store_act=True, fill=None)
+    dh, _ = moe_triton._dact(dy, w2, h, w, al, cfg0)
+    w13_t = (w13.stride(0), w13.stride(2), w13.stride(1))
+    return {
+        "up": lambda c: moe_triton._up(x, w13, al, c, store_h=True, store_act=True, fill=None),
+        "down": lambda c: moe_triton._rows_gemm(act, w2, w2.stride(), D, w, al, c, c.down, x.dtype, None),
+        "dact": lambda c: moe_triton._dact(dy, w2, h, w, al, c),
+        "dx": lambda c: moe_triton._rows_gemm(dh, w13, w13_t, D, None, al, c, c.dx, torch.float32, None),
+        "dw": lambda c: (moe_triton._dw2(dy, h, w, al, c, w2), moe_triton._dw13(dh, x, al, c, w13)),
+    }
+
+
 def sweep(iters: int, *, T=8192, D=2048, F=768, E=128, K=8) -> moe_triton.MoEConfig | None:
     """Time every kernel alone under each candidate tile, for block_m 64 and 128; return the fastest config."""
     import dataclasses
@@ -262,16 +279,7 @@ def sweep(iters: int, *, T=8192, D=2048, F=768, E=128, K=8) -> moe_triton.MoECon
         # Inputs of the later kernels come from a tile that fits every block_m (the default up tile needs
         # more than the 227 KiB of shared memory at block_m 128).
         cfg0 = dataclasses.replace(base, block_m=bm, up=moe_triton.Tile(128, 64, 8, 3))
-        h, act = moe_triton._up(x, w13, al, cfg0, store_h=True, store_act=True, fill=None)
-        dh, _ = moe_triton._dact(dy, w2, h, w, al, cfg0)
-        w13_t = (w13.stride(0), w13.stride(2), w13.stride(1))
-        runs = {
-            "up": lambda c: moe_triton._up(x, w13, al, c, store_h=True, store_act=True, fill=None),
-            "down": lambda c: moe_triton._rows_gemm(act, w2, w2.stride(), D, w, al, c, c.down, x.dtype, None),
-            "dact": lambda c: moe_triton._dact(dy, w2, h, w, al, c),
-            "dx": lambda c: moe_triton._rows_gemm(dh, w13, w13_t, D, None, al, c, c.dx, torch.float32, None),
-            "dw": lambda c: (moe_triton._dw2(dy, h, w, al, c, w2), moe_triton._dw13(dh, x, al, c, w13)),
-        }
+        runs = _kernel_runs(x, w13, w2, w, dy, al, cfg0)
         chosen = {}
         for kernel, cands in TILE_CANDIDATES.items():
             times = []
@@ -279,7 +287,7 @@ def sweep(iters: int, *, T=8192, D=2048, F=768, E=128, K=8) -> moe_triton.MoECon
                 tile = moe_triton.Tile(*cand)
                 cfg = dataclasses.replace(cfg0, **{kernel: tile}, **({"dw_step": step} if step else {}))
                 try:
-                    times.append((_seconds(lambda: runs[kernel](cfg), iters), tile, step))
+                    times.append((_seconds(functools.partial(runs[kernel], cfg), iters), tile, step))
                 except Exception as e:  # out of shared memory / registers for this tile: skip it
                     print(f"  bm={bm} {kernel} {cand}: failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
             times.sort(key=lambda tt: tt[0])
