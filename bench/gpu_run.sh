@@ -14,6 +14,10 @@ timeout "${T1_GPU_MOE_S:-240}" python3 bench/gpu_check_moe.py --big --sweep --it
 timeout "${T1_GPU_LOGPROB_S:-110}" python3 bench/gpu_check_logprob.py --sweep 2>&1 | tee "$OUT/logprob.log"
 timeout "${T1_GPU_MODEL_S:-110}" python3 bench/gpu_check_model.py --only "${T1_GPU_MODEL_ONLY:-}" 2>&1 \
   | tee "$OUT/model.log"
+# The CUDA-only tests and benchmarks of the pytest suites (they skip on the CPU CI).
+timeout "${T1_GPU_PYTEST_S:-120}" python3 -m pytest -q -s -p no:cacheprovider tests/test_moe.py -k "cuda or gpu" \
+  bench/test_bench_moe.py bench/test_bench_logprob.py 2>&1 | tee "$OUT/pytest.log"
 echo "==== SUMMARY"
 grep -h -E "FAIL|^\[ok|TFLOP|BEST|ALL CHECKS|FAILED|host syncs|deterministic|recompute|\"ok\"|Traceback|Error" \
   "$OUT/moe.log" "$OUT/logprob.log" "$OUT/model.log" | cut -c1-400
+tail -n 3 "$OUT/pytest.log"
