@@ -132,13 +132,15 @@ def check_replay(device: str) -> None:
                f"{list(routing.shape)}")
     # Other experts: the output changes and the router of layer 0 gets gradient only at replayed columns.
     model = MoEModel(cfg, seed=0, dtype=torch.float32, device=device)
+    with torch.no_grad():
+        h_own_fp32 = model(ids, cu_seqlens=cu)
     gen = torch.Generator().manual_seed(4)
     T, L, K, E = ids.shape[0], len(cfg.moe_layer_ids), cfg.num_experts_per_tok, cfg.num_experts
     other = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T * L)]).view(T, L, K)
     other = other.to(cfg.routing_dtype).to(device)
     h_other = model(ids, cu_seqlens=cu, replay_routing=other)
     h_other.float().pow(2).sum().backward()
-    grad_TE = model.model.layers[0].mlp.gate.weight.grad  # [E, D]: a column is hit when any token replays it
+    gate_grad_ED = model.model.layers[0].mlp.gate.weight.grad  # row e is hit when any token replays expert e
     used_E = torch.zeros(E, dtype=torch.bool, device=device)
     used_E[other[:, 0].long().flatten()] = True
     # Use a single token to see per-column sparsity: replay one token, check its router-logit gradient.
@@ -159,9 +161,9 @@ def check_replay(device: str) -> None:
     g_E = logits_hook[0].grad[0]
     chosen = torch.zeros(E, dtype=torch.bool, device=device)
     chosen[other[0, 0].long()] = True
-    changed = float((h_other.detach() - h1.float()).abs().max())
+    changed = float((h_other.detach() - h_own_fp32).abs().max())
     ok = changed > 1e-3 and bool((g_E[~chosen] == 0).all()) and bool((g_E[chosen] != 0).all()) \
-        and bool((grad_TE[~used_E] == 0).all())
+        and bool((gate_grad_ED[~used_E] == 0).all())
     record("replay other experts", ok, f"output moved by {changed:.2e}; router-logit grad nonzero at "
            f"{int((g_E != 0).sum())} of {E} columns (K={K}, replayed {other[0, 0].tolist()})")
 

@@ -42,6 +42,8 @@ class ExpertAlignment:
     """int64 [P]: row of each pair (the gather index of the combine)."""
     block_m: int
     """Rows per block (segment alignment)."""
+    top_k: int
+    """K: slots per token (pair p belongs to token p // K); every kernel that maps rows to tokens reads it."""
 
 
 def align_by_expert(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int) -> ExpertAlignment:
@@ -67,7 +69,8 @@ def align_by_expert(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int) -
     row_of_pair_P[order_P] = row_sorted
     block_starts = torch.arange(0, num_rows, block_m, device=dev)
     block_expert_B = torch.searchsorted(seg_end_E, block_starts, right=True).to(torch.int32)
-    return ExpertAlignment(sorted_pair_M, block_expert_B, seg_start_E1, row_of_pair_P, block_m)
+    return ExpertAlignment(sorted_pair_M, block_expert_B, seg_start_E1, row_of_pair_P, block_m,
+                           topk_ids_TK.shape[1])
 
 
 @triton.jit
@@ -359,7 +362,7 @@ def _up(x, w13, al: ExpertAlignment, cfg: MoEConfig, *, store_h: bool, store_act
     _moe_up_kernel[grid](x, w13, h_arg, act_arg, al.sorted_pair_M, al.block_expert_B, D, F,
                          x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
                          h_arg.stride(0), h_arg.stride(1), act_arg.stride(0), act_arg.stride(1),
-                         E, al.row_of_pair_P.numel() // x.shape[0], STORE_H=store_h, STORE_ACT=store_act,
+                         E, al.top_k, STORE_H=store_h, STORE_ACT=store_act,
                          PREC=cfg.prec, BLOCK_M=cfg.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                          num_warps=t.num_warps, num_stages=t.num_stages)
     return h, act
@@ -385,7 +388,7 @@ def _combine(src: torch.Tensor, al: ExpertAlignment, T: int, out_dtype: torch.dt
     block_d = 64 if src.is_cuda and not interpreter_on() else 16
     grid = (triton.cdiv(T, 16), triton.cdiv(D, block_d))
     _moe_combine_kernel[grid](src, al.row_of_pair_P, out, T, D, src.stride(0), src.stride(1),
-                              out.stride(0), out.stride(1), al.row_of_pair_P.numel() // T,
+                              out.stride(0), out.stride(1), al.top_k,
                               BLOCK_T=16, BLOCK_D=block_d)
     return out
 
@@ -434,10 +437,9 @@ def moe_bwd_triton(dy: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: tor
     else:
         al = align_by_expert(topk_ids, E, cfg.block_m)
         h, _ = _up(x, w13, al, cfg, store_h=True, store_act=False, fill=scratch_fill)
-    K = topk_ids.shape[1]
     dh, dwp = _dact(dy, w2, h, topk_weights, al, cfg, scratch_fill)
     # Per-pair sum over the F tiles in tile order (deterministic), then back to (token, slot) order.
-    dtopk_w = dwp.sum(dim=1)[al.row_of_pair_P].view(T, K).to(topk_weights.dtype)
+    dtopk_w = dwp.sum(dim=1)[al.row_of_pair_P].view(T, al.top_k).to(topk_weights.dtype)
     # dx rows: W[e, n=d, j] = w13[e, j, d], i.e. w13 read with its last two strides swapped.
     dxs = _rows_gemm(dh, w13, (w13.stride(0), w13.stride(2), w13.stride(1)), D, None, al, cfg, cfg.dx,
                      torch.float32, scratch_fill)
@@ -458,7 +460,7 @@ def _dact(dy, w2, h, topk_weights, al: ExpertAlignment, cfg: MoEConfig, fill: fl
     _moe_dact_kernel[(al.block_expert_B.numel() * num_fn,)](
         dy, w2, h, topk_weights, dh, dwp, al.sorted_pair_M, al.block_expert_B, D, F,
         dy.stride(0), dy.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), h.stride(0), h.stride(1),
-        dwp.stride(0), dwp.stride(1), E, topk_weights.shape[1], PREC=cfg.prec, BLOCK_M=cfg.block_m,
+        dwp.stride(0), dwp.stride(1), E, al.top_k, PREC=cfg.prec, BLOCK_M=cfg.block_m,
         BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages)
     return dh, dwp
 
@@ -469,7 +471,7 @@ def _dw2(dy, h, topk_weights, al: ExpertAlignment, cfg: MoEConfig, w2) -> torch.
     dw2 = torch.empty_like(w2)
     _moe_dw2_kernel[(E * triton.cdiv(D, t.block_n) * triton.cdiv(F, t.block_k),)](
         dy, h, topk_weights, dw2, al.sorted_pair_M, al.seg_start_E1, D, F, dy.stride(0), dy.stride(1),
-        h.stride(0), h.stride(1), dw2.stride(0), dw2.stride(1), dw2.stride(2), topk_weights.shape[1],
+        h.stride(0), h.stride(1), dw2.stride(0), dw2.stride(1), dw2.stride(2), al.top_k,
         PREC=cfg.prec, BLOCK_R=cfg.dw_step, BLOCK_I=t.block_n, BLOCK_J=t.block_k, num_warps=t.num_warps,
         num_stages=t.num_stages)
     return dw2
@@ -482,6 +484,6 @@ def _dw13(dh, x, al: ExpertAlignment, cfg: MoEConfig, w13) -> torch.Tensor:
     _moe_dw13_kernel[(E * triton.cdiv(F2, t.block_n) * triton.cdiv(D, t.block_k),)](
         dh, x, dw13, al.sorted_pair_M, al.seg_start_E1, F2, D, dh.stride(0), dh.stride(1),
         x.stride(0), x.stride(1), dw13.stride(0), dw13.stride(1), dw13.stride(2),
-        al.row_of_pair_P.numel() // x.shape[0], PREC=cfg.prec, BLOCK_R=cfg.dw_step, BLOCK_I=t.block_n,
+        al.top_k, PREC=cfg.prec, BLOCK_R=cfg.dw_step, BLOCK_I=t.block_n,
         BLOCK_J=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages)
     return dw13
