@@ -196,6 +196,11 @@ class AlgoSection:
         1.0, "multiplier of negative advantages after normalisation (1 = plain PPO; below 1 a failed episode pushes "
         "its tokens down less, most of which, in a near-miss, were right: with 'center' and one episode per "
         "instance, plain PPO lowered the tiny default's held-out success and 0 held it; 'group' makes 1 safe)")
+    mask_malformed_turns: bool = _field(
+        False, "no policy-gradient push on replies without a parsable tool call (advantage 0 there, and they stay "
+        "out of the advantage baseline; the KL term still applies). At temperature 1 the tiny policy often "
+        "babbles after its solving command until max_turns (3-80% of a step's sampled tokens), and each babble "
+        "token otherwise carries its episode's advantage. Measured on the tiny default: no gain (README)")
     skip_flat_steps: bool = _field(
         True, "no actor update in a step whose episodes all got the same reward: its advantages hold nothing but "
         "the critic's error (the critic still trains on it)")
@@ -237,6 +242,10 @@ class WarmstartSection:
         "layout; its few instances per family are memorised with more passes)")
     sft_max_steps: int | None = _field(None, "stop SFT after this many optimizer steps; none = run all epochs")
     sft_lr: float = _field(1e-3, "SFT learning rate of the actor")
+    sft_lr_decay: bool = _field(
+        True, "decay the SFT learning rate linearly to 0 over its optimizer steps (after the warmup); false = "
+        "constant, where the last minibatches leave their mark (one memorised word per family). Tiny default, "
+        "same base, transcripts and data order: 92 of 168 held-out instances solved decayed, 72 constant")
     sft_minibatch_tokens: int = _field(
         4096, "tokens per SFT optimizer step (separate from algo.minibatch_tokens: halving it doubled the tiny "
         "default's final SFT NLL, 0.31 -> 0.65)")

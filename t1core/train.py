@@ -34,7 +34,7 @@ from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
-from t1core.update import ppo_update, score, sft_update
+from t1core.update import ppo_update, score, sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
 
 WARMSTART_DIR = "warmstart"
@@ -68,8 +68,9 @@ class Trainer:
                  for i, t in enumerate(tasks)]
         bar = tqdm(total=len(specs), desc=desc, leave=False, file=sys.stdout, disable=None)
         self.sampled.clear()
-        trajs = run_episodes(self.sampled, self.tok, specs, config=world.agent_config(self.cfg, temperature=temperature),
-                             num_parallel=self.cfg.rollout.concurrency, on_done=lambda i, t: bar.update())
+        config = world.agent_config(self.cfg, temperature=temperature)
+        trajs = run_episodes(self.sampled, self.tok, specs, config=config, num_parallel=self.cfg.rollout.concurrency,
+                             on_done=lambda i, t: bar.update())
         bar.close()
         return trajs
 
@@ -106,18 +107,24 @@ class Trainer:
                 config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
                 num_parallel=self.cfg.rollout.concurrency)
         save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
-        opt, sched = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg)
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, 1 << 20))
-        steps = 0
-        for epoch in tqdm(range(w.sft_epochs), desc="sft", leave=False, file=sys.stdout, disable=None):
+        planned = sft_num_steps([t.num_tokens for t in transcripts], epochs=w.sft_epochs,
+                                minibatch_tokens=w.sft_minibatch_tokens, generator=gen)
+        if w.sft_max_steps is not None:
+            planned = min(planned, w.sft_max_steps)
+        opt, sched = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg,
+                                          decay_steps=planned if w.sft_lr_decay else None)
+        steps, epochs, m = 0, 0, {}
+        for _ in tqdm(range(w.sft_epochs), desc="sft", leave=False, file=sys.stdout, disable=None):
+            if steps >= planned:
+                break
             with self.clock.phase("sft_update"):
                 m = sft_update(transcripts, policy=self.policy, opt=opt, sched=sched,
                                grad_clip=self.cfg.optim.grad_clip, minibatch_tokens=w.sft_minibatch_tokens,
-                               generator=gen)
-            steps += 1
-            if w.sft_max_steps is not None and steps >= w.sft_max_steps:
-                break
-        return {**metrics, **m, "sft/epochs": float(steps)}
+                               generator=gen, max_steps=planned - steps)
+            steps += int(m["sft/steps"])
+            epochs += 1
+        return {**metrics, **m, "sft/epochs": float(epochs), "sft/steps": float(steps)}
 
     def pretrain_base(self) -> dict[str, float]:
         """Next-token training on synthetic instruction -> tool-call text (t1core.pretrain): the base model a

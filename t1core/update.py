@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.logprob import token_logprobs
-from t1core.batch import PackedBatch, pack, split_by_tokens
+from t1core.batch import PackedBatch, pack, split_by_tokens, turn_positions
 from t1core.config import AlgoSection, OptimSection
 from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
                            ppo_policy_loss, routing_agreement, sft_loss, value_loss)
@@ -35,6 +35,8 @@ class Scored:
     ref_logp_T: torch.Tensor | None
     traj_ids: list[int] = field(default_factory=list)
     """Index, in the step's trajectory list, of each trajectory packed here (in packing order)."""
+    pg_mask_T: torch.Tensor | None = None
+    """Loss tokens that get a policy-gradient push (advantage 0 elsewhere); None = all of the loss mask."""
 
 
 def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature: float, replay: bool,
@@ -89,7 +91,14 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         ref_T = None
         if ref_policy is not None:
             ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3)
-        scored.append(Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group))
+        pg_mask_T = None
+        if algo.mask_malformed_turns:
+            malformed_T = turn_positions([trajectories[i] for i in group], batch.cu_seqlens,
+                                         lambda turn: turn.tool_error is not None)
+            pg_mask_T = batch.loss_mask_T & ~malformed_T
+            metrics["policy/malformed_token_frac"].append(
+                (float(malformed_T.sum()) / max(1, int(batch.loss_mask_T.sum())), batch.reward_B.numel()))
+        scored.append(Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, pg_mask_T))
         for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
             metrics[k].append((v, batch.reward_B.numel()))
     _normalise_advantages(scored, algo.advantage_norm, group_ids)
@@ -125,9 +134,14 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
     Why 'group': episodes of one instance share most tokens (the same command with one word wrong). With the
     instance's own mean as baseline, the shared tokens get +a in one episode and -a in the other, and only the
     tokens that differ carry a net push; instance difficulty (which the critic explains little of) drops out."""
-    if mode == "none" or not scored:
+    if not scored:
         return
-    masks = [s.batch.loss_mask_T for s in scored]
+    if mode == "none":
+        for s in scored:
+            if s.pg_mask_T is not None:
+                s.advantages_T = torch.where(s.pg_mask_T, s.advantages_T, 0.0)
+        return
+    masks = [s.batch.loss_mask_T if s.pg_mask_T is None else s.pg_mask_T for s in scored]
     if mode == "group":
         if group_ids is None:
             raise ValueError("advantage_norm='group' needs the group id (task instance) of every trajectory")
@@ -146,11 +160,13 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
         return
     adv = torch.cat([s.advantages_T[m] for s, m in zip(scored, masks)])
     if adv.numel() < 2:
+        for s, m_T in zip(scored, masks):
+            s.advantages_T = torch.where(m_T, s.advantages_T, 0.0)
         return
     mean = adv.mean()
     scale = adv.std().clamp(min=1e-6) if mode == "whiten" else torch.ones((), dtype=adv.dtype)
-    for s in scored:
-        s.advantages_T = torch.where(s.batch.loss_mask_T, (s.advantages_T - mean) / scale, 0.0)
+    for s, m_T in zip(scored, masks):
+        s.advantages_T = torch.where(m_T, (s.advantages_T - mean) / scale, 0.0)
 
 
 def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
@@ -212,19 +228,36 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
     return _summarise(metrics)
 
 
+def _sft_minibatches(lengths: Sequence[int], minibatch_tokens: int, generator: torch.Generator) -> list[list[int]]:
+    """One epoch's minibatches (trajectory indices), in a random order drawn from `generator`."""
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    return [[order[j] for j in g] for g in split_by_tokens([lengths[i] for i in order], max_tokens=minibatch_tokens)]
+
+
+def sft_num_steps(lengths: Sequence[int], *, epochs: int, minibatch_tokens: int, generator: torch.Generator) -> int:
+    """Optimizer steps that `epochs` calls of `sft_update` will take (the minibatch count depends on each epoch's
+    order); `generator` is left as it was."""
+    state = generator.get_state()
+    try:
+        return sum(len(_sft_minibatches(lengths, minibatch_tokens, generator)) for _ in range(epochs))
+    finally:
+        generator.set_state(state)
+
+
 def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.optim.Optimizer,
                sched: torch.optim.lr_scheduler.LRScheduler | None, grad_clip: float | None, minibatch_tokens: int,
-               generator: torch.Generator) -> dict[str, float]:
+               generator: torch.Generator, max_steps: int | None = None) -> dict[str, float]:
     """One epoch of supervised fine-tuning on reference transcripts: NLL of the loss-mask tokens, no replay
-    (the reference tokens were written, not sampled by the model, so there is no routing to replay)."""
+    (the reference tokens were written, not sampled by the model, so there is no routing to replay).
+    Stops early after `max_steps` optimizer steps; "sft/steps" in the result counts the steps taken."""
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in policy.parameters() if p.requires_grad]
-    order = torch.randperm(len(trajectories), generator=generator).tolist()
-    for group in split_by_tokens([trajectories[i].num_tokens for i in order], max_tokens=minibatch_tokens):
-        batch = pack([trajectories[order[j]] for j in group], with_routing=False)
+    minibatches = _sft_minibatches([t.num_tokens for t in trajectories], minibatch_tokens, generator)
+    for group in minibatches[:max_steps]:
+        batch = pack([trajectories[i] for i in group], with_routing=False)
         logp_T, _ = policy_logprobs(policy, batch, temperature=1.0, replay=False)
         loss, m = sft_loss(logp_T, batch.loss_mask_T)
         _step(loss, params, opt, sched, grad_clip, "sft", metrics)
         for k, v in m.items():
             metrics[k].append(float(v))
-    return _summarise(metrics)
+    return {**_summarise(metrics), "sft/steps": float(len(minibatches[:max_steps]))}

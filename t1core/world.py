@@ -128,12 +128,18 @@ def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentCo
                        temperature=r.temperature if temperature is None else temperature, top_p=r.top_p)
 
 
-def make_optimizer(model: torch.nn.Module, *, lr: float, cfg: RunConfig,
+def make_optimizer(model: torch.nn.Module, *, lr: float, cfg: RunConfig, decay_steps: int | None = None,
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW with a linear warmup over `optim.warmup_steps`; with `decay_steps`, times a linear decay that reaches
+    0 at optimizer step `decay_steps` (the LambdaLR must be stepped once per optimizer step)."""
     o = cfg.optim
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=o.betas, weight_decay=o.weight_decay,
                             foreach=False)  # foreach=False: one fixed reduction order per parameter
     warmup = o.warmup_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    return opt, sched
+
+    def factor(step: int) -> float:
+        ramp = min(1.0, (step + 1) / warmup) if warmup else 1.0
+        return ramp * max(0.0, 1.0 - step / decay_steps) if decay_steps else ramp
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from t1core.batch import pack
+from t1core.batch import pack, turn_positions
 from t1core.config import AlgoSection, load_config
 from t1core.losses import gae, place_terminal_rewards
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from kernels.logprob import token_logprobs
-from t1core.update import Scored, _normalise_advantages, policy_logprobs, score, sft_update
+from t1core.update import Scored, _normalise_advantages, policy_logprobs, score, sft_num_steps, sft_update
 from t1core.world import make_optimizer
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
@@ -24,8 +24,11 @@ def _trajectory(g: torch.Generator, n: int, reward: float) -> SimpleNamespace:
     mask = torch.zeros(n, dtype=torch.bool)
     mask[n // 3: n // 2] = True   # two sampled turns with an observation between them
     mask[2 * n // 3:] = True
+    turns = [SimpleNamespace(start=n // 3, end=n // 2, tool_error=None),
+             SimpleNamespace(start=2 * n // 3, end=n, tool_error=None)]
     return SimpleNamespace(token_ids=torch.randint(0, 301, (n,), generator=g).tolist(), loss_mask=mask,
-                           rollout_logprobs=torch.where(mask, -1.0, 0.0), routing=None, reward=reward, num_tokens=n)
+                           rollout_logprobs=torch.where(mask, -1.0, 0.0), routing=None, reward=reward, num_tokens=n,
+                           turns=turns)
 
 
 def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets() -> None:
@@ -156,3 +159,70 @@ def test_group_normalisation_subtracts_each_instance_mean_across_minibatches() -
     with pytest.raises(ValueError, match="group id"):
         score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
               algo=AlgoSection(use_r3=False, advantage_norm="group"), temperature=1.0)
+
+
+def test_turn_positions_are_the_loss_positions_of_the_selected_turns() -> None:
+    g = torch.Generator().manual_seed(7)
+    trajs = [_trajectory(g, 30, 1.0), _trajectory(g, 21, 0.0)]
+    b = pack(trajs, with_routing=False)
+    every_T = turn_positions(trajs, b.cu_seqlens, lambda turn: True)
+    assert torch.equal(every_T, b.loss_mask_T)  # the turns cover exactly the sampled tokens
+    second_T = turn_positions(trajs, b.cu_seqlens, lambda turn: turn.start > 15)  # trajectory 0's 2nd turn only
+    assert second_T.nonzero().flatten().tolist() == list(range(19, 29))  # predicts tokens 20..29
+    with pytest.raises(ValueError, match="documents"):
+        turn_positions(trajs[:1], b.cu_seqlens, lambda turn: True)
+
+
+def test_malformed_turns_get_no_push_and_stay_out_of_the_group_baseline() -> None:
+    g = torch.Generator().manual_seed(8)
+    trajs = [_trajectory(g, n, r) for n, r in ((30, 3.0), (24, 1.0), (27, 0.0), (22, 2.0))]
+    trajs[0].turns[1].tool_error = "no_tool_call"
+    trajs[3].turns[0].tool_error = "bad_json"
+    policy = MoEModel(SMALL, seed=0)
+    critic = ValueModel.from_policy(policy)
+    group_ids = [0, 1, 0, 1]
+    out = {}
+    for mode, masked in (("none", False), ("group", True)):
+        algo = AlgoSection(use_r3=False, advantage_norm=mode, mask_malformed_turns=masked)
+        (s,), metrics = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
+                              algo=algo, temperature=1.0, group_ids=group_ids)
+        out[mode] = s
+    raw, got = out["none"], out["group"]
+    b = got.batch
+    bad_T = turn_positions(trajs, b.cu_seqlens, lambda turn: turn.tool_error is not None)
+    assert int(bad_T.sum()) == (30 - 20) + (11 - 7) and bool((b.loss_mask_T | ~bad_T).all())
+    assert bool((got.advantages_T[bad_T] == 0).all())
+    gid_T = torch.tensor(group_ids)[b.traj_index_T]
+    keep_T = b.loss_mask_T & ~bad_T
+    for grp in (0, 1):
+        rows = keep_T & (gid_T == grp)
+        mean = raw.advantages_T[rows].double().mean()
+        torch.testing.assert_close(got.advantages_T[rows].double(), raw.advantages_T[rows].double() - mean,
+                                   rtol=0, atol=1e-5)
+    assert metrics["policy/malformed_token_frac"] == pytest.approx(14 / int(b.loss_mask_T.sum()))
+
+
+def test_sft_decay_plans_its_steps_and_reaches_zero() -> None:
+    g = torch.Generator().manual_seed(9)
+    trajs = [_trajectory(g, n, 0.0) for n in (30, 24, 27, 22, 29, 25, 21)]
+    lengths = [t.num_tokens for t in trajs]
+    gen = torch.Generator().manual_seed(10)
+    state = gen.get_state()
+    planned = sft_num_steps(lengths, epochs=3, minibatch_tokens=60, generator=gen)
+    assert torch.equal(gen.get_state(), state)  # planning draws nothing from the run's generator
+    policy = MoEModel(SMALL, seed=0)
+    cfg = load_config(None, ["--optim.warmup_steps=2"])
+    opt, sched = make_optimizer(policy, lr=1e-3, cfg=cfg, decay_steps=planned)
+    lrs, taken = [], 0
+    for _ in range(3):
+        lrs.append(opt.param_groups[0]["lr"])
+        taken += int(sft_update(trajs, policy=policy, opt=opt, sched=sched, grad_clip=1.0, minibatch_tokens=60,
+                                generator=gen)["sft/steps"])
+    assert taken == planned and planned > 3
+    # warmup ramp x linear decay, evaluated at each epoch's first step; 0 once the planned steps are done
+    assert lrs[0] == pytest.approx(1e-3 / 2)
+    assert opt.param_groups[0]["lr"] == 0.0
+    # max_steps cuts an epoch short
+    m = sft_update(trajs, policy=policy, opt=opt, sched=None, grad_clip=1.0, minibatch_tokens=60, generator=gen,
+                   max_steps=1)
+    assert m["sft/steps"] == 1.0
