@@ -136,11 +136,8 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
     tokens that differ carry a net push; instance difficulty (which the critic explains little of) drops out."""
     if not scored:
         return
-    if mode == "none":
-        for s in scored:
-            if s.pg_mask_T is not None:
-                s.advantages_T = torch.where(s.pg_mask_T, s.advantages_T, 0.0)
-        return
+    # Tokens that get a push: the loss mask, less what pg_mask_T leaves out. Baselines are taken over these only,
+    # and every other token ends at advantage 0 (GAE already gives 0 off the loss mask).
     masks = [s.batch.loss_mask_T if s.pg_mask_T is None else s.pg_mask_T for s in scored]
     if mode == "group":
         if group_ids is None:
@@ -155,18 +152,17 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
             sums.index_add_(0, g_T[m_T], s.advantages_T[m_T].double())
             counts.index_add_(0, g_T[m_T], torch.ones(int(m_T.sum()), dtype=torch.float64))
         mean_G = (sums / counts.clamp(min=1)).to(scored[0].advantages_T.dtype)
-        for s, g_T, m_T in zip(scored, gid_T, masks):
-            s.advantages_T = torch.where(m_T, s.advantages_T - mean_G[g_T], 0.0)
-        return
-    adv = torch.cat([s.advantages_T[m] for s, m in zip(scored, masks)])
-    if adv.numel() < 2:
-        for s, m_T in zip(scored, masks):
-            s.advantages_T = torch.where(m_T, s.advantages_T, 0.0)
-        return
-    mean = adv.mean()
-    scale = adv.std().clamp(min=1e-6) if mode == "whiten" else torch.ones((), dtype=adv.dtype)
+        for s, g_T in zip(scored, gid_T):
+            s.advantages_T = s.advantages_T - mean_G[g_T]
+    elif mode in ("center", "whiten"):
+        adv = torch.cat([s.advantages_T[m] for s, m in zip(scored, masks)])
+        if adv.numel() >= 2:
+            mean = adv.mean()
+            scale = adv.std().clamp(min=1e-6) if mode == "whiten" else torch.ones((), dtype=adv.dtype)
+            for s in scored:
+                s.advantages_T = (s.advantages_T - mean) / scale
     for s, m_T in zip(scored, masks):
-        s.advantages_T = torch.where(m_T, (s.advantages_T - mean) / scale, 0.0)
+        s.advantages_T = torch.where(m_T, s.advantages_T, 0.0)
 
 
 def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
@@ -252,12 +248,12 @@ def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.op
     Stops early after `max_steps` optimizer steps; "sft/steps" in the result counts the steps taken."""
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in policy.parameters() if p.requires_grad]
-    minibatches = _sft_minibatches([t.num_tokens for t in trajectories], minibatch_tokens, generator)
-    for group in minibatches[:max_steps]:
+    minibatches = _sft_minibatches([t.num_tokens for t in trajectories], minibatch_tokens, generator)[:max_steps]
+    for group in minibatches:
         batch = pack([trajectories[i] for i in group], with_routing=False)
         logp_T, _ = policy_logprobs(policy, batch, temperature=1.0, replay=False)
         loss, m = sft_loss(logp_T, batch.loss_mask_T)
         _step(loss, params, opt, sched, grad_clip, "sft", metrics)
         for k, v in m.items():
             metrics[k].append(float(v))
-    return {**_summarise(metrics), "sft/steps": float(len(minibatches[:max_steps]))}
+    return {**_summarise(metrics), "sft/steps": float(len(minibatches))}
