@@ -34,11 +34,14 @@ never imported into the pytest process.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import json
 import math
+import os
 import secrets
 import shlex
+import stat
 import tarfile
 import time
 import xml.etree.ElementTree as ET
@@ -158,35 +161,40 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
     """Verify the state the agent left in `sandbox` (a DockerSandbox running the task's image).
 
     Verifier commands run in fresh `docker exec`s, never in the agent's persistent shell (whose functions
-    and traps the agent controls: even the runtime's `kill_all_processes` runs there, so it is not used);
-    files move through the daemon's archive API. The agent's shell is killed with everything else; the
-    sandbox starts a fresh one if it is used again.
+    and traps the agent controls: even the runtime's `kill_all_processes` runs there, so it is not used).
+    Two execs in all: the sweep before the tamper check, then one that writes the tests (or, when they are
+    too large for one argument, after a `put_archive`), runs them and returns the JUnit XML. The agent's
+    shell is killed with everything else; the sandbox starts a fresh one if it is used again.
     """
     start = time.monotonic()
     work = f"/.t1-verify-{secrets.token_hex(16)}"
     tests = f"{work}/tests"
     # Kill every process the agent left, then clear planted results.
     prep = f"sweep || exit 1; rm -rf /tests /logs/verifier && mkdir -p /logs/verifier && ln -s {tests} /tests"
-    code, out = _exec(sandbox, prep, env={"PATH": _PATH})
+    code, prep_out = _exec(sandbox, prep, env={"PATH": _PATH})
     # After the sweep: no agent process is left to change files between this check and the tests.
-    tampered, pyc_changed = _inspect_changes(sandbox)
+    with docker_errors("inspecting the sandbox"):
+        info = docker_client().inspect_container(sandbox.id)
+    tampered, pyc_changed = _inspect_changes(sandbox, info)
     if tampered:  # checked before `code`: deleting bash or env also makes the sweep itself fail
         return _all_failed(task, start, error="tampered: the verifier's interpreter, shells or libraries were "
                            f"modified ({len(tampered)} paths)", tampered=tuple(tampered))
     if code != 0:
         with docker_errors("listing the sandbox's processes"):
             procs = docker_client().top(sandbox.id).get("Processes")
-        raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): {out[-300:]!r}; "
+        raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): "
+                           f"{prep_out[-300:].decode(errors='replace')!r}; "
                            f"processes: {procs}")
-    _upload_work_dir(sandbox, task, work)
-    env = _clean_env(sandbox, tests, work, pyc_changed=pyc_changed)
-    code, out = _run_tests(sandbox, task, work, env, pyc_changed=pyc_changed)
+    setup = _work_dir_script(task, work)
+    if setup is None:  # too large for one bash argument: through the daemon's archive API
+        _upload_work_dir(sandbox, task, work)
+    env = _clean_env(info, tests, work, pyc_changed=pyc_changed)
+    code, out, junit_xml = _run_tests(sandbox, task, work, env, setup=setup or "", pyc_changed=pyc_changed)
     timed_out = code in (124, 137)
     error = None
     if task.verifier_kind == "script":
         per_test, error = _read_reward(sandbox)
     else:
-        junit_xml = _read_optional(sandbox, f"{work}/out/junit.xml")
         if junit_xml is not None and not timed_out:
             per_test = _parse_junit(junit_xml)
         else:
@@ -200,10 +208,15 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
                           timed_out=timed_out, error=error, duration_s=time.monotonic() - start, output=out)
 
 
-def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str], *,
-               pyc_changed: bool) -> tuple[int, str]:
-    """Run the verifier in one exec: tests under `timeout -k`, then a sweep (tests may have started agent
-    code that forked), then the log tail and, as the very last line, the tests' exit status."""
+def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str], *, setup: str,
+               pyc_changed: bool) -> tuple[int, str, bytes | None]:
+    """Run the verifier in one exec: `setup` (bash that writes the work directory, or ""), the tests under
+    `timeout -k`, then a sweep (tests may have started agent code that forked), then the log tail, a line
+    `t1-exit RC N` and, as the last N bytes, the JUnit XML (N = 0: none was written).
+    Returns (the tests' exit status, the log tail, the JUnit XML or None).
+
+    The XML comes back in the exec's output instead of a `get_archive` (~50 ms of daemon CPU each); it is
+    found by its length counted from the end, so nothing the tests printed can pose as it."""
     tests = f"{work}/tests"
     if task.verifier_kind == "pytest":
         args = [tests, "-c", f"{work}/pytest.ini", "--rootdir", tests, "--confcutdir", tests, "-p",
@@ -216,15 +229,67 @@ def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str
     else:
         assert task.test_script is not None, "script verifiers need tests/test.sh (checked by load_task)"
         cmd = f"/bin/bash {tests}/{task.test_script.name}"
-    script = (f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
-              f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
-              f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; echo \"t1-exit $rc\"")
-    sweep_code, out = _exec(sandbox, script, env=env, cwd=tests)
-    out, _, last = out.rstrip("\n").rpartition("\n")
-    if sweep_code != 0 or not last.startswith("t1-exit "):
+    # $(< file) is bash reading the file itself (no tool to trust); LC_ALL=C makes ${#j} count bytes.
+    run = (f"cd {tests} || exit 1; "
+           f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
+           f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
+           f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; "
+           f"exec 2>/dev/null; LC_ALL=C; j=; [[ -f {work}/out/junit.xml ]] && j=$(< {work}/out/junit.xml); "
+           f"printf '%s\\n' \"$j\"; echo \"t1-exit $rc ${{#j}}\"")
+    # The setup's bash holds the test files in its argv: `exec` a fresh one, so the tests' process listings
+    # (pgrep -f, ps) never see their own text in a verifier process.
+    script = f"{setup}exec /bin/bash --noprofile --norc -c {shlex.quote(_SWEEP + run)}"
+    sweep_code, raw = _exec(sandbox, script, env=env)
+    body, _, last = raw.rstrip(b"\n").rpartition(b"\n")
+    fields = last.split()
+    if (sweep_code != 0 or len(fields) != 3 or fields[0] != b"t1-exit" or not fields[2].isdigit()
+            or int(fields[2]) > len(body)):
         raise SandboxError(f"the verifier run in {sandbox!r} did not finish (exit {sweep_code}): "
-                           f"{(out + last)[-300:]!r}")
-    return int(last.split()[1]), out
+                           f"{raw[-300:].decode(errors='replace')!r}")
+    n = int(fields[2])  # the XML may hold anything the tests printed: it is the last n bytes, nothing else
+    junit, log_tail = (body[len(body) - n:] or None), body[:len(body) - n]
+    return int(fields[1]), log_tail.rstrip(b"\n").decode("utf-8", errors="replace"), junit
+
+
+# One `bash -c` argument holds at most 128 KiB (Linux MAX_ARG_STRLEN); larger test directories are uploaded.
+_INLINE_MAX_CHARS = 96 * 1024
+
+
+def _work_dir_script(task: Task, work: str) -> str | None:
+    """Bash that writes what `_upload_work_dir` uploads ({work}/ 0700 with tests/, out/, pyc/, runner.py and
+    pytest.ini, all root's, file modes kept) using only builtins, mkdir and chmod, or None when it would not
+    fit in one argument or the tests hold anything but files and directories.
+
+    Why: `put_archive` costs ~50 ms of daemon CPU per verification (the daemon re-executes itself to unpack
+    inside the container), as much as the exec that runs the tests."""
+    lines = [f"mkdir -m 700 {work} && mkdir -m 755 {work}/out {work}/pyc || exit 1",
+             _write_file(f"{work}/runner.py", _RUNNER.encode(), 0o644),
+             _write_file(f"{work}/pytest.ini", b"[pytest]\n", 0o644),
+             f"mkdir -m {task.tests_dir.stat().st_mode & 0o7777:o} {work}/tests || exit 1"]
+    size = sum(map(len, lines))
+    for path in sorted(task.tests_dir.rglob("*")):
+        target = shlex.quote(f"{work}/tests/{path.relative_to(task.tests_dir).as_posix()}")
+        mode = path.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            lines.append(f"mkdir -m {mode & 0o7777:o} {target} || exit 1")
+        elif stat.S_ISREG(mode):
+            if path.stat().st_size > _INLINE_MAX_CHARS:
+                return None
+            lines.append(_write_file(target, path.read_bytes(), mode & 0o7777, quoted=True))
+        else:
+            return None
+        size += len(lines[-1])
+        if size > _INLINE_MAX_CHARS:
+            return None
+    return "\n".join(lines) + "\n"
+
+
+def _write_file(path: str, data: bytes, mode: int, *, quoted: bool = False) -> str:
+    """printf %b of `data` (bytes outside printable ASCII, quotes and backslashes as \\0NNN), then chmod."""
+    body = "".join(chr(b) if (32 <= b < 127 and b not in (39, 92)) or b in (9, 10) else f"\\0{b:03o}"
+                   for b in data)
+    target = path if quoted else shlex.quote(path)
+    return f"printf '%b' '{body}' > {target} && chmod {mode:o} {target} || exit 1"
 
 
 def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
@@ -254,33 +319,97 @@ def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
 
 
 def tampered_paths(sandbox: DockerSandbox) -> list[str]:
-    """Paths under the verifier's machinery that differ from the image (from the daemon's `docker diff`)."""
-    return _inspect_changes(sandbox)[0]
+    """Paths under the verifier's machinery that differ from the image."""
+    return _inspect_changes(sandbox, docker_client().inspect_container(sandbox.id))[0]
 
 
-def _inspect_changes(sandbox: DockerSandbox) -> tuple[list[str], bool]:
-    """(tampered paths, whether any .pyc under the protected prefixes changed)."""
-    with docker_errors("listing the sandbox's file changes"):
-        changes = docker_client().diff(sandbox.id) or []
-    # A directory is listed as changed (kind 0) whenever something below it changed: judge the entries below.
-    parents = {c["Path"].rsplit("/", i)[0] for c in changes for i in range(1, c["Path"].count("/"))}
-    bad, pyc = [], False
-    for change in changes:
-        path = change["Path"]
-        if change["Kind"] == 0 and path in parents:
+def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list[str], bool]:
+    """(tampered paths, whether any .pyc under the protected prefixes changed), judged from the container's
+    changes: read from its overlay2 upper directory when the daemon's storage is visible here, else from
+    `docker diff`. Both are computed outside the container."""
+    changes = _upper_dir_changes(info)
+    if changes is None:
+        with docker_errors("listing the sandbox's file changes"):
+            changes = [(c["Path"], _KIND_DELETED if c["Kind"] == 2 else c["Kind"])
+                       for c in docker_client().diff(sandbox.id) or []]
+    # A directory is listed whenever something below it changed (kind 0): judge the entries below instead.
+    parents = {path.rsplit("/", i)[0] for path, _ in changes for i in range(1, path.count("/"))}
+    bad, pyc = set(), False
+    for path, kind in changes:
+        if kind == _KIND_MODIFIED and path in parents:
             continue
-        protected = is_protected(path)
+        protected = is_protected(path) or (kind in (_KIND_DELETED, _KIND_REPLACED) and _holds_protected(path))
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
         elif protected:
-            bad.append(path)
+            bad.add(path)
     return sorted(bad), pyc
 
 
-def _clean_env(sandbox: DockerSandbox, tests: str, work: str, *, pyc_changed: bool) -> dict[str, str]:
+# Kinds of change: docker diff's 0 (modified) and 1 (added), plus a deletion and a directory replaced whole
+# (overlay's opaque directory: nothing of the image's copy shows through).
+_KIND_MODIFIED, _KIND_ADDED, _KIND_DELETED, _KIND_REPLACED = 0, 1, "deleted", "replaced"
+
+
+def _holds_protected(path: str) -> bool:
+    """Whether the directory `path` holds protected files (deleting or replacing it changes them)."""
+    prefix = path.rstrip("/") + "/"
+    return any(p.startswith(prefix) for p in (*_PROTECTED_PREFIXES, *_PROTECTED_FILES))
+
+
+def _upper_dir_changes(info: dict[str, Any]) -> list[tuple[str, int | str]] | None:
+    """Every entry of the container's overlay2 upper directory as (path, kind), or None when that directory
+    cannot be read here (a remote daemon, another storage driver, no permission).
+
+    Why: on kernels with overlayfs redirect_dir the daemon's `docker diff` compares the whole container tree
+    with the image (24k stat + lgetxattr calls, ~0.3 s of daemon CPU per verification, the largest part of
+    it); every change the container makes is an entry of its upper directory, so walking that is exact and
+    takes ~1 ms. A character device 0:0 is a deleted path (whiteout); a directory with the opaque xattr was
+    removed and created again; any other entry was added or changed (copied up). Directories that merely
+    hold changed entries are reported as kind 0, like docker diff does."""
+    driver = info.get("GraphDriver") or {}
+    upper = (driver.get("Data") or {}).get("UpperDir")
+    # Root only: the opaque marker is a trusted.* xattr, which other users cannot read (they would miss it).
+    if driver.get("Name") != "overlay2" or not upper or os.geteuid() != 0 or not os.path.isdir(upper):
+        return None
+    try:
+        return _walk_upper(upper)
+    except OSError:  # unreadable here after all: the daemon's own diff is the reference
+        return None
+
+
+def _walk_upper(upper: str) -> list[tuple[str, int | str]]:
+    changes: list[tuple[str, int | str]] = []
+    for root, dirs, files in os.walk(upper, onerror=_raise):
+        rel = "/" + os.path.relpath(root, upper) if root != upper else ""
+        for name in dirs + files:
+            full, path = os.path.join(root, name), f"{rel}/{name}"
+            st = os.lstat(full)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                changes.append((path, _KIND_DELETED))
+            elif stat.S_ISDIR(st.st_mode) and _is_opaque(full):
+                changes.append((path, _KIND_REPLACED))
+            else:
+                changes.append((path, _KIND_MODIFIED if stat.S_ISDIR(st.st_mode) else _KIND_ADDED))
+    return changes
+
+
+def _is_opaque(directory: str) -> bool:
+    try:
+        return os.getxattr(directory, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError as e:
+        if e.errno == errno.ENODATA:
+            return False
+        raise
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def _clean_env(info: dict[str, Any], tests: str, work: str, *, pyc_changed: bool) -> dict[str, str]:
     """The container's configured Env (set by the image and the host, not by the agent) plus our own."""
-    with docker_errors("inspecting the sandbox"):
-        configured = docker_client().inspect_container(sandbox.id).get("Config", {}).get("Env") or []
+    configured = info.get("Config", {}).get("Env") or []
     env: dict[str, str] = {}
     for item in configured:
         key, _, value = item.partition("=")
@@ -293,9 +422,9 @@ def _clean_env(sandbox: DockerSandbox, tests: str, work: str, *, pyc_changed: bo
     return env
 
 
-def _exec(sandbox: DockerSandbox, script: str, *, env: dict[str, str], cwd: str = "/") -> tuple[int, str]:
+def _exec(sandbox: DockerSandbox, script: str, *, env: dict[str, str], cwd: str = "/") -> tuple[int, bytes]:
     """Run `script` in a fresh bash (a new `docker exec` as root, environment exactly `env`, the function
-    `sweep` defined); return (exit code, output)."""
+    `sweep` defined); return (exit code, output bytes)."""
     argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in sorted(env.items())), "/bin/bash", "--noprofile",
             "--norc", "-c", f"{_SWEEP}\n{script}"]
     api = docker_client()
@@ -303,7 +432,7 @@ def _exec(sandbox: DockerSandbox, script: str, *, env: dict[str, str], cwd: str 
         exec_id = api.exec_create(sandbox.id, argv, user="root", workdir=cwd)["Id"]
         output = api.exec_start(exec_id)
         code = api.exec_inspect(exec_id).get("ExitCode")
-    return (-1 if code is None else int(code)), output.decode("utf-8", errors="replace")
+    return (-1 if code is None else int(code)), output
 
 
 def _read_reward(sandbox: DockerSandbox) -> tuple[dict[str, bool], str | None]:

@@ -147,7 +147,9 @@ class RolloutSection:
         "group_size times); with algo.advantage_norm='group' the episodes of one instance are each other's baseline")
     concurrency: int = _field(8, "episodes run at once (each holds one sandbox and one engine slot)")
     max_turns: int = _field(6, "assistant turns per episode before it is cut")
-    max_new_tokens_per_turn: int = _field(48, "tokens sampled per assistant turn at most")
+    max_new_tokens_per_turn: int = _field(
+        384, "tokens sampled per assistant turn at most (a cut reply is an unclosed tool call: keep it above the "
+        "longest reference reply, 323 tokens in the built-in suite; the trainer warns when SFT teaches longer ones)")
     max_tokens: int = _field(2048, "token budget of an episode: prompt, replies and observations together")
     wall_clock_limit_s: float = _field(120.0, "wall-clock limit of one episode, verification excluded")
     temperature: float = _field(1.0, "sampling temperature (log-probs for training use the same one)")

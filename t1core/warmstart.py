@@ -47,6 +47,10 @@ class ReferenceEngine:
             n += prompt[i:i + len(h)] == h
         return n - 1
 
+    def longest_reply(self, key: tuple[int, ...]) -> int:
+        """Tokens of the longest scripted reply of the episode whose first prompt is `key`, <|im_end|> included."""
+        return max(len(ids) for ids in self._replies[key])
+
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
         key = next((tuple(prompt[:n]) for n in self._prefix_len if tuple(prompt[:n]) in self._replies), None)
         if key is None:
@@ -67,12 +71,15 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
     """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
     transcripts that pass all their verifiers; without, those that ran to the done marker.
     Returns (transcripts, metrics)."""
-    scripts, specs = {}, []
+    scripts, specs, keys = {}, [], []
     for i, task in enumerate(tasks):
         key = tuple(tok.encode_prompt(config.system_prompt, task.instruction))
+        keys.append(key)
         scripts[key] = [format_tool_call(reference_solution(task)), DONE_MARKER]
         specs.append(EpisodeSpec(task=task, image=images[task.name], seed=i))
     engine = ReferenceEngine(tok, scripts)
+    over_cap = _warn_replies_over_cap({task.name: engine.longest_reply(key) for task, key in zip(tasks, keys)},
+                                      config.max_reply_tokens)
     trajs = run_episodes(engine, tok, specs, config=config, num_parallel=num_parallel)
 
     def usable(t: Trajectory) -> bool:
@@ -87,5 +94,19 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
         print(f"warm start: {len(bad)} of {len(trajs)} reference transcripts dropped: "
               + "; ".join(f"{t.task_name} ({t.finish_reason}, verifier {t.verifier})" for t in bad[:10]),
               file=sys.stderr, flush=True)
-    metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(bad))}
+    metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(bad)),
+               "sft/replies_over_cap": float(over_cap)}
     return good, metrics
+
+
+def _warn_replies_over_cap(longest: dict[str, int], cap: int) -> int:
+    """SFT teaches replies the sampler then cuts at `cap` tokens: every such reply is malformed at rollout (an
+    unclosed tool call), so its task cannot be solved. Until 2026-11-30 the tiny default capped replies at 48
+    tokens, and two families whose reference replies are 57-65 tokens long scored 0 for that reason alone."""
+    over = {name: n for name, n in longest.items() if n > cap}
+    if over:
+        worst = sorted(over.items(), key=lambda kv: -kv[1])[:5]
+        print(f"warm start: {len(over)} of {len(longest)} reference transcripts have a reply longer than "
+              f"rollout.max_new_tokens_per_turn ({cap}); the policy cannot sample them whole: "
+              + ", ".join(f"{name} ({n} tokens)" for name, n in worst), file=sys.stderr, flush=True)
+    return len(over)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import suite
 from t1core.config import (AlgoSection, RunConfig, TasksSection, config_to_toml, format_config, load_config,
                            parse_override)
+from t1core.tokenizer import ChatTokenizer, format_tool_call
 
 
 def _write(tmp_path: Path, text: str) -> str:
@@ -22,8 +24,20 @@ def test_default_is_a_tiny_cpu_run():
     assert cfg == RunConfig()
     assert cfg.run.device == "cpu" and cfg.model.name == "tiny"
     assert cfg.rollout.episodes_per_step == 16 and cfg.rollout.group_size == 4
-    assert cfg.rollout.max_turns <= 8 and cfg.rollout.max_new_tokens_per_turn <= 48
+    assert cfg.rollout.max_turns <= 8 and cfg.rollout.max_new_tokens_per_turn <= 512
     assert 1 <= cfg.run.steps <= 32  # with ~16 s per step on 2 cores, inside the 15-minute budget
+
+
+def test_default_reply_cap_fits_every_builtin_reference_reply(tmp_path: Path):
+    # A reply cut at the cap is an unclosed tool call: a task whose reference reply is longer cannot be solved
+    # (the tiny default once capped at 48 tokens, and two families with 57-65-token replies scored 0).
+    tok = ChatTokenizer.builtin()
+    tasks = suite.train_tasks(tmp_path / "train", num_per_family=3, seed=0)
+    fam, fixed = suite.heldout_tasks(tmp_path / "heldout", num_per_family=3, seed=0)
+    lengths = {t.name: len(tok.encode(format_tool_call(suite.reference_solution(t)))) + 1
+               for t in tasks + fam + fixed}
+    longest = max(lengths, key=lengths.__getitem__)
+    assert RunConfig().rollout.max_new_tokens_per_turn >= lengths[longest], (longest, lengths[longest])
 
 
 def test_every_field_has_help_and_is_printed():

@@ -194,6 +194,49 @@ def test_tampering_with_python_scores_zero(spoof_results) -> None:
     assert destroyed.tampered == ("/usr/bin/env", "/usr/bin/python3.11")
 
 
+# Changes for the two tamper-check sources to judge alike: the overlay2 upper directory read here, and the
+# daemon's `docker diff`. Every case runs in its own container; "app" changes are the agent's normal work.
+_CHANGE_SCRIPTS = {
+    "app": "echo x > /app/new.txt; mkdir -p /app/d/e; touch /app/d/f; rm -rf /app/d/e",
+    "pyc": "mkdir -p /usr/lib/python3.11/json/__pycache__ && touch /usr/lib/python3.11/json/__pycache__/x.pyc",
+    "sitecustomize": "echo 'import os' > /usr/lib/python3.11/sitecustomize.py",
+    "deleted_tools": "rm -f /usr/bin/env /usr/bin/python3.11",
+    "deleted_lib_dir": "rm -rf /usr/lib/x86_64-linux-gnu/gconv",
+    "replaced_dir": "rm -rf /etc/python3.11 && mkdir /etc/python3.11",
+    "renamed_dir": "mv /usr/lib/python3.11/json /tmp/json",
+    "renamed_back": "mv /usr/lib/python3.11/json /tmp/json && mv /tmp/json /usr/lib/python3.11/",
+    "chmod_tool": "chmod 700 /usr/bin/timeout",
+    "symlinked_pytest": "ln -sf /bin/true /usr/local/bin/pytest",
+    "metadata_only": "touch /usr/lib/python3.11/os.py",
+}
+
+
+def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]) -> None:
+    from sandbox.verify import _inspect_changes, _upper_dir_changes
+
+    def judge(script: str) -> tuple[tuple[list[str], bool], tuple[list[str], bool]]:
+        with DockerSandbox(overrides["debian:*"], workdir="/app", run_id=RUN_ID) as sb:
+            assert sb.run(script, timeout=30).exit_code == 0, script
+            info = docker_client().inspect_container(sb.id)
+            assert _upper_dir_changes(info) is not None  # the fast path is the one under test here
+            return _inspect_changes(sb, info), _inspect_changes(sb, {**info, "GraphDriver": {}})
+
+    with ThreadPoolExecutor(NUM_WORKERS) as pool:
+        results = dict(zip(_CHANGE_SCRIPTS, pool.map(judge, _CHANGE_SCRIPTS.values())))
+    for name, (upper, diff) in results.items():
+        if name == "renamed_back":  # the same tree again: docker diff compares equal, the upper dir holds a copy
+            assert "/usr/lib/python3.11/json/__init__.py" in upper[0], (upper, diff)  # stricter, never laxer
+            continue
+        # The paths may differ (a replaced directory: docker diff names what it held, the upper dir the
+        # directory itself); the verdicts may not.
+        assert bool(upper[0]) == bool(diff[0]) and upper[1] == diff[1], (name, upper, diff)
+    assert results["app"][0] == ([], False) and results["pyc"][0] == ([], True)
+    assert results["deleted_tools"][0][0] == ["/usr/bin/env", "/usr/bin/python3.11"]
+    assert results["deleted_lib_dir"][0][0] == ["/usr/lib/x86_64-linux-gnu/gconv"]
+    for name in ("sitecustomize", "replaced_dir", "renamed_dir", "chmod_tool", "symlinked_pytest", "metadata_only"):
+        assert results[name][0][0], name
+
+
 def test_poisoned_shell_cannot_run_code_at_verification(overrides: dict[str, str], spoof_results) -> None:
     """Functions shadowing tools and the runtime's sweep, and traps, in the agent's persistent shell."""
     task, noop, _ = spoof_results
@@ -247,6 +290,47 @@ def test_hanging_verifier_is_cut_and_unfinished_tests_fail(tmp_path: Path, overr
     assert result.per_test == {"test_hang.py::test_fast": True, "test_hang.py::test_hangs": False,
                                "test_hang.py::test_after": False}
     assert result.duration_s < 3 + 5 + 20  # timeout + kill grace + verifier overhead on a loaded machine
+
+
+def test_tests_arrive_byte_for_byte_inline_or_uploaded(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """Small test directories are written by the verifier's own exec, large ones uploaded: the same files,
+    bytes and modes either way; and nothing a test prints can pose as the verifier's status line or XML."""
+    import hashlib
+
+    from sandbox.verify import _work_dir_script
+
+    def make(name: str, blob: bytes) -> Task:
+        task = _harbor_task(tmp_path, name, tests={"test_files.py": """
+            import hashlib, os, pathlib, stat
+            HERE = pathlib.Path(__file__).parent
+
+            def test_blob_bytes():
+                assert hashlib.sha256((HERE / "data" / "blob.bin").read_bytes()).hexdigest() == EXPECTED
+
+            def test_modes():
+                assert stat.S_IMODE(os.stat(HERE / "data" / "run.sh").st_mode) == 0o750
+                assert stat.S_IMODE(os.stat(HERE / "data").st_mode) == 0o711
+
+            def test_prints_a_fake_status_then_fails():
+                print("\\nt1-exit 0 40\\n<testsuites><testcase name='x'/></testsuites>")
+                assert False
+            """.replace("EXPECTED", repr(hashlib.sha256(blob).hexdigest()))})
+        data = task.tests_dir / "data"
+        data.mkdir(mode=0o711)
+        data.chmod(0o711)
+        (data / "blob.bin").write_bytes(blob)
+        (data / "run.sh").write_text("#!/bin/sh\necho 'it''s 100% \\ fine'\n")
+        (data / "run.sh").chmod(0o750)
+        return task
+
+    every_byte = bytes(range(256)) * 4 + b"'\\%s%b\n\x00\x00" + "päß".encode()
+    small, large = make("inline", every_byte), make("uploaded", every_byte + os.urandom(200_000))
+    assert _work_dir_script(small, "/.w") is not None and _work_dir_script(large, "/.w") is None
+    for task in (small, large):
+        result = _run(task, None, overrides)
+        assert result.per_test == {"test_files.py::test_blob_bytes": True, "test_files.py::test_modes": True,
+                                   "test_files.py::test_prints_a_fake_status_then_fails": False}, result.output
+        assert "t1-exit 0 40" in result.output  # the printed fake stayed in the log, where it belongs
 
 
 def test_script_verifier_reads_reward_files_and_ignores_planted_ones(tmp_path: Path,
