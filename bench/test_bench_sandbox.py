@@ -111,3 +111,65 @@ def test_aggregate_commands_per_second(benchmark, image, num_sandboxes):
             sb.close()
     print(f"\n{num_sandboxes} sandboxes: {sum(counts) / elapsed:.0f} commands/s in aggregate "
           f"(min per sandbox {min(counts)}, max {max(counts)} in {elapsed:.1f} s)  [target: >= 400/s]")
+
+
+def _box_cpu_s() -> float:
+    """CPU seconds the whole box has spent busy (user + nice + system + irq + softirq), from /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def test_daemon_call_costs(benchmark, image):
+    """Wall time and whole-box CPU of each daemon call a verification or an episode makes (the daemon, runc and
+    the kernel work for them, not this process alone): what sandbox.verify avoids, and what every episode pays."""
+    import io
+    import tarfile
+
+    from sandbox.verify import _upper_dir_changes
+
+    api = docker_client()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"def test_x():\n    assert True\n" * 20
+        info = tarfile.TarInfo("bench-tests/test_a.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    def lifecycle() -> None:
+        with DockerSandbox(image, run_id=RUN_ID) as s:
+            s.run("true")
+
+    with DockerSandbox(image, run_id=RUN_ID) as sb:
+        assert sb.run("echo x > /tmp/j.xml").exit_code == 0
+        info = api.inspect_container(sb.id)
+        upper_available = _upper_dir_changes(info) is not None
+
+        def exec_(cmd: str) -> None:
+            exec_id = api.exec_create(sb.id, ["/bin/bash", "-c", cmd])["Id"]
+            api.exec_start(exec_id)
+            assert api.exec_inspect(exec_id)["ExitCode"] == 0
+
+        calls = {
+            "exec `true`": lambda: exec_("true"),
+            "exec python3 -c pass": lambda: exec_("python3 -I -B -c pass"),
+            "exec python3 -c 'import pytest'": lambda: exec_("python3 -I -B -c 'import pytest'"),
+            "put_archive (one small file)": lambda: api.put_archive(sb.id, "/", buf.getvalue()),
+            "get_archive (one small file)": lambda: b"".join(api.get_archive(sb.id, "/tmp/j.xml")[0]),
+            "docker diff": lambda: api.diff(sb.id),
+            "upper-dir walk (sandbox.verify)": lambda: _upper_dir_changes(info),
+            "container create..remove": lifecycle,
+        }
+        rows = []
+        for name, call in calls.items():
+            n = 10 if name.startswith("container") else 30
+            call()
+            cpu0, t0 = _box_cpu_s(), time.perf_counter()
+            for _ in range(n):
+                call()
+            rows.append((name, (time.perf_counter() - t0) / n, (_box_cpu_s() - cpu0) / n))
+        benchmark.pedantic(api.inspect_container, args=(sb.id,), rounds=10, iterations=1)
+    print(f"\ndaemon call costs, one container, idle box (upper-dir walk available: {upper_available})")
+    print(f"{'call':36} {'wall ms':>8} {'box CPU ms':>11}")
+    for name, wall, cpu in rows:
+        print(f"{name:36} {wall * 1e3:>8.1f} {cpu * 1e3:>11.1f}")

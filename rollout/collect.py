@@ -93,7 +93,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-per-family", type=int, default=1, help="built-in family instances per family")
     p.add_argument("--parallel", type=int, default=4, help="episodes running at once")
     p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--max-reply-tokens", type=int, default=128)
+    p.add_argument("--max-reply-tokens", type=int, default=384,
+                   help="tokens per reply at most; a cut reply is an unclosed tool call (the longest built-in "
+                   "reference reply is 323 tokens)")
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget per episode")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)

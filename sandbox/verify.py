@@ -5,12 +5,12 @@ Dense reward = number of verifiers passed; outcome = all passed (and there is at
 Each step closes a way for the agent to influence its own score:
 1. Kill every process the agent left, its persistent shell included, from a fresh `docker exec` (that shell
    holds functions and traps the agent wrote; nothing of ours runs in it).
-2. Tamper check: `docker diff` (computed by the daemon, not inside the container) must show no change to
-   the interpreter, pytest, site-packages, the shells and tools the verifier calls, shared libraries or the
-   ld.so configuration. A tampered sandbox scores 0 of the static test count, with the paths reported.
-   Changed .pyc files there do not count as tampering: Python then runs with a fresh `pycache_prefix`,
-   so it compiles from source and never reads them.
-3. Remove /tests and /logs/verifier (anything planted there), copy the task's tests into a fresh directory
+2. Tamper check, computed outside the container: its changes (read from its overlay2 upper directory on
+   this host, else from the daemon's `docker diff`) must not touch the interpreter, pytest, site-packages,
+   the shells and tools the verifier calls, shared libraries or the ld.so configuration. A tampered sandbox
+   scores 0 of the static test count, with the paths reported. Changed .pyc files there do not count as
+   tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never reads them.
+3. Remove /tests and /logs/verifier (anything planted there), write the task's tests into a fresh directory
    with a random 128-bit name, and link /tests to it (tests written for /tests keep working).
 4. pytest kind: a fresh `docker exec` runs pytest as root with an empty environment (`env -i` plus the
    container's configured Env, without PYTHON*/LD_* variables), `python3 -I -B`, our own ini file,
@@ -18,7 +18,7 @@ Each step closes a way for the agent to influence its own score:
    provider, plugin autoload off, under `timeout -k`. Results come from pytest's JUnit XML at a random
    path; a small in-process recorder also writes collection and per-test outcomes as they happen, so a run
    cut at its timeout still knows its total and which tests finished (the rest count as failed).
-   Printed text is never parsed.
+   Printed text is never parsed: the XML comes back after the log, cut by its byte count from the end.
    script kind (Harbor test.sh only): run tests/test.sh the same way, then read
    /logs/verifier/reward.json (every key is one verifier; a value >= 1 passes), else reward.txt (one
    verifier, passes when the number is >= 1); no reward file -> 0 of 1.

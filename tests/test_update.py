@@ -183,7 +183,7 @@ def test_malformed_turns_get_no_push_and_stay_out_of_the_group_baseline() -> Non
     group_ids = [0, 1, 0, 1]
     out = {}
     for mode, masked in (("none", False), ("group", True)):
-        algo = AlgoSection(use_r3=False, advantage_norm=mode, mask_malformed_turns=masked)
+        algo = AlgoSection(use_r3=False, advantage_norm=mode, mask_malformed_turns=masked, negative_adv_scale=1.0)
         (s,), metrics = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
                               algo=algo, temperature=1.0, group_ids=group_ids)
         out[mode] = s
