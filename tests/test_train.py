@@ -146,7 +146,8 @@ def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> N
     from t1core import world
 
     fams = "--tasks.families=[\"create_file\", \"count_lines\"]"
-    cfg, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5"])
+    cfg, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
+                               "--tasks.num_heldout_per_family=4"])
     sets = world.load_tasks(cfg, tmp_path)
     family = sets.rl  # by default RL practises unseen family instances only
     assert len(family) == 10 and all("-train-" in t.name for t in family)
