@@ -251,6 +251,9 @@ def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str
     return int(fields[1]), log_tail.rstrip(b"\n").decode("utf-8", errors="replace"), junit
 
 
+# Empty directories of the verifier's work directory, besides tests/ (the task's); its files are _WORK_FILES.
+_WORK_SUBDIRS = ("out", "pyc")
+
 # One `bash -c` argument holds at most 128 KiB (Linux MAX_ARG_STRLEN); larger test directories are uploaded.
 _INLINE_MAX_CHARS = 96 * 1024
 
@@ -262,18 +265,19 @@ def _work_dir_script(task: Task, work: str) -> str | None:
 
     Why: `put_archive` costs ~50 ms of daemon CPU per verification (the daemon re-executes itself to unpack
     inside the container), as much as the exec that runs the tests."""
-    lines = [f"mkdir -m 700 {work} && mkdir -m 755 {work}/out {work}/pyc || exit 1",
-             _write_file(f"{work}/runner.py", _RUNNER.encode(), 0o644),
-             _write_file(f"{work}/pytest.ini", b"[pytest]\n", 0o644),
+    subdirs = " ".join(f"{work}/{sub}" for sub in _WORK_SUBDIRS)
+    lines = [f"mkdir -m 700 {work} && mkdir -m 755 {subdirs} || exit 1",
+             *(_write_file(f"{work}/{name}", data, 0o644) for name, data in _WORK_FILES.items()),
              f"mkdir -m {task.tests_dir.stat().st_mode & 0o7777:o} {work}/tests || exit 1"]
     size = sum(map(len, lines))
     for path in sorted(task.tests_dir.rglob("*")):
         target = shlex.quote(f"{work}/tests/{path.relative_to(task.tests_dir).as_posix()}")
-        mode = path.lstat().st_mode
+        st = path.lstat()
+        mode = st.st_mode
         if stat.S_ISDIR(mode):
             lines.append(f"mkdir -m {mode & 0o7777:o} {target} || exit 1")
         elif stat.S_ISREG(mode):
-            if path.stat().st_size > _INLINE_MAX_CHARS:
+            if st.st_size > _INLINE_MAX_CHARS:
                 return None
             lines.append(_write_file(target, path.read_bytes(), mode & 0o7777, quoted=True))
         else:
@@ -309,18 +313,20 @@ def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
 
     with tarfile.open(fileobj=buf, mode="w") as tar:
         add_dir(tar, name, 0o700)
-        for sub in ("out", "pyc"):
+        for sub in _WORK_SUBDIRS:
             add_dir(tar, f"{name}/{sub}", 0o755)
         tar.add(task.tests_dir, arcname=f"{name}/tests", filter=RootOwned())
-        add_bytes(tar, f"{name}/runner.py", _RUNNER.encode())
-        add_bytes(tar, f"{name}/pytest.ini", b"[pytest]\n")
+        for file_name, data in _WORK_FILES.items():
+            add_bytes(tar, f"{name}/{file_name}", data)
     with docker_errors(f"uploading the tests of {task.name}"):
         docker_client().put_archive(sandbox.id, "/", buf.getvalue())
 
 
 def tampered_paths(sandbox: DockerSandbox) -> list[str]:
     """Paths under the verifier's machinery that differ from the image."""
-    return _inspect_changes(sandbox, docker_client().inspect_container(sandbox.id))[0]
+    with docker_errors("inspecting the sandbox"):
+        info = docker_client().inspect_container(sandbox.id)
+    return _inspect_changes(sandbox, info)[0]
 
 
 def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list[str], bool]:
@@ -330,15 +336,14 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list
     changes = _upper_dir_changes(info)
     if changes is None:
         with docker_errors("listing the sandbox's file changes"):
-            changes = [(c["Path"], _KIND_DELETED if c["Kind"] == 2 else c["Kind"])
-                       for c in docker_client().diff(sandbox.id) or []]
-    # A directory is listed whenever something below it changed (kind 0): judge the entries below instead.
+            changes = [(c["Path"], _DIFF_KINDS[c["Kind"]]) for c in docker_client().diff(sandbox.id) or []]
+    # A directory is listed as modified whenever something below it changed: judge the entries below instead.
     parents = {path.rsplit("/", i)[0] for path, _ in changes for i in range(1, path.count("/"))}
     bad, pyc = set(), False
     for path, kind in changes:
-        if kind == _KIND_MODIFIED and path in parents:
+        if kind == "modified" and path in parents:
             continue
-        protected = is_protected(path) or (kind in (_KIND_DELETED, _KIND_REPLACED) and _holds_protected(path))
+        protected = is_protected(path) or (kind in ("deleted", "replaced") and _holds_protected(path))
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
         elif protected:
@@ -346,9 +351,9 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list
     return sorted(bad), pyc
 
 
-# Kinds of change: docker diff's 0 (modified) and 1 (added), plus a deletion and a directory replaced whole
-# (overlay's opaque directory: nothing of the image's copy shows through).
-_KIND_MODIFIED, _KIND_ADDED, _KIND_DELETED, _KIND_REPLACED = 0, 1, "deleted", "replaced"
+# Kinds of change: docker diff's 0, 1, 2, and "replaced", a directory removed and made again (overlay's opaque
+# directory: nothing of the image's copy shows through; docker diff lists what it held as deleted instead).
+_DIFF_KINDS = {0: "modified", 1: "added", 2: "deleted"}
 
 
 def _holds_protected(path: str) -> bool:
@@ -357,7 +362,7 @@ def _holds_protected(path: str) -> bool:
     return any(p.startswith(prefix) for p in (*_PROTECTED_PREFIXES, *_PROTECTED_FILES))
 
 
-def _upper_dir_changes(info: dict[str, Any]) -> list[tuple[str, int | str]] | None:
+def _upper_dir_changes(info: dict[str, Any]) -> list[tuple[str, str]] | None:
     """Every entry of the container's overlay2 upper directory as (path, kind), or None when that directory
     cannot be read here (a remote daemon, another storage driver, no permission).
 
@@ -366,7 +371,7 @@ def _upper_dir_changes(info: dict[str, Any]) -> list[tuple[str, int | str]] | No
     it); every change the container makes is an entry of its upper directory, so walking that is exact and
     takes ~1 ms. A character device 0:0 is a deleted path (whiteout); a directory with the opaque xattr was
     removed and created again; any other entry was added or changed (copied up). Directories that merely
-    hold changed entries are reported as kind 0, like docker diff does."""
+    hold changed entries are reported as "modified", like docker diff does."""
     driver = info.get("GraphDriver") or {}
     upper = (driver.get("Data") or {}).get("UpperDir")
     # Root only: the opaque marker is a trusted.* xattr, which other users cannot read (they would miss it).
@@ -378,19 +383,19 @@ def _upper_dir_changes(info: dict[str, Any]) -> list[tuple[str, int | str]] | No
         return None
 
 
-def _walk_upper(upper: str) -> list[tuple[str, int | str]]:
-    changes: list[tuple[str, int | str]] = []
+def _walk_upper(upper: str) -> list[tuple[str, str]]:
+    changes: list[tuple[str, str]] = []
     for root, dirs, files in os.walk(upper, onerror=_raise):
         rel = "/" + os.path.relpath(root, upper) if root != upper else ""
         for name in dirs + files:
             full, path = os.path.join(root, name), f"{rel}/{name}"
             st = os.lstat(full)
             if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                changes.append((path, _KIND_DELETED))
+                changes.append((path, "deleted"))
             elif stat.S_ISDIR(st.st_mode) and _is_opaque(full):
-                changes.append((path, _KIND_REPLACED))
+                changes.append((path, "replaced"))
             else:
-                changes.append((path, _KIND_MODIFIED if stat.S_ISDIR(st.st_mode) else _KIND_ADDED))
+                changes.append((path, "modified" if stat.S_ISDIR(st.st_mode) else "added"))
     return changes
 
 
@@ -422,14 +427,14 @@ def _clean_env(info: dict[str, Any], tests: str, work: str, *, pyc_changed: bool
     return env
 
 
-def _exec(sandbox: DockerSandbox, script: str, *, env: dict[str, str], cwd: str = "/") -> tuple[int, bytes]:
+def _exec(sandbox: DockerSandbox, script: str, *, env: dict[str, str]) -> tuple[int, bytes]:
     """Run `script` in a fresh bash (a new `docker exec` as root, environment exactly `env`, the function
     `sweep` defined); return (exit code, output bytes)."""
     argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in sorted(env.items())), "/bin/bash", "--noprofile",
             "--norc", "-c", f"{_SWEEP}\n{script}"]
     api = docker_client()
     with docker_errors("running a verifier command"):
-        exec_id = api.exec_create(sandbox.id, argv, user="root", workdir=cwd)["Id"]
+        exec_id = api.exec_create(sandbox.id, argv, user="root", workdir="/")["Id"]
         output = api.exec_start(exec_id)
         code = api.exec_inspect(exec_id).get("ExitCode")
     return (-1 if code is None else int(code)), output
@@ -521,3 +526,6 @@ class Recorder:
 
 sys.exit(int(pytest.main(sys.argv[2:], plugins=[Recorder(sys.argv[1])])))
 '''
+
+# The verifier's own files in its work directory (written by `_work_dir_script` or `_upload_work_dir`).
+_WORK_FILES = {"runner.py": _RUNNER.encode(), "pytest.ini": b"[pytest]\n"}
