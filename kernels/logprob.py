@@ -19,13 +19,14 @@ _OP = "token_logprobs"
 
 
 def _impl(backend: Backend, num_rows: int, vocab: int):
-    """(fwd, bwd): fwd returns (logp_N, entropy_N, *state), bwd takes the state after (hidden, weight, targets)."""
+    """(fwd, bwd, drop): fwd returns (logp_N, entropy_N, *state), bwd takes the state after (hidden, weight,
+    targets), drop (None: nothing to do) releases the state when no backward will follow."""
     if backend == "torch":
         if logprob_torch.fits_one_tile(num_rows, vocab):
-            return logprob_torch.tile_logprob_fwd, logprob_torch.tile_logprob_bwd
-        return logprob_torch.chunked_logprob_fwd, logprob_torch.chunked_logprob_bwd
+            return logprob_torch.tile_logprob_fwd, logprob_torch.tile_logprob_bwd, logprob_torch.tile_logprob_drop
+        return logprob_torch.chunked_logprob_fwd, logprob_torch.chunked_logprob_bwd, None
     from kernels import logprob_triton  # imported lazily: importing triton is slow and optional on CPU
-    return logprob_triton.triton_logprob_fwd, logprob_triton.triton_logprob_bwd
+    return logprob_triton.triton_logprob_fwd, logprob_triton.triton_logprob_bwd, None
 
 
 class TokenLogprobsFunction(torch.autograd.Function):
@@ -33,10 +34,13 @@ class TokenLogprobsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,
-                temperature: float, ignore_index: int, with_entropy: bool, backend: Backend):
-        fwd, ctx.bwd = _impl(backend, hidden_ND.shape[0], weight_VD.shape[0])
+                temperature: float, ignore_index: int, with_entropy: bool, backend: Backend, keep: bool):
+        fwd, ctx.bwd, drop = _impl(backend, hidden_ND.shape[0], weight_VD.shape[0])
         logp_N, ent_N, *state = fwd(hidden_ND, weight_VD, targets_N, temperature=temperature,
                                     ignore_index=ignore_index, with_entropy=with_entropy)
+        if not keep and drop is not None:
+            drop(*state)  # no backward can come (no grad mode, or nothing requires grad)
+            state = []
         ctx.save_for_backward(hidden_ND, weight_VD, targets_N, *state)
         ctx.temperature, ctx.ignore_index, ctx.backward_done = temperature, ignore_index, False
         ctx.set_materialize_grads(False)  # an unused entropy output brings None, and its term is skipped
@@ -56,12 +60,12 @@ class TokenLogprobsFunction(torch.autograd.Function):
         hidden_ND, weight_VD, targets_N, *state = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (grad_logp_N is None and grad_ent_N is None) or not (need_h or need_w):
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         d_hidden, d_weight = ctx.bwd(hidden_ND, weight_VD, targets_N, *state,
                                      _contiguous(grad_logp_N), _contiguous(grad_ent_N),
                                      temperature=ctx.temperature, ignore_index=ctx.ignore_index,
                                      need_hidden=need_h, need_weight=need_w)
-        return d_hidden, d_weight, None, None, None, None, None
+        return d_hidden, d_weight, None, None, None, None, None, None
 
 
 def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -137,6 +141,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     """
     _validate(hidden, weight, targets, temperature, ignore_index)
     backend = select_backend(hidden, weight, targets, op=_OP)
+    keep = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     logp_N, ent_N = TokenLogprobsFunction.apply(hidden, weight, targets, float(temperature), int(ignore_index),
-                                                bool(return_entropy), backend)
+                                                bool(return_entropy), backend, keep)
     return (logp_N, ent_N) if return_entropy else logp_N

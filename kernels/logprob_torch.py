@@ -6,7 +6,10 @@ Legend: N rows (tokens), D model dim, V vocab. z = hidden @ weight.T / temperatu
 When the whole [N, V] fits one tile (N * V <= TILE_ELEMS), the single-tile path computes log_softmax(z) in place
 and keeps it for the backward, which then needs no second logits GEMM and writes dz over it. Its memory is that
 one tile, alive from forward to backward, plus one temporary tile for the entropy terms. On CPU a fresh 32 MiB
-tile is itself costly (its first touch page-faults: ~40% of the logits GEMM's time), hence the in-place ops.
+tile is itself costly: glibc maps blocks of 32 MiB and more fresh from the kernel on every allocation, and their
+first touch page-faults (2048 x 4096 logits GEMM on 2 cores: 22.8 ms into a fresh tile, 13.5 ms into a reused
+one). Hence the in-place ops, and `TileBuffers`, which hands the same CPU buffer to the next forward once a
+backward is done with it.
 
 Above that, the chunked path walks the vocabulary in blocks of columns (outer loop, so each weight block is read
 and upcast once) and the rows in blocks of at most N_CHUNK (inner loop), keeping an online max / sum-exp per row
@@ -17,6 +20,8 @@ reduction order is fixed for a given N, so results are deterministic.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -33,6 +38,43 @@ _NEG_BIG = -1.0e30
 def fits_one_tile(num_rows: int, vocab: int) -> bool:
     """Whether [num_rows, vocab] logits fit one tile, so the single-tile path (`tile_logprob_*`) runs."""
     return num_rows * vocab <= TILE_ELEMS
+
+
+class TileBuffers:
+    """Reusable CPU buffers for single-tile logits: one is kept per device while no forward holds it.
+
+    `take` hands out the kept buffer (or a fresh one) viewed as [N, V]; `give` returns it after its last use (the
+    backward, or the forward itself when no backward can follow). A tile whose backward never runs is simply freed
+    with its autograd graph. Only tiles of at least REUSE_MIN_ELEMS go through here: small ones fault in little.
+    Memory: at most one idle TILE_ELEMS fp32 buffer (32 MiB) per CPU device. Thread-safe.
+    """
+
+    REUSE_MIN_ELEMS = 2**20
+
+    def __init__(self) -> None:
+        self._idle: dict[torch.device, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def take(self, num_rows: int, vocab: int, device: torch.device) -> torch.Tensor:
+        numel = num_rows * vocab
+        if device.type != "cpu" or numel < self.REUSE_MIN_ELEMS:
+            return torch.empty(num_rows, vocab, dtype=torch.float32, device=device)
+        with self._lock:
+            flat = self._idle.pop(device, None)
+        if flat is None or flat.numel() < numel:
+            flat = torch.empty(max(numel, TILE_ELEMS), dtype=torch.float32, device=device)
+        return flat[:numel].view(num_rows, vocab)
+
+    def give(self, tile_NV: torch.Tensor) -> None:
+        """Return a tile from `take`; the caller must not touch it afterwards."""
+        if tile_NV.device.type != "cpu" or tile_NV.numel() < self.REUSE_MIN_ELEMS:
+            return
+        flat = torch.empty(0, dtype=torch.float32, device=tile_NV.device).set_(tile_NV.untyped_storage())
+        with self._lock:
+            self._idle.setdefault(tile_NV.device, flat)
+
+
+TILE_BUFFERS = TileBuffers()
 
 
 def vocab_chunk(num_rows: int, vocab: int) -> int:
@@ -136,8 +178,9 @@ def tile_logprob_fwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N
     h_ND = _scaled_fp32(hidden_ND, 1.0 / temperature)
     valid_N = targets_N != ignore_index
     tgt_N = torch.where(valid_N, targets_N, 0).long()
-    logp_NV = torch.mm(h_ND, _fp32(weight_VD).T)
-    torch.log_softmax(logp_NV, dim=1, out=logp_NV)  # in place: no fresh tile to page-fault in
+    logp_NV = torch.mm(h_ND, _fp32(weight_VD).T, out=TILE_BUFFERS.take(hidden_ND.shape[0], weight_VD.shape[0],
+                                                                        hidden_ND.device))
+    torch.log_softmax(logp_NV, dim=1, out=logp_NV)  # in place: no second tile
     zero = torch.zeros((), dtype=torch.float32, device=hidden_ND.device)
     logp_N = torch.where(valid_N, logp_NV.gather(1, tgt_N[:, None])[:, 0], zero)
     if with_entropy:
@@ -167,7 +210,13 @@ def tile_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N
         d_hidden = (dh_ND if inv_t == 1.0 else dh_ND.mul_(inv_t)).to(hidden_ND.dtype)
     if need_weight:
         d_weight = torch.mm(dz_NV.T, _scaled_fp32(hidden_ND, inv_t)).to(weight_VD.dtype)
+    TILE_BUFFERS.give(logp_NV)  # dz_NV was written over it: its last use
     return d_hidden, d_weight
+
+
+def tile_logprob_drop(logp_NV: torch.Tensor, mean_logp_N: torch.Tensor) -> None:
+    """Release the state of `tile_logprob_fwd` when no backward will follow."""
+    TILE_BUFFERS.give(logp_NV)
 
 
 def chunked_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor,

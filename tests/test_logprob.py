@@ -101,6 +101,40 @@ def test_single_tile_and_chunked_paths_match_reference(cpu_path: str) -> None:
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_reused_tile_buffers_keep_graphs_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The single-tile path hands its CPU buffer to the next forward once a backward is done with it. Graphs alive
+    # at once must still get distinct buffers, a no-grad forward in between must not take a held one, and results
+    # must equal those of each problem computed alone.
+    pool = logprob_torch.TileBuffers()
+    monkeypatch.setattr(logprob_torch, "TILE_BUFFERS", pool)
+    monkeypatch.setattr(logprob_torch.TileBuffers, "REUSE_MIN_ELEMS", 1)
+    problems = [_problem(40, 16, 997, seed=s) for s in (20, 21, 22)]
+
+    def start(p):
+        h, w = p[0].detach().clone().requires_grad_(), p[1].detach().clone().requires_grad_()
+        return h, w, token_logprobs(h, w, p[2])
+
+    def finish(run, p):
+        h, w, logp = run
+        (logp * p[3]).sum().backward()
+        return logp.detach(), h.grad, w.grad
+
+    def tile_ptr(run) -> int:
+        return run[2].grad_fn.saved_tensors[3].data_ptr()  # saved: hidden, weight, targets, log-softmax tile
+
+    alone = [finish(start(p), p) for p in problems]
+    a, b = start(problems[0]), start(problems[1])
+    assert tile_ptr(a) != tile_ptr(b)
+    with torch.no_grad():
+        logp_free = token_logprobs(*problems[2][:3])
+    assert torch.equal(logp_free, alone[2][0])
+    assert pool._idle[torch.device("cpu")].data_ptr() not in (tile_ptr(a), tile_ptr(b))
+    for run, p, ref in ((b, problems[1], alone[1]), (a, problems[0], alone[0])):
+        assert all(torch.equal(x, y) for x, y in zip(finish(run, p), ref))
+    idle_ptr = pool._idle[torch.device("cpu")].data_ptr()
+    assert tile_ptr(start(problems[2])) == idle_ptr  # reused, not allocated anew
+
+
 def test_second_backward_through_one_graph_raises() -> None:
     # The single-tile backward writes dz over its saved log-softmax; a retained graph must not reuse it.
     h = torch.randn(4, 8, requires_grad=True)
