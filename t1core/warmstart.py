@@ -71,16 +71,18 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
     """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
     transcripts that pass all their verifiers; without, those that ran to the done marker.
     Returns (transcripts, metrics)."""
-    scripts, specs, keys = {}, [], []
-    for i, task in enumerate(tasks):
-        key = tuple(tok.encode_prompt(config.system_prompt, task.instruction))
-        keys.append(key)
-        scripts[key] = [format_tool_call(reference_solution(task)), DONE_MARKER]
-        specs.append(EpisodeSpec(task=task, image=images[task.name], seed=i))
-    engine = ReferenceEngine(tok, scripts)
-    over_cap = _warn_replies_over_cap({task.name: engine.longest_reply(key) for task, key in zip(tasks, keys)},
-                                      config.max_reply_tokens)
-    trajs = run_episodes(engine, tok, specs, config=config, num_parallel=num_parallel)
+    keys = [tuple(tok.encode_prompt(config.system_prompt, task.instruction)) for task in tasks]
+    scripts = [[format_tool_call(reference_solution(task)), DONE_MARKER] for task in tasks]
+    specs = [EpisodeSpec(task=task, image=images[task.name], seed=i) for i, task in enumerate(tasks)]
+    longest: dict[str, int] = {}
+    trajs: list[Trajectory | None] = [None] * len(tasks)
+    for batch in _distinct_prompt_batches(keys, scripts):
+        engine = ReferenceEngine(tok, {keys[i]: scripts[i] for i in batch})
+        longest.update({tasks[i].name: engine.longest_reply(keys[i]) for i in batch})
+        for i, traj in zip(batch, run_episodes(engine, tok, [specs[i] for i in batch], config=config,
+                                               num_parallel=num_parallel)):
+            trajs[i] = traj
+    over_cap = _warn_replies_over_cap(longest, config.max_reply_tokens)
 
     def usable(t: Trajectory) -> bool:
         if config.verify:
@@ -97,6 +99,25 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
     metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(bad)),
                "sft/replies_over_cap": float(over_cap)}
     return good, metrics
+
+
+def _distinct_prompt_batches(keys: list[tuple[int, ...]], scripts: list[list[str]]) -> list[list[int]]:
+    """Task indices in batches within which no two tasks share a first prompt but differ in their script.
+
+    `ReferenceEngine` tells episodes apart by their first prompt only, so two tasks with the same instruction and
+    different reference solutions must not run against one engine (the later script would answer both). Tasks
+    with equal prompts and equal scripts may share. Almost always a single batch.
+    """
+    batches: list[tuple[list[int], dict[tuple[int, ...], list[str]]]] = []
+    for i, (key, script) in enumerate(zip(keys, scripts)):
+        for members, seen in batches:
+            if seen.get(key, script) == script:
+                members.append(i)
+                seen[key] = script
+                break
+        else:
+            batches.append(([i], {key: script}))
+    return [members for members, _ in batches]
 
 
 def _warn_replies_over_cap(longest: dict[str, int], cap: int) -> int:

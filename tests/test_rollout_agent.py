@@ -91,7 +91,8 @@ def test_parse_action() -> None:
     assert parse_action(f"{format_tool_call('pwd')} {DONE_MARKER}").command == "pwd"
 
 
-def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
+def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[Task],
+                                                images: dict[str, TaskImage]) -> None:
     task = tasks[0]
     engine = ScriptedEngine(tok, tasks, solve_then_done)
     with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:
@@ -140,7 +141,8 @@ def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], imag
         assert cut.finish_reason == "token_budget" and len(cut.turns) == 2 and cut.num_tokens <= budget
 
 
-def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
+def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task],
+                                            images: dict[str, TaskImage]) -> None:
     engine = ScriptedEngine(tok, tasks, solve_then_done)
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=i) for i, t in enumerate(tasks)]
     assert len(specs) == 8
@@ -228,7 +230,8 @@ def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: 
     assert drifted > 0
 
 
-def test_collect_cli(tasks: list[Task], images: dict[str, TaskImage], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_collect_cli(tasks: list[Task], images: dict[str, TaskImage], tmp_path: Path,
+                     capsys: pytest.CaptureFixture) -> None:
     from rollout.collect import main
     from rollout.trajectory import load_trajectories
 
@@ -243,3 +246,22 @@ def test_collect_cli(tasks: list[Task], images: dict[str, TaskImage], tmp_path: 
         assert t.routing is not None and t.verifier is not None and len(t.turns) == 2
     summary = (out / "summary.json").read_text()
     assert "\"episodes\": 2" in summary
+
+
+def test_reference_transcripts_keep_apart_tasks_with_one_instruction(tok: ChatTokenizer, tasks: list[Task],
+                                                                      images: dict[str, TaskImage]) -> None:
+    # The reference engine recognises an episode by its first prompt. Two tasks told the same words but solved by
+    # different scripts must each get their own script, not the one registered last.
+    import dataclasses
+
+    from t1core.warmstart import reference_transcripts
+
+    first, second = tasks[0], tasks[1]
+    twin = dataclasses.replace(second, instruction=first.instruction)
+    assert suite.reference_solution(twin) != suite.reference_solution(first)
+    transcripts, metrics = reference_transcripts([first, twin], images, tok=tok, config=AgentConfig(max_turns=2),
+                                                 num_parallel=2)
+    assert metrics["sft/reference_failures"] == 0
+    assert [t.task_name for t in transcripts] == [first.name, twin.name]
+    for task, traj in zip((first, twin), transcripts):
+        assert traj.turns[0].command == suite.reference_solution(task)
