@@ -4,10 +4,11 @@ Legend: T packed tokens, B documents/slots, H query heads, Hkv KV heads, Dh head
 
 Two entry points, both GQA-aware (H is a multiple of Hkv):
 - `packed_causal_attention`: training / full forward. Each document of a packed row attends causally to itself only.
-  On CUDA with fp16/bf16 and `flash_attn` installed it runs `flash_attn_varlen_func`; otherwise torch SDPA: one call
-  when all documents have the same length; one call over documents right-padded to the longest when that adds
-  little work (padding sits after every real token, so causal attention never reads it); else one call per
-  document (a block-diagonal mask would cost T^2).
+  On CUDA with fp16/bf16 and `flash_attn` installed it runs `flash_attn_varlen_func`. Otherwise: one call when all
+  documents have the same length; one call over documents right-padded to the longest when that adds little work
+  (padding sits after every real token, so causal attention never reads it); else one call per document (a
+  block-diagonal mask would cost T^2). Each call is `block_attention.block_causal_attention` when it trains on the
+  CPU in fp32/fp64 and its kept probabilities fit `BLOCK_ATTN_MAX_BYTES` (faster there), else torch SDPA.
 - `cached_attention`: incremental decoding. New chunks of several slots attend to their slot's cached keys plus
   causally within the chunk, in one batched SDPA call with a boolean mask.
 """
@@ -20,10 +21,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from t1core import block_attention
+
 # Documents of unequal length run as one right-padded SDPA batch while B * max_len <= PAD_LIMIT * T: up to that much
 # padded work costs less than one small SDPA call (forward and backward) per document. On the tiny model's
 # pretraining rows (2,048 tokens of 39-105-token documents, 2 cores) a training step took 0.242 s instead of 0.263 s.
 PAD_LIMIT = 1.6
+# Probabilities `block_causal_attention` may keep per layer for its backward; above it, SDPA (which keeps O(T)).
+BLOCK_ATTN_MAX_BYTES = 64 * 2**20
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,32 +71,35 @@ def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: tor
         cu_B1 = cu_seqlens_B1.to(device=q_THD.device, dtype=torch.int32)
         max_len = max(doc_lens)
         return flash(q_THD, k_TKD, v_TKD, cu_B1, cu_B1, max_len, max_len, softmax_scale=scale, causal=True)
-    num_heads, num_kv_heads = q_THD.shape[1], k_TKD.shape[1]
-    gqa = num_heads != num_kv_heads
     if len(set(doc_lens)) == 1:
         # Equal lengths (typical for benchmarks and fixed-length packing): one batched call.
         num_docs, n = len(doc_lens), doc_lens[0]
-        q_BHND = q_THD.view(num_docs, n, num_heads, -1).transpose(1, 2)
-        k_BKND = k_TKD.view(num_docs, n, num_kv_heads, -1).transpose(1, 2)
-        v_BKND = v_TKD.view(num_docs, n, num_kv_heads, -1).transpose(1, 2)
-        o_BHND = F.scaled_dot_product_attention(q_BHND, k_BKND, v_BKND, is_causal=True, scale=scale, enable_gqa=gqa)
-        return o_BHND.transpose(1, 2).reshape(q_THD.shape)
+        return _causal_docs(*(x.view(num_docs, n, *x.shape[1:]) for x in (q_THD, k_TKD, v_TKD)),
+                            scale=scale).reshape(q_THD.shape)
     if pad_index_T is not None:
         num_docs, n = len(doc_lens), max(doc_lens)
 
-        def padded(x_TXD: torch.Tensor) -> torch.Tensor:  # [T, X, Dh] -> [B, X, n, Dh], zeros after each document
+        def padded(x_TXD: torch.Tensor) -> torch.Tensor:  # [T, X, Dh] -> [B, n, X, Dh], zeros after each document
             out = x_TXD.new_zeros(num_docs * n, *x_TXD.shape[1:]).index_copy(0, pad_index_T, x_TXD)
-            return out.view(num_docs, n, *x_TXD.shape[1:]).transpose(1, 2)
+            return out.view(num_docs, n, *x_TXD.shape[1:])
 
-        o_BHND = F.scaled_dot_product_attention(padded(q_THD), padded(k_TKD), padded(v_TKD), is_causal=True,
-                                                scale=scale, enable_gqa=gqa)
-        return o_BHND.transpose(1, 2).reshape(num_docs * n, *q_THD.shape[1:]).index_select(0, pad_index_T)
-    outs = []
-    for q_NHD, k_NKD, v_NKD in zip(q_THD.split(doc_lens), k_TKD.split(doc_lens), v_TKD.split(doc_lens)):
-        o_HND = F.scaled_dot_product_attention(q_NHD.transpose(0, 1), k_NKD.transpose(0, 1), v_NKD.transpose(0, 1),
-                                               is_causal=True, scale=scale, enable_gqa=gqa)
-        outs.append(o_HND.transpose(0, 1))
+        o_BNHD = _causal_docs(padded(q_THD), padded(k_TKD), padded(v_TKD), scale=scale)
+        return o_BNHD.reshape(num_docs * n, *q_THD.shape[1:]).index_select(0, pad_index_T)
+    outs = [_causal_docs(q_NHD[None], k_NKD[None], v_NKD[None], scale=scale)[0]
+            for q_NHD, k_NKD, v_NKD in zip(q_THD.split(doc_lens), k_TKD.split(doc_lens), v_TKD.split(doc_lens))]
     return torch.cat(outs, dim=0)
+
+
+def _causal_docs(q_BNHD: torch.Tensor, k_BNKD: torch.Tensor, v_BNKD: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """Causal attention of B documents of one length (no flash-attn): o [B, N, H, Dh]."""
+    num_b, num_n, num_heads, _ = q_BNHD.shape
+    training = torch.is_grad_enabled() and any(x.requires_grad for x in (q_BNHD, k_BNKD, v_BNKD))
+    if (training and q_BNHD.device.type == "cpu" and q_BNHD.dtype in (torch.float32, torch.float64)
+            and block_attention.saved_bytes(num_b, num_n, num_heads, q_BNHD.dtype) <= BLOCK_ATTN_MAX_BYTES):
+        return block_attention.block_causal_attention(q_BNHD, k_BNKD, v_BNKD, scale=scale)
+    o_BHND = F.scaled_dot_product_attention(q_BNHD.transpose(1, 2), k_BNKD.transpose(1, 2), v_BNKD.transpose(1, 2),
+                                            is_causal=True, scale=scale, enable_gqa=num_heads != k_BNKD.shape[2])
+    return o_BHND.transpose(1, 2)
 
 
 def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, *,
