@@ -246,6 +246,52 @@ def apply_rope_reference(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_T
     return x_THD * cos_TD[:, None, :] + swapped * sin_signed_TD[:, None, :]
 
 
+class NormRoPEFunction(torch.autograd.Function):
+    """rope(rms_norm(x) * w) for fp32/fp64 x [T, X, Dh]: the per-head q/k norm and the rotation in one function.
+
+    With u = x * w, n = rstd * u and rope's halves, y1 = rstd (x1 w1 c + x2 w2 s1), y2 = rstd (x2 w2 c + x1 w1 s2):
+    the weight folds into [T, Dh] tables (shared by all heads), so the forward is one product, two half-width
+    FMAs and one scaling (four passes over x where the two functions take seven). Backward, with rg = R^T g:
+    dw = sum over rows of rstd rg x, dx = rstd (rg w) - x rstd^3 <rg w, x> / Dh. Same math as `RMSNormFunction`
+    then `RoPEFunction`, another rounding (tests compare the two in float64). On the tiny model's CPU training
+    step: 2.5% faster (245.8 -> 240.0 ms, medians of 12 interleaved steps each).
+    """
+
+    @staticmethod
+    def forward(ctx, x_TXD: torch.Tensor, weight_D: torch.Tensor, cos_TD: torch.Tensor,  # type: ignore[override]
+                sin_signed_TD: torch.Tensor, eps: float) -> torch.Tensor:
+        half = x_TXD.shape[-1] // 2
+        rstd_TX1 = torch.rsqrt(x_TXD.pow(2).mean(-1, keepdim=True).add_(eps))
+        cw_T1D = (cos_TD * weight_D)[:, None]
+        s1w2_T1H = (sin_signed_TD[:, :half] * weight_D[half:])[:, None]
+        s2w1_T1H = (sin_signed_TD[:, half:] * weight_D[:half])[:, None]
+        y_TXD = x_TXD * cw_T1D
+        y_TXD[..., :half].addcmul_(x_TXD[..., half:], s1w2_T1H)
+        y_TXD[..., half:].addcmul_(x_TXD[..., :half], s2w1_T1H)
+        ctx.save_for_backward(x_TXD, weight_D, cos_TD, sin_signed_TD, rstd_TX1)
+        return y_TXD.mul_(rstd_TX1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_TXD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None, None, None]:  # type: ignore[override]
+        assert not any(ctx.needs_input_grad[2:4]), "RoPE tables are constants (built from positions)"
+        x_TXD, weight_D, cos_TD, sin_signed_TD, rstd_TX1 = ctx.saved_tensors
+        head_dim = x_TXD.shape[-1]
+        rg_TXD = _rotate_halves(grad_TXD.contiguous(), cos_TD, sin_signed_TD, transpose=True)
+        t_RD = (rg_TXD * x_TXD).reshape(-1, head_dim)  # R = T * X rows
+        d_weight = torch.mv(t_RD.T, rstd_TX1.view(-1)) if ctx.needs_input_grad[1] else None
+        coef_TX1 = torch.mv(t_RD, weight_D).view(rstd_TX1.shape).mul_(rstd_TX1.pow(3)).div_(head_dim)
+        d_x = rg_TXD.mul_(weight_D).mul_(rstd_TX1).addcmul_(x_TXD, coef_TX1, value=-1)
+        return d_x, d_weight, None, None, None
+
+
+def norm_rope(norm: RMSNorm, x_TXD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor) -> torch.Tensor:
+    """`apply_rope(norm(x), cos, sin)`, fused for fp32/fp64 (`NormRoPEFunction`)."""
+    if x_TXD.dtype in (torch.float32, torch.float64) and norm.weight.dtype == x_TXD.dtype:
+        return NormRoPEFunction.apply(x_TXD, norm.weight, cos_TD, sin_signed_TD, norm.eps)
+    return apply_rope(norm(x_TXD), cos_TD, sin_signed_TD)
+
+
 class Attention(nn.Module):
     """GQA self-attention with per-head q/k RMSNorm before RoPE; where keys come from is the context's job."""
 
@@ -266,8 +312,8 @@ class Attention(nn.Module):
     def forward(self, x_TD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor,
                 ctx: AttnContext) -> torch.Tensor:
         T = x_TD.shape[0]
-        q_THD = apply_rope(self.q_norm(self.q_proj(x_TD).view(T, self.num_heads, self.head_dim)), cos_TD, sin_TD)
-        k_TKD = apply_rope(self.k_norm(self.k_proj(x_TD).view(T, self.num_kv_heads, self.head_dim)), cos_TD, sin_TD)
+        q_THD = norm_rope(self.q_norm, self.q_proj(x_TD).view(T, self.num_heads, self.head_dim), cos_TD, sin_TD)
+        k_TKD = norm_rope(self.k_norm, self.k_proj(x_TD).view(T, self.num_kv_heads, self.head_dim), cos_TD, sin_TD)
         v_TKD = self.v_proj(x_TD).view(T, self.num_kv_heads, self.head_dim)
         o_THD = ctx.attend(self.layer_idx, q_THD, k_TKD, v_TKD, scale=self.scale)
         return self.o_proj(o_THD.reshape(T, -1))

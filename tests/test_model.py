@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from t1core.checkpoint import hf_state_dict
-from t1core.model import (ModelConfig, MoEModel, RMSNormFunction, ValueModel, apply_rope, apply_rope_reference,
-                          rope_cos_sin)
+from t1core.model import (ModelConfig, MoEModel, NormRoPEFunction, RMSNormFunction, ValueModel, apply_rope,
+                          apply_rope_reference, rope_cos_sin)
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,7 +28,8 @@ def _hf_model(cfg: ModelConfig, seed: int = 0):
         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim, num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
         norm_topk_prob=cfg.norm_topk_prob, mlp_only_layers=list(cfg.mlp_only_layers),
-        decoder_sparse_step=cfg.decoder_sparse_step, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+        decoder_sparse_step=cfg.decoder_sparse_step,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
         rms_norm_eps=cfg.rms_norm_eps, attn_implementation="eager")
     torch.manual_seed(seed)  # transformers initialises from the global RNG; tests may touch it
@@ -101,6 +102,22 @@ def test_rope_function_matches_rotate_half_reference() -> None:
     assert (y - y_ref).abs().max() <= 1e-6 * y_ref.abs().max()  # addcmul_ fuses the multiply and the add
     _check_fused_backward(lambda a: apply_rope(a, cos.to(a.dtype), sin.to(a.dtype)),
                           lambda a: apply_rope_reference(a, cos.to(a.dtype), sin.to(a.dtype)), [x])
+
+
+def test_norm_rope_function_is_the_norm_then_the_rotation() -> None:
+    # The fused q/k norm + RoPE against HF's composition (F.rms_norm, then x cos + rotate_half(x) sin) by autograd.
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(7, 3, 24, generator=g) * 3, torch.randn(24, generator=g)
+    cos, sin = rope_cos_sin(torch.arange(7), head_dim=24, theta=1e4, dtype=torch.float64)
+
+    def fused(a, b):
+        return NormRoPEFunction.apply(a, b, cos.to(a.dtype), sin.to(a.dtype), 1e-6)
+
+    def composed(a, b):
+        return apply_rope_reference(F.rms_norm(a, (24,), b, 1e-6), cos.to(a.dtype), sin.to(a.dtype))
+
+    assert (fused(x, w) - composed(x, w)).abs().max() <= 1e-5 * composed(x, w).abs().max()
+    _check_fused_backward(fused, composed, [x, w])
 
 
 def test_sharded_roundtrip_bitwise_and_fused_names(tmp_path) -> None:
