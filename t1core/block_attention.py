@@ -47,34 +47,53 @@ def _blocks(doc_len: int, block: int) -> list[tuple[int, int]]:
 
 
 class BlockCausalAttention(torch.autograd.Function):
-    """q [P, R, Dh] (rows = positions x G heads), k, v [P, N, Dh] -> o [P, R, Dh]."""
+    """q [B, N, H, Dh], k, v [B, N, Hkv, Dh] -> o [B, N, H, Dh]; internally rows (position, g) per (document, kv).
+
+    The layout changes ride on passes that happen anyway: q is scaled while it is reordered, each block's output
+    and dQ are written straight into [B, N, H, Dh], and delta = rowsum(dO * O) is taken in that layout.
+    """
 
     @staticmethod
-    def forward(ctx, q_PRD: torch.Tensor, k_PND: torch.Tensor, v_PND: torch.Tensor,  # type: ignore[override]
+    def forward(ctx, q_BNHD: torch.Tensor, k_BNKD: torch.Tensor, v_BNKD: torch.Tensor,  # type: ignore[override]
                 scale: float, block: int) -> torch.Tensor:
-        num_p, num_n, _ = k_PND.shape
-        group = q_PRD.shape[1] // num_n
-        qs_PRD = q_PRD * scale
-        o_PRD = torch.empty_like(q_PRD)
+        num_b, num_n, num_heads, head_dim = q_BNHD.shape
+        num_kv = k_BNKD.shape[2]
+        group, num_p = num_heads // num_kv, num_b * num_kv
+        qs_PRD = q_BNHD.new_empty(num_p, num_n * group, head_dim)
+        torch.mul(q_BNHD.reshape(num_b, num_n, num_kv, group, head_dim).transpose(1, 2), scale,
+                  out=qs_PRD.view(num_b, num_kv, num_n, group, head_dim))
+        k_PND = k_BNKD.transpose(1, 2).reshape(num_p, num_n, head_dim)
+        v_PND = v_BNKD.transpose(1, 2).reshape(num_p, num_n, head_dim)
+        o_BNHD = q_BNHD.new_empty(q_BNHD.shape)
+        o_BNKGD = o_BNHD.view(num_b, num_n, num_kv, group, head_dim)
         probs = []
         for s, e in _blocks(num_n, block):
             scores_PrE = torch.bmm(qs_PRD[:, s * group:e * group], k_PND[:, :e].transpose(1, 2))
             scores_PrE[..., s:].masked_fill_(_diag_mask(e - s, group), float("-inf"))
             p_PrE = torch.softmax(scores_PrE, dim=-1)
-            o_PRD[:, s * group:e * group] = torch.bmm(p_PrE, v_PND[:, :e])
+            o_PrD = torch.bmm(p_PrE, v_PND[:, :e])
+            o_BNKGD[:, s:e] = o_PrD.view(num_b, num_kv, e - s, group, head_dim).transpose(1, 2)
             probs.append(p_PrE)
-        ctx.save_for_backward(qs_PRD, k_PND, v_PND, o_PRD, *probs)
+        ctx.save_for_backward(qs_PRD, k_PND, v_PND, o_BNHD, *probs)
         ctx.scale, ctx.block = scale, block
-        return o_PRD
+        return o_BNHD
 
     @staticmethod
-    def backward(ctx, do_PRD: torch.Tensor):  # type: ignore[override]
-        qs_PRD, k_PND, v_PND, o_PRD, *probs = ctx.saved_tensors
-        num_n = k_PND.shape[1]
-        group = qs_PRD.shape[1] // num_n
-        do_PRD = do_PRD.contiguous()
-        delta_PR1 = (do_PRD * o_PRD).sum(-1, keepdim=True)
-        dq_PRD = torch.empty_like(qs_PRD)
+    def backward(ctx, do_BNHD: torch.Tensor):  # type: ignore[override]
+        qs_PRD, k_PND, v_PND, o_BNHD, *probs = ctx.saved_tensors
+        num_b, num_n, num_heads, head_dim = o_BNHD.shape
+        num_p = k_PND.shape[0]
+        num_kv = num_p // num_b
+        group = num_heads // num_kv
+
+        def to_rows(x_BNHX: torch.Tensor) -> torch.Tensor:  # [B, N, H, X] -> [P, R, X]
+            x = x_BNHX.reshape(num_b, num_n, num_kv, group, -1).transpose(1, 2)
+            return x.reshape(num_p, num_n * group, x.shape[-1])
+
+        do_PRD = to_rows(do_BNHD)
+        delta_PR1 = to_rows((do_BNHD * o_BNHD).sum(-1, keepdim=True))
+        dq_BNHD = o_BNHD.new_empty(o_BNHD.shape)
+        dq_BNKGD = dq_BNHD.view(num_b, num_n, num_kv, group, head_dim)
         dk_PND = dv_PND = None
         # Last block first: it sees every key, so it writes dK and dV whole; earlier blocks add to a prefix.
         for (s, e), p_PrE in reversed(list(zip(_blocks(num_n, ctx.block), probs))):
@@ -88,25 +107,23 @@ class BlockCausalAttention(torch.autograd.Function):
             else:
                 dv_PND[:, :e] += dv_PED
             ds_PrE = torch.bmm(do_PrD, v_PND[:, :e].transpose(1, 2)).sub_(delta_PR1[:, rows]).mul_(p_PrE)
-            dq_PRD[:, rows] = torch.bmm(ds_PrE, k_PND[:, :e])
+            dq_PrD = torch.bmm(ds_PrE, k_PND[:, :e])
+            torch.mul(dq_PrD.view(num_b, num_kv, e - s, group, head_dim).transpose(1, 2), ctx.scale,
+                      out=dq_BNKGD[:, s:e])
             dk_PED = torch.bmm(ds_PrE.transpose(1, 2), qs_PrD)
             if dk_PND is None:
                 dk_PND = dk_PED
             else:
                 dk_PND[:, :e] += dk_PED
-        return dq_PRD.mul_(ctx.scale), dk_PND, dv_PND, None, None
+        dk_BNKD = dk_PND.view(num_b, num_kv, num_n, head_dim).transpose(1, 2)
+        dv_BNKD = dv_PND.view(num_b, num_kv, num_n, head_dim).transpose(1, 2)
+        return dq_BNHD, dk_BNKD, dv_BNKD, None, None
 
 
 def block_causal_attention(q_BNHD: torch.Tensor, k_BNKD: torch.Tensor, v_BNKD: torch.Tensor, *, scale: float,
                            block: int = BLOCK) -> torch.Tensor:
-    """Causal attention of B equal-length documents: q [B, N, H, Dh], k/v [B, N, Hkv, Dh] -> o [B, N, H, Dh]."""
-    num_b, num_n, num_heads, head_dim = q_BNHD.shape
-    num_kv = k_BNKD.shape[2]
-    group = num_heads // num_kv
-    # Query head h = kv * G + g (as repeat_kv): rows of KV head kv are (position, g).
-    q_PRD = q_BNHD.reshape(num_b, num_n, num_kv, group, head_dim).transpose(1, 2).reshape(
-        num_b * num_kv, num_n * group, head_dim)
-    k_PND = k_BNKD.transpose(1, 2).reshape(num_b * num_kv, num_n, head_dim)
-    v_PND = v_BNKD.transpose(1, 2).reshape(num_b * num_kv, num_n, head_dim)
-    o_PRD = BlockCausalAttention.apply(q_PRD, k_PND, v_PND, scale, block)
-    return o_PRD.view(num_b, num_kv, num_n, group, head_dim).transpose(1, 2).reshape(q_BNHD.shape)
+    """Causal attention of B equal-length documents: q [B, N, H, Dh], k/v [B, N, Hkv, Dh] -> o [B, N, H, Dh].
+
+    Query head h uses KV head h // G (as HF's repeat_kv).
+    """
+    return BlockCausalAttention.apply(q_BNHD, k_BNKD, v_BNKD, scale, block)
