@@ -48,7 +48,12 @@ def load_samples(directory: str | Path) -> list[Sample]:
         raise ValueError(f"no trajectories (NNNNNN.json) in {directory}")
     out = []
     for path in paths:
-        meta = json.loads(path.read_text())
+        try:
+            meta = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        if not isinstance(meta, dict) or "task_name" not in meta:
+            raise ValueError(f"{path}: not a trajectory's metadata (no task_name)")
         v = meta.get("verifier") or {}
         total = v.get("total") or 0
         out.append(Sample(task=meta["task_name"], solved=bool(total and v.get("passed") == total),

@@ -81,3 +81,8 @@ def test_bad_directories_are_clear_errors(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         score.main([str(tmp_path / "a"), "--baseline", str(tmp_path / "b")])
     assert "no task in common" in capsys.readouterr().err
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "000000.json").write_text("{not json")
+    with pytest.raises(SystemExit):
+        score.main([str(tmp_path / "c")])
+    assert "000000.json: not JSON" in capsys.readouterr().err
