@@ -1,7 +1,8 @@
 """Causal attention for CPU training: key-prefix blocks as batched GEMMs, probabilities kept for the backward.
 
 Legend: B documents, N tokens per document, Hkv KV heads, G query heads per KV head (H = Hkv * G), Dh head dim,
-b query block, R = N * G rows per (document, KV head), P = B * Hkv.
+b query block, R = N * G rows per (document, KV head), P = B * Hkv; r = b * G rows of one block, E keys of
+its prefix.
 
 Why not torch's CPU flash-attention kernel: it recomputes the probabilities in its backward and runs its small
 tiles well below GEMM speed. For the documents the CPU path trains on (a few hundred to a few thousand tokens)
