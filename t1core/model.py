@@ -262,12 +262,9 @@ class NormRoPEFunction(torch.autograd.Function):
                 sin_signed_TD: torch.Tensor, eps: float) -> torch.Tensor:
         half = x_TXD.shape[-1] // 2
         rstd_TX1 = torch.rsqrt(x_TXD.pow(2).mean(-1, keepdim=True).add_(eps))
-        cw_T1D = (cos_TD * weight_D)[:, None]
-        s1w2_T1H = (sin_signed_TD[:, :half] * weight_D[half:])[:, None]
-        s2w1_T1H = (sin_signed_TD[:, half:] * weight_D[:half])[:, None]
-        y_TXD = x_TXD * cw_T1D
-        y_TXD[..., :half].addcmul_(x_TXD[..., half:], s1w2_T1H)
-        y_TXD[..., half:].addcmul_(x_TXD[..., :half], s2w1_T1H)
+        # The rotation of x with w folded in: cos * w, and each sin half times the w of the half it multiplies.
+        sin_w_TD = torch.cat((sin_signed_TD[:, :half] * weight_D[half:], sin_signed_TD[:, half:] * weight_D[:half]), -1)
+        y_TXD = _rotate_halves(x_TXD, cos_TD * weight_D, sin_w_TD, transpose=False)
         ctx.save_for_backward(x_TXD, weight_D, cos_TD, sin_signed_TD, rstd_TX1)
         return y_TXD.mul_(rstd_TX1)
 
