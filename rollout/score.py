@@ -56,7 +56,7 @@ def load_samples(directory: str | Path) -> list[Sample]:
             raise ValueError(f"{path}: not a trajectory's metadata (no task_name)")
         v = meta.get("verifier") or {}
         total = v.get("total") or 0
-        out.append(Sample(task=meta["task_name"], solved=bool(total and v.get("passed") == total),
+        out.append(Sample(task=meta["task_name"], solved=bool(v.get("outcome")),  # VerifierResult.outcome
                           verifier_frac=(v.get("passed", 0) / total) if total else 0.0))
     return out
 

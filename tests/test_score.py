@@ -20,7 +20,8 @@ def _episode(task: str, passed: int, total: int) -> Trajectory:
     return Trajectory(token_ids=torch.arange(n), loss_mask=mask, rollout_logprobs=torch.where(mask, -0.5, 0.0),
                       routing=None, prompt_len=4, turns=[Turn(start=4, end=6, finish_reason="stop", text="ls")],
                       task_name=task, finish_reason="done", policy_version=0, reward=float(passed),
-                      verifier={"passed": passed, "total": total}, metrics={}, system_prompt="s", instruction="i")
+                      verifier={"passed": passed, "total": total, "outcome": passed == total > 0}, metrics={},
+                      system_prompt="s", instruction="i")
 
 
 def _write(directory: Path, outcomes: list[tuple[str, int, int]]) -> None:
