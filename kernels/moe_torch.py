@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.rows import MIN_ROWS, batch_invariant, mm_rows
+
 # The padded layout is used while E * C <= PAD_LIMIT * P: up to this much extra GEMM work costs less than the
 # per-expert loop's op count (measured on the tiny model, 2 cores: about 9% padding at T=2048, E=16, K=2).
 PAD_LIMIT = 1.5
@@ -49,8 +51,11 @@ def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
     counts_E = torch.bincount(ids_P, minlength=num_experts)
     counts = counts_E.tolist()  # sync: the layout (capacity, per-expert slices) is chosen on the host
     cap = max(counts, default=0)
+    if batch_invariant():  # fewer rows per batch entry take other BLAS kernels (kernels.rows)
+        cap = max(cap, MIN_ROWS)
     start_E = torch.cumsum(counts_E, 0) - counts_E
-    padded = num_experts * cap <= PAD_LIMIT * num_p
+    # Batch-invariant decode steps (no expert above MIN_ROWS pairs): one batched product, not one padded per expert.
+    padded = num_experts * cap <= PAD_LIMIT * num_p or (batch_invariant() and cap == MIN_ROWS)
     if padded:
         row_S = ids_S * cap + (torch.arange(num_p, device=dev) - start_E.index_select(0, ids_S))
     else:
@@ -72,7 +77,7 @@ def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout) -> torc
         return torch.bmm(a_RX.view(num_e, lay.capacity, a_RX.shape[1]), w_EXY).view(a_RX.shape[0], y)
     out_RY = torch.empty(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
     for e, lo, hi in lay.groups:
-        torch.mm(a_RX[lo:hi], w_EXY[e], out=out_RY[lo:hi])
+        mm_rows(a_RX[lo:hi], w_EXY[e], out=out_RY[lo:hi])  # few rows are padded (kernels.rows)
     return out_RY
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from kernels.rows import batch_invariant_mode, mm_rows
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.sampling import sample_tokens, uniform
 
@@ -49,6 +50,10 @@ class EngineConfig:
     """Prompt tokens prefilled per step at most (a later request waits a step; one longer prompt still runs)."""
     prefix_reuse: bool = True
     """Reuse cached KV of a slot whose tokens prefix the new prompt (same weight version only)."""
+    batch_invariant: bool = False
+    """CPU: every token's log-probs, routing and sample independent of what ran beside it (`kernels.rows`), so a
+    seeded run is bit for bit whatever the batching; costs decode speed (tiny model at batch 8: ~1,200 ->
+    ~670 tok/s)."""
     cpu_parallel_min_tokens: int = 1024
     """On CPU, an extend of fewer tokens runs on one intra-op thread. A decode step is a few hundred small ops,
     and waking the OpenMP team for each costs more than it saves (t1core sets OMP_WAIT_POLICY=PASSIVE so that
@@ -200,6 +205,10 @@ class TorchEngine:
 
     # ---- engine thread ----
     def _loop(self) -> None:
+        with batch_invariant_mode(self.config.batch_invariant):  # this thread runs every extend and sample
+            self._serve()
+
+    def _serve(self) -> None:
         try:
             while True:
                 with self._cv:
@@ -351,7 +360,7 @@ class TorchEngine:
         device = weight_VD.device
         reqs = [r for r, _ in rows]
         hidden_BD = hidden_TD.index_select(0, torch.tensor([i for _, i in rows], device=device))
-        logits_BV = hidden_BD.float() @ weight_VD.T
+        logits_BV = mm_rows(hidden_BD.float(), weight_VD.T)  # each row as if sampled alone (kernels.rows)
         temps = [r.params.temperature for r in reqs]
         top_ps = [r.params.top_p for r in reqs]
         uniforms = [uniform(r.params.seed, len(r.tokens)) for r in reqs]

@@ -21,7 +21,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kernels.rows import batch_invariant
 from t1core import block_attention
+from t1core.decode_attention import decode_attention
 
 # Documents of unequal length run as one right-padded SDPA batch while B * max_len <= PAD_LIMIT * T: up to that much
 # padded work costs less than one small SDPA call (forward and backward) per document. On the tiny model's
@@ -108,7 +110,11 @@ def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.T
 
     `mask_B1NS` (bool, True = attend) encodes each slot's cached length and the causal order inside the chunk;
     None means every query sees every key (one-token decode where S is exactly each slot's length).
+    In batch-invariant mode on the CPU (`kernels.rows.batch_invariant_mode`) each row's result does not depend on
+    the rest of the batch (`decode_attention`); otherwise torch SDPA.
     """
+    if q_BHND.device.type == "cpu" and batch_invariant():
+        return decode_attention(q_BHND, k_BKSD, v_BKSD, mask_B1NS=mask_B1NS, scale=scale)
     gqa = q_BHND.shape[1] != k_BKSD.shape[1]
     return F.scaled_dot_product_attention(q_BHND, k_BKSD, v_BKSD, attn_mask=mask_B1NS, scale=scale, enable_gqa=gqa)
 

@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.utils import skip_init
 
 from kernels.moe import fused_moe, route
+from kernels.rows import linear_rows
 from t1core.attention import AttnContext, CachedContext, KVCache, PackedContext
 
 __all__ = ["ModelConfig", "MoEModel", "ValueModel", "KVCache"]
@@ -138,9 +139,17 @@ class ModelConfig:
                    num_experts=128, num_experts_per_tok=8, rope_theta=1e6, max_position_embeddings=40960)
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose rows do not depend on how many rows there are (`kernels.rows`): a token decoded alone
+    gives the same bits as the same token decoded beside others."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_rows(x, self.weight, self.bias)
+
+
 def _linear(in_features: int, out_features: int, *, bias: bool = False, **factory: object) -> nn.Linear:
     # skip_init: nn.Linear's own init would consume the global RNG (library code must not) and be overwritten.
-    return skip_init(nn.Linear, in_features, out_features, bias=bias, **factory)
+    return skip_init(Linear, in_features, out_features, bias=bias, **factory)
 
 
 class RMSNormFunction(torch.autograd.Function):

@@ -79,9 +79,8 @@ class Trainer:
         a = self.cfg.algo
         out = []
         for t in trajs:
-            v = t.verifier or {"passed": 0, "total": 0}
-            outcome = v["total"] > 0 and v["passed"] == v["total"]
-            out.append(v["passed"] + a.outcome_bonus * outcome - a.turn_penalty * len(t.turns)
+            passed = t.verifier["passed"] if t.verifier else 0
+            out.append(passed + a.outcome_bonus * _solved(t) - a.turn_penalty * len(t.turns)
                        - a.format_penalty * t.metrics.get("malformed_tool_calls", 0))
         return out
 
@@ -149,7 +148,7 @@ class Trainer:
             save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
                       for t in trajs]
-            out[f"heldout/{name}_success"] = sum(p == 1.0 for p in passed) / len(trajs)
+            out[f"heldout/{name}_success"] = sum(map(_solved, trajs)) / len(trajs)
             out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
         return out
 
@@ -264,6 +263,12 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
+def _solved(traj) -> bool:
+    """Every verifier passed: the verifier's own `outcome` (VerifierResult.outcome, as rollout.collect and
+    rollout.score count it); an episode that was never verified is not solved."""
+    return bool(traj.verifier and traj.verifier["outcome"])
+
+
 def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:
     n = len(trajs)
     verified = [t.verifier for t in trajs if t.verifier]
@@ -271,7 +276,7 @@ def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:
     out = {
         "reward/dense_mean": sum(v["passed"] for v in verified) / n,
         "reward/shaped_mean": sum(rewards) / n,
-        "outcome/rate": sum(v["total"] > 0 and v["passed"] == v["total"] for v in verified) / n,
+        "outcome/rate": sum(map(_solved, trajs)) / n,
         "rollout/turns_mean": sum(len(t.turns) for t in trajs) / n,
         "rollout/tokens": float(tokens),
         "rollout/sampled_tokens": float(sum(int(t.loss_mask.sum()) for t in trajs)),

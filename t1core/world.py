@@ -117,7 +117,7 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine:
     """The rollout engine over its own copy of the policy (synced after every update)."""
     r = cfg.rollout
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
-                        max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8)
+                        max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
     return TorchEngine(copy.deepcopy(policy).eval().requires_grad_(False), ecfg)
 
 

@@ -1,0 +1,54 @@
+"""`t1core.decode_attention`: the engine's batch-invariant cached attention (CPU), against a float64 reference."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.rows import batch_invariant_mode, mm_rows
+from t1core.decode_attention import KEY_BLOCK, decode_attention
+
+
+def _reference(q_BHND, k_BKSD, v_BKSD, mask_B1NS, scale):
+    group = q_BHND.shape[1] // k_BKSD.shape[1]
+    k, v = k_BKSD.double().repeat_interleave(group, 1), v_BKSD.double().repeat_interleave(group, 1)
+    s = q_BHND.double() @ k.transpose(-1, -2) * scale
+    return torch.softmax(s.masked_fill(~mask_B1NS, float("-inf")), dim=-1) @ v
+
+
+def _case(lens, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s_max = max(lens)
+    q = torch.randn(len(lens), 4, n, 16, generator=g)
+    k, v = (torch.randn(len(lens), 2, s_max, 16, generator=g) for _ in range(2))
+    mask = torch.zeros(len(lens), 1, n, s_max, dtype=torch.bool)
+    for b, length in enumerate(lens):  # the chunk is the last n positions of each slot
+        for i in range(n):
+            mask[b, 0, i, :length - n + i + 1] = True
+    return q, k, v, mask
+
+
+def test_matches_float64_softmax_attention() -> None:
+    q, k, v, mask = _case([7, 130, 300], n=4)
+    got = decode_attention(q, k, v, mask_B1NS=mask, scale=0.25)
+    torch.testing.assert_close(got.double(), _reference(q, k, v, mask, 0.25), rtol=0, atol=2e-6)
+
+
+def test_a_slot_gets_the_same_bits_alone_and_padded_beside_longer_ones() -> None:
+    q, k, v, mask = _case([9, 2 * KEY_BLOCK + 5, 40], n=3, seed=1)
+    together = decode_attention(q, k, v, mask_B1NS=mask, scale=0.25)
+    with batch_invariant_mode():
+        together_inv = decode_attention(q, k, v, mask_B1NS=mask, scale=0.25)
+        alone = decode_attention(q[:1], k[:1, :, :9], v[:1, :, :9], mask_B1NS=mask[:1, :, :, :9], scale=0.25)
+        last_row = decode_attention(q[:1, :, 2:], k[:1, :, :9], v[:1, :, :9], mask_B1NS=mask[:1, :, 2:, :9], scale=0.25)
+    assert torch.equal(together_inv, together)  # the mode changes products of few rows, not this function's math
+    assert torch.equal(alone, together[:1])
+    assert torch.equal(last_row, together[:1, :, 2:])
+
+
+def test_mm_rows_pads_few_rows_only_in_the_mode() -> None:
+    g = torch.Generator().manual_seed(2)
+    a, w = torch.randn(40, 64, generator=g), torch.randn(96, 64, generator=g).t()  # nn.Linear's layout
+    full = mm_rows(a, w)
+    with batch_invariant_mode():
+        rows = [mm_rows(a[i:i + m], w) for i, m in ((0, 1), (1, 3), (4, 7))]
+    assert all(torch.equal(r, full[i:i + r.shape[0]]) for r, i in zip(rows, (0, 1, 4)))
