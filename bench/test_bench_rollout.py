@@ -8,6 +8,7 @@ Targets (issue 4): batch 8 with capture >= 2x transformers at batch 8; capture o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import threading
@@ -101,7 +102,7 @@ def test_bench_engine_vs_transformers(models: tuple[MoEModel, torch.nn.Module], 
         # EngineConfig.cpu_parallel_min_tokens), so that the engine's thread policy is not all of the comparison.
         full = torch.get_num_threads()
         rows: dict[str, list[float]] = {k: [] for k in ("hf_b1", "hf_b8", "hf_b8_1thread", "ours_b1", "ours_b8_nocap",
-                                                        "ours_b8_cap")}
+                                                        "ours_b8_cap", "ours_b8_invariant")}
         cpu: dict[bool, list[float]] = {True: [], False: []}
         _engine_tok_s(engine, prompts, capture=True, seed=99)  # warm-up
         _hf_tok_s(hf, prompts[:1], full)
@@ -116,6 +117,11 @@ def test_bench_engine_vs_transformers(models: tuple[MoEModel, torch.nn.Module], 
                 wall, per_cpu = _engine_run(engine, prompts, capture=capture, seed=r)
                 rows["ours_b8_cap" if capture else "ours_b8_nocap"].append(wall)
                 cpu[capture].append(per_cpu)
+        # The batch-invariant mode (bit-for-bit rollouts whatever the batching), same prompts and sampling.
+        with TorchEngine(ours, dataclasses.replace(cfg, batch_invariant=True)) as inv_engine:
+            _engine_tok_s(inv_engine, prompts, capture=True, seed=99)  # warm-up
+            for r in range(REPEATS):
+                rows["ours_b8_invariant"].append(_engine_tok_s(inv_engine, prompts, capture=True, seed=r))
         before = dict(engine.stats)
         _engine_run(engine, prompts, capture=True, seed=11)
         stats = {k: engine.stats[k] - before[k] for k in before}  # one batch-8 run with capture

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.rows import MIN_ROWS, batch_invariant, mm_rows
+from kernels.rows import batch_invariant, t_cached, two_rows
 
 # The padded layout is used while E * C <= PAD_LIMIT * P: up to this much extra GEMM work costs less than the
 # per-expert loop's op count (measured on the tiny model, 2 cores: about 9% padding at T=2048, E=16, K=2).
@@ -51,11 +51,10 @@ def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
     counts_E = torch.bincount(ids_P, minlength=num_experts)
     counts = counts_E.tolist()  # sync: the layout (capacity, per-expert slices) is chosen on the host
     cap = max(counts, default=0)
-    if batch_invariant():  # fewer rows per batch entry take other BLAS kernels (kernels.rows)
-        cap = max(cap, MIN_ROWS)
+    if batch_invariant():  # one row per batch entry would take BLAS's matrix-vector path (kernels.rows)
+        cap = max(cap, 2)
     start_E = torch.cumsum(counts_E, 0) - counts_E
-    # Batch-invariant decode steps (no expert above MIN_ROWS pairs): one batched product, not one padded per expert.
-    padded = num_experts * cap <= PAD_LIMIT * num_p or (batch_invariant() and cap == MIN_ROWS)
+    padded = num_experts * cap <= PAD_LIMIT * num_p
     if padded:
         row_S = ids_S * cap + (torch.arange(num_p, device=dev) - start_E.index_select(0, ids_S))
     else:
@@ -76,8 +75,12 @@ def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout) -> torc
     if lay.groups is None:
         return torch.bmm(a_RX.view(num_e, lay.capacity, a_RX.shape[1]), w_EXY).view(a_RX.shape[0], y)
     out_RY = torch.empty(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
+    one_as_two = batch_invariant()  # a one-row product would take the matrix-vector path (kernels.rows)
     for e, lo, hi in lay.groups:
-        mm_rows(a_RX[lo:hi], w_EXY[e], out=out_RY[lo:hi])  # few rows are padded (kernels.rows)
+        if one_as_two and hi - lo == 1:
+            out_RY[lo:hi] = torch.mm(two_rows(a_RX[lo:hi]), w_EXY[e])[:1]
+        else:
+            torch.mm(a_RX[lo:hi], w_EXY[e], out=out_RY[lo:hi])
     return out_RY
 
 
@@ -139,9 +142,12 @@ def moe_fwd_saving(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tens
     num_e, num_f = w13_EFD.shape[0], w2_EDF.shape[2]
     lay = expert_layout(topk_ids_TK, num_e)
     xs_RD = x_TD.index_select(0, lay.token_R)
-    h_RF2 = _rows_mm(xs_RD, w13_EFD.transpose(1, 2), lay)
+    # Batch-invariant mode: row-major copies of the weights, whose products do not depend on the row count.
+    w13_EDF, w2_EFD = ((t_cached(w13_EFD), t_cached(w2_EDF)) if batch_invariant()
+                       else (w13_EFD.transpose(1, 2), w2_EDF.transpose(1, 2)))
+    h_RF2 = _rows_mm(xs_RD, w13_EDF, lay)
     a_RF = F.silu(h_RF2[:, :num_f]).mul_(h_RF2[:, num_f:])
-    o_RD = _rows_mm(a_RF, w2_EDF.transpose(1, 2), lay)
+    o_RD = _rows_mm(a_RF, w2_EFD, lay)
     acc = _acc_dtype(x_TD.dtype)  # fp32 / fp64 accumulation of the weighted sum over K
     y_TD = _combine(o_RD, lay.row_P.view(T, K), topk_weights_TK.to(acc), acc).to(x_TD.dtype)
     return y_TD, MoESaved(xs_RD=xs_RD, h_RF2=h_RF2, layout=lay)

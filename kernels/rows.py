@@ -2,31 +2,32 @@
 
 The rollout engine batches whichever requests are ready, so a token's forward shares its GEMMs with a set of other
 rows that depends on sandbox timing. For the same seed to give the same tokens, each row's result must not depend
-on that set. Measured with the CPU wheel's BLAS (MKL, `tests/test_rows.py`): a row of `x @ w` is bitwise the same
-for every thread count and number of columns, and for every number of rows M from 16 up, but products with fewer
-rows take other kernels that sum in another order (one row: the matrix-vector path; with `w` transposed, as
-nn.Linear passes it, up to 15 rows). So products of fewer than MIN_ROWS rows run on rows padded to MIN_ROWS.
-`tests/test_rollout_engine.py` checks the end result: batched and one-at-a-time generation agree bit for bit.
+on that set. Measured with the CPU wheel's BLAS (MKL, `tests/test_decode_attention.py`): with the weight stored
+[K, N] row-major ("NN"), a row of `x @ w` is bitwise the same for every number of rows from 2 up, every number of
+columns and every intra-op thread count. Two cases break it: a single row (the matrix-vector path), and a weight
+passed transposed, as nn.Linear passes its [N, K] weight, where 2-15 rows take other kernels. Each sums in
+another order (about 1 ulp apart). So in batch-invariant mode the products here use a cached row-major copy of
+the weight (`t_cached`, made again when the weight changes) and run a single row as two.
 
-The padding costs decode speed (the tiny model's engine at batch 8: ~1,200 -> ~670 tok/s), so it is a mode the
-caller turns on for its own thread (`batch_invariant_mode`, used by `rollout.TorchEngine` with
-`EngineConfig.batch_invariant`); otherwise these are plain products.
+It is a CPU mode a thread turns on for itself (`batch_invariant_mode`; `rollout.TorchEngine` with
+`EngineConfig.batch_invariant`): outside it these are the plain products, and training never pays for the copies.
+`tests/test_rollout_engine.py` checks the end result: batched and one-at-a-time generation agree bit for bit.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
-MIN_ROWS = 16
-"""Rows a product is padded to (the largest small-M kernel measured covers 15 rows)."""
-
-
 _mode = threading.local()
+# id(weight) -> (weak reference to it, its version then, the transposed copy); entries leave with their weight.
+# (Not a WeakKeyDictionary: tensors compare elementwise, so they cannot be dict keys by equality.)
+_t_cache: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
 
 def batch_invariant() -> bool:
@@ -36,8 +37,8 @@ def batch_invariant() -> bool:
 
 @contextmanager
 def batch_invariant_mode(on: bool = True) -> Iterator[None]:
-    """Within the block, on this thread: products pad few rows, and the CPU engine's cached attention sums over
-    fixed key blocks (`t1core.decode_attention`)."""
+    """Within the block, on this thread: the products below are row-invariant, and the CPU engine's cached
+    attention sums over fixed key blocks (`t1core.decode_attention`)."""
     before, _mode.on = batch_invariant(), on
     try:
         yield
@@ -45,24 +46,33 @@ def batch_invariant_mode(on: bool = True) -> Iterator[None]:
         _mode.on = before
 
 
-def pad_rows(a_MX: torch.Tensor, rows: int = MIN_ROWS) -> torch.Tensor:
-    """a with zero rows appended up to `rows` along dim -2 (a itself when it has that many)."""
-    m = a_MX.shape[-2]
-    return a_MX if m >= rows else F.pad(a_MX, (0, 0, 0, rows - m))
+def t_cached(w_XN: torch.Tensor) -> torch.Tensor:
+    """w with its last two dims swapped, contiguous; cached per tensor until it is modified (its version)."""
+    key = id(w_XN)
+    hit = _t_cache.get(key)
+    if hit is not None and hit[0]() is w_XN and hit[1] == w_XN._version:
+        return hit[2]
+    w_t = w_XN.detach().transpose(-2, -1).contiguous()
+    _t_cache[key] = (weakref.ref(w_XN, lambda _, key=key: _t_cache.pop(key, None)), w_XN._version, w_t)
+    return w_t
 
 
-def mm_rows(a_MK: torch.Tensor, b_KN: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`a @ b` for 2-D a, b; in batch-invariant mode each row independent of the number of rows."""
-    m = a_MK.shape[0]
-    if m >= MIN_ROWS or not batch_invariant():
-        return torch.mm(a_MK, b_KN, out=out)
-    res_MN = torch.mm(pad_rows(a_MK), b_KN)[:m]
+def two_rows(a_MX: torch.Tensor) -> torch.Tensor:
+    """a with a single row (dim -2) stacked on itself; a itself otherwise."""
+    return a_MX.expand(*a_MX.shape[:-2], 2, a_MX.shape[-1]).contiguous() if a_MX.shape[-2] == 1 else a_MX
+
+
+def mm_rows(a_MK: torch.Tensor, w_NK: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`a @ w.T` for 2-D a and a weight w stored [N, K]; row-invariant in batch-invariant mode."""
+    if not batch_invariant() or a_MK.device.type != "cpu":
+        return torch.mm(a_MK, w_NK.t(), out=out)
+    res_MN = torch.mm(two_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
     return res_MN if out is None else out.copy_(res_MN)
 
 
 def linear_rows(x_MK: torch.Tensor, weight_NK: torch.Tensor, bias_N: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`; for 2-D x in batch-invariant mode each row independent of the number of rows."""
-    m = x_MK.shape[0]
-    if x_MK.dim() != 2 or m >= MIN_ROWS or not batch_invariant():
+    if x_MK.dim() != 2 or not batch_invariant() or x_MK.device.type != "cpu":
         return F.linear(x_MK, weight_NK, bias_N)
-    return F.linear(pad_rows(x_MK), weight_NK, bias_N)[:m]
+    y_MN = mm_rows(x_MK, weight_NK)
+    return y_MN if bias_N is None else y_MN.add_(bias_N)

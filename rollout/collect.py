@@ -104,6 +104,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                    help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
     p.add_argument("--no-verify", action="store_true", help="skip the verifiers (reward 0)")
+    p.add_argument("--not-batch-invariant", action="store_true",
+                   help="plain CPU products in the engine: faster decoding, but results then depend on which "
+                        "episodes the engine batched together (EngineConfig.batch_invariant)")
     args = p.parse_args(argv)
     if args.episodes is not None and args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
                          temperature=args.temperature, top_p=args.top_p, verify=not args.no_verify)
     engine_cfg = EngineConfig(max_batch=max(args.parallel, 1), num_slots=2 * max(args.parallel, 1),
-                              max_seq_len=args.max_tokens + 1)
+                              max_seq_len=args.max_tokens + 1, batch_invariant=not args.not_batch_invariant)
     print(f"collect: {n} episodes over {len(tasks)} tasks, {args.parallel} at once, policy "
           f"{args.checkpoint or 'tiny untrained'} on {args.device}", flush=True)
 

@@ -51,9 +51,9 @@ class EngineConfig:
     prefix_reuse: bool = True
     """Reuse cached KV of a slot whose tokens prefix the new prompt (same weight version only)."""
     batch_invariant: bool = False
-    """CPU: every token's log-probs, routing and sample independent of what ran beside it (`kernels.rows`), so a
-    seeded run is bit for bit whatever the batching; costs decode speed (tiny model at batch 8: ~1,200 ->
-    ~670 tok/s)."""
+    """CPU (no effect on other devices): every token's log-probs, routing and sample independent of what ran beside it (`kernels.rows`), so a
+    seeded run is bit for bit whatever the batching; costs decode speed (tiny model at batch 8: 1,278 -> 914
+    tok/s, bench/test_bench_rollout.py)."""
     cpu_parallel_min_tokens: int = 1024
     """On CPU, an extend of fewer tokens runs on one intra-op thread. A decode step is a few hundred small ops,
     and waking the OpenMP team for each costs more than it saves (t1core sets OMP_WAIT_POLICY=PASSIVE so that
@@ -205,7 +205,9 @@ class TorchEngine:
 
     # ---- engine thread ----
     def _loop(self) -> None:
-        with batch_invariant_mode(self.config.batch_invariant):  # this thread runs every extend and sample
+        # This thread runs every extend and sample. CPU only: GPU kernels have their own reduction orders.
+        cpu = self.model.lm_head.weight.device.type == "cpu"
+        with batch_invariant_mode(self.config.batch_invariant and cpu):
             self._serve()
 
     def _serve(self) -> None:
@@ -360,7 +362,7 @@ class TorchEngine:
         device = weight_VD.device
         reqs = [r for r, _ in rows]
         hidden_BD = hidden_TD.index_select(0, torch.tensor([i for _, i in rows], device=device))
-        logits_BV = mm_rows(hidden_BD.float(), weight_VD.T)  # each row as if sampled alone (kernels.rows)
+        logits_BV = mm_rows(hidden_BD.float(), weight_VD)  # hidden @ W^T, each row as if sampled alone (kernels.rows)
         temps = [r.params.temperature for r in reqs]
         top_ps = [r.params.top_p for r in reqs]
         uniforms = [uniform(r.params.seed, len(r.tokens)) for r in reqs]

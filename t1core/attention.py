@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from kernels.rows import batch_invariant
 from t1core import block_attention
-from t1core.decode_attention import decode_attention
+from t1core.decode_attention import KEY_BLOCK, decode_attention, key_bias
 
 # Documents of unequal length run as one right-padded SDPA batch while B * max_len <= PAD_LIMIT * T: up to that much
 # padded work costs less than one small SDPA call (forward and backward) per document. On the tiny model's
@@ -105,7 +105,8 @@ def _causal_docs(q_BNHD: torch.Tensor, k_BNKD: torch.Tensor, v_BNKD: torch.Tenso
 
 
 def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, *,
-                     mask_B1NS: torch.Tensor | None, scale: float) -> torch.Tensor:
+                     mask_B1NS: torch.Tensor | None, scale: float,
+                     bias_BnKN: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of padded new chunks [B, H, N, Dh] to gathered cache entries [B, Hkv, S, Dh] (new keys included).
 
     `mask_B1NS` (bool, True = attend) encodes each slot's cached length and the causal order inside the chunk;
@@ -114,7 +115,7 @@ def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.T
     the rest of the batch (`decode_attention`); otherwise torch SDPA.
     """
     if q_BHND.device.type == "cpu" and batch_invariant():
-        return decode_attention(q_BHND, k_BKSD, v_BKSD, mask_B1NS=mask_B1NS, scale=scale)
+        return decode_attention(q_BHND, k_BKSD, v_BKSD, mask_B1NS=mask_B1NS, scale=scale, bias_BnKN=bias_BnKN)
     gqa = q_BHND.shape[1] != k_BKSD.shape[1]
     return F.scaled_dot_product_attention(q_BHND, k_BKSD, v_BKSD, attn_mask=mask_B1NS, scale=scale, enable_gqa=gqa)
 
@@ -213,6 +214,9 @@ class CachedContext(AttnContext):
             raise ValueError(f"extend: slot lengths after this chunk {ends} exceed the cache's max_seq_len "
                              f"{cache.max_seq_len}")
         num_b, n_max, s_max = len(slots), max(chunk_lens), max(ends)
+        invariant = cache.k.device.type == "cpu" and batch_invariant()
+        if invariant:  # whole key blocks straight from the cache: no padded copy in decode_attention
+            s_max = min(-(-s_max // KEY_BLOCK) * KEY_BLOCK, cache.max_seq_len)
         lens_B, starts_B = torch.tensor(chunk_lens), torch.tensor(starts)
         offset_T = torch.cat([torch.arange(n) for n in chunk_lens]) if num_b > 1 else torch.arange(n_max)
         chunk_T = torch.repeat_interleave(torch.arange(num_b), lens_B, output_size=sum(chunk_lens))
@@ -222,7 +226,7 @@ class CachedContext(AttnContext):
         slot_sel = slice(slots[0], slots[0] + num_b) if contiguous else torch.tensor(slots, device=device)
         pad_T = None if len(set(chunk_lens)) == 1 else (chunk_T * n_max + offset_T).to(device)
         mask = None
-        if n_max > 1 or len(set(starts)) > 1:
+        if n_max > 1 or len(set(starts)) > 1 or invariant:
             i_N, j_S = torch.arange(n_max), torch.arange(s_max)
             mask = (j_S[None, None, :] <= (starts_B[:, None, None] + i_N[None, :, None])) \
                 & (j_S[None, None, :] < torch.tensor(ends)[:, None, None])
@@ -245,6 +249,12 @@ class CachedContext(AttnContext):
             q_BNHD = q_THD.new_zeros(self.num_b * self.n_max, num_heads, head_dim)
             q_BNHD[self.pad_T] = q_THD
             q_BNHD = q_BNHD.view(self.num_b, self.n_max, num_heads, head_dim)
-        o_BHND = cached_attention(q_BNHD.transpose(1, 2), k_BKSD, v_BKSD, mask_B1NS=self.mask_B1NS, scale=scale)
+        bias = None
+        if q_THD.device.type == "cpu" and batch_invariant():  # the batch-invariant path's mask, once per step
+            if getattr(self, "bias_BnKN", None) is None:
+                self.bias_BnKN = key_bias(self.mask_B1NS, self.s_max, q_THD.dtype)
+            bias = self.bias_BnKN
+        o_BHND = cached_attention(q_BNHD.transpose(1, 2), k_BKSD, v_BKSD, mask_B1NS=self.mask_B1NS, scale=scale,
+                                  bias_BnKN=bias)
         o_PHD = o_BHND.transpose(1, 2).reshape(self.num_b * self.n_max, num_heads, head_dim)
         return o_PHD if self.pad_T is None else o_PHD[self.pad_T]

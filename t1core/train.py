@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import random
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -316,7 +318,11 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
 def main(argv: list[str] | None = None) -> int:
     cfg, run_dir = parse_args(argv)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Our own draws use explicit generators; the global ones are seeded too (and saved in checkpoints) so that
+    # library code that draws from them repeats as well.
     torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed % 2**32)
     torch.use_deterministic_algorithms(True, warn_only=True)
     print(format_config(cfg), flush=True)
     (run_dir / "config.toml").write_text(config_to_toml(cfg))

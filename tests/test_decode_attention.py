@@ -45,10 +45,14 @@ def test_a_slot_gets_the_same_bits_alone_and_padded_beside_longer_ones() -> None
     assert torch.equal(last_row, together[:1, :, 2:])
 
 
-def test_mm_rows_pads_few_rows_only_in_the_mode() -> None:
+def test_mm_rows_are_row_invariant_in_the_mode_and_follow_weight_updates() -> None:
     g = torch.Generator().manual_seed(2)
-    a, w = torch.randn(40, 64, generator=g), torch.randn(96, 64, generator=g).t()  # nn.Linear's layout
-    full = mm_rows(a, w)
+    a, w = torch.randn(40, 64, generator=g), torch.randn(96, 64, generator=g)  # w stored [N, K], as nn.Linear's
     with batch_invariant_mode():
-        rows = [mm_rows(a[i:i + m], w) for i, m in ((0, 1), (1, 3), (4, 7))]
-    assert all(torch.equal(r, full[i:i + r.shape[0]]) for r, i in zip(rows, (0, 1, 4)))
+        full = mm_rows(a, w)
+        parts = {i: mm_rows(a[i:i + m], w) for i, m in ((0, 1), (1, 3), (4, 7), (11, 29))}
+        w.mul_(2.0)  # an in-place update (the engine's weight sync) must not reuse the cached transposed copy
+        doubled = mm_rows(a, w)
+    torch.testing.assert_close(full, a.double().mm(w.double().t() / 2).float(), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(r, full[i:i + r.shape[0]]) for i, r in parts.items())
+    assert torch.equal(doubled, full * 2)
