@@ -56,3 +56,12 @@ def test_mm_rows_are_row_invariant_in_the_mode_and_follow_weight_updates() -> No
     torch.testing.assert_close(full, a.double().mm(w.double().t() / 2).float(), rtol=1e-5, atol=1e-5)
     assert all(torch.equal(r, full[i:i + r.shape[0]]) for i, r in parts.items())
     assert torch.equal(doubled, full * 2)
+
+
+def test_long_prefills_run_in_query_chunks_with_the_same_bits(monkeypatch) -> None:
+    import t1core.decode_attention as da
+
+    q, k, v, mask = _case([300, 180], n=40, seed=3)
+    whole = decode_attention(q, k, v, mask_B1NS=mask, scale=0.25)
+    monkeypatch.setattr(da, "MAX_SCORE_BYTES", 4 * 2**10)  # a few queries per chunk
+    assert torch.equal(decode_attention(q, k, v, mask_B1NS=mask, scale=0.25), whole)

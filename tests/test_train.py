@@ -100,6 +100,9 @@ def test_concurrent_episodes_are_bit_for_bit_with_the_batch_invariant_engine(tmp
     a, b = _state(first), _state(second)
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"the second run differs in {differing[:5]}"
+    from t1core.checkpointing import load_checkpoint
+    rng = [load_checkpoint(d / "checkpoints", restore_rng=False)["rng_states"] for d in (first, second)]
+    assert repr(rng[0]) == repr(rng[1])  # the global generators too (seeded by the trainer)
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (first, second)]
     gaps = [[r.get("mismatch/gap") for r in run] for run in rows]
     assert gaps[0] == gaps[1] and any(g is not None for g in gaps[0])
