@@ -10,8 +10,10 @@ once (`expert_layout`, one host sync); the expert GEMMs then run either as batch
 sorted rows (skewed routing, where padding would multiply the work). The forward keeps the gathered inputs and
 the pre-activation h = [g; u] of every row, so the backward does no GEMM recompute. Gathers are index_select,
 the combine (and dx) is one [T, D] gather per slot summed over K in index order, and no float scatter or atomic
-is used: results do not depend on thread scheduling. `moe_loop_reference` is the naive per-expert, per-slot loop
-for tests.
+is used: results do not depend on thread scheduling. In `kernels.rows.batch_invariant_mode` (the CPU engine)
+the forward multiplies by cached row-major weight copies and never runs a one-row product, so a token's result
+does not depend on how many others its expert got either. `moe_loop_reference` is the naive per-expert,
+per-slot loop for tests.
 """
 
 from __future__ import annotations

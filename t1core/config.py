@@ -288,6 +288,11 @@ class OptimSection:
     grad_clip: float | None = _field(1.0, "global grad-norm clip per model; none = off")
     warmup_steps: int = _field(
         10, "linear LR warmup in optimizer steps (Adam's first steps move every weight by ~lr whatever its gradient)")
+    actor_lr_decay: bool = _field(
+        True, "decay the actor's RL learning rate linearly towards 0 over run.steps (by RL step, times the warmup): "
+        "the last steps' episodes then leave no mark of their own, as the SFT decay does for its last minibatches. "
+        "Tiny default, same warm starts, deterministic runs: in-run held-out 57 -> 61 and 67 -> 71 of 112 (constant "
+        "rate: 57, 62), 168 independent instances 94 -> 91 and 104 -> 97 (constant: 86, 96) (README)")
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -58,11 +58,13 @@ class Trainer:
         self.policy, self.critic = world.load_models(cfg, self.tok)
         self.engine = world.make_engine(self.policy, cfg)
         self.sampled = CompletionLog(self.engine)  # what the engine returned, to check drift against
-        self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg)
+        self.state = {"step": 0, "warm_started": False}
+        rl_progress = (lambda: self.state["step"] / max(cfg.run.steps, 1)) if cfg.optim.actor_lr_decay else None
+        self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
+                                                                progress=rl_progress)
         self.opt_critic, self.sched_critic = world.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
-        self.state = {"step": 0, "warm_started": False}
 
     # ---- phases ----
     def collect(self, tasks: list, *, seed: int, desc: str, temperature: float | None = None) -> list:
@@ -181,6 +183,8 @@ class Trainer:
         flat = cfg.algo.skip_flat_steps and max(kept_rewards) == min(kept_rewards)
         update_actor = step >= cfg.warmstart.critic_only_iterations and not flat
         metrics["train/flat_step"] = float(flat)
+        if cfg.optim.actor_lr_decay:
+            world.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
         with self.clock.phase("update"):
             scored, fidelity = score(train_trajs, kept_rewards, policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,

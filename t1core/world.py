@@ -5,6 +5,8 @@ Kept out of `t1core.train` so that the loop there reads like the algorithm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,9 +131,11 @@ def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentCo
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, cfg: RunConfig, decay_steps: int | None = None,
+                   progress: Callable[[], float] | None = None,
                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW with a linear warmup over `optim.warmup_steps`; with `decay_steps`, times a linear decay that reaches
-    0 at optimizer step `decay_steps` (the LambdaLR must be stepped once per optimizer step)."""
+    0 at optimizer step `decay_steps` (the LambdaLR must be stepped once per optimizer step); with `progress`,
+    times 1 - progress() (a fraction of the run done, read whenever the rate is set: `refresh_lr`)."""
     o = cfg.optim
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=o.betas, weight_decay=o.weight_decay,
                             foreach=False)  # foreach=False: one fixed reduction order per parameter
@@ -139,7 +143,15 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, cfg: RunConfig, decay_s
 
     def factor(step: int) -> float:
         ramp = min(1.0, (step + 1) / warmup) if warmup else 1.0
+        if progress is not None:
+            ramp *= max(0.0, 1.0 - progress())
         return ramp * max(0.0, 1.0 - step / decay_steps) if decay_steps else ramp
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def refresh_lr(sched: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set the rates from the schedule's factor now (a `progress` factor moves between optimizer steps)."""
+    for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["lr"] = base * fn(sched.last_epoch)
 

@@ -61,7 +61,8 @@ def _state(run_dir: Path) -> dict[str, torch.Tensor]:
 
 @needs_docker
 def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path) -> None:
-    common = [f"--tasks.source={task_dir}", *TINY]
+    # The RL-step learning-rate decay on: a resumed run must recompute the rate from the restored step.
+    common = [f"--tasks.source={task_dir}", *TINY, "--optim.actor_lr_decay=true"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train.main(["--out", str(straight), "--run.steps=4", *common]) == 0
     assert train.main(["--out", str(split), "--run.steps=2", *common]) == 0
@@ -106,6 +107,20 @@ def test_concurrent_episodes_are_bit_for_bit_with_the_batch_invariant_engine(tmp
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (first, second)]
     gaps = [[r.get("mismatch/gap") for r in run] for run in rows]
     assert gaps[0] == gaps[1] and any(g is not None for g in gaps[0])
+
+
+def test_actor_lr_decay_follows_the_rl_step() -> None:
+    from t1core import world
+
+    cfg = train.load_config(None, ["--optim.warmup_steps=4", "--optim.actor_lr_decay=true"])
+    done = {"frac": 0.0}
+    opt, sched = world.make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, cfg=cfg, progress=lambda: done["frac"])
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 4)  # warmup step 1 of 4
+    opt.step()
+    sched.step()
+    done["frac"] = 0.75
+    world.refresh_lr(sched)  # the trainer calls this at each RL step
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 4 * 0.25)
 
 
 def test_nonfinite_loss_skips_the_step() -> None:
