@@ -61,8 +61,9 @@ def _state(run_dir: Path) -> dict[str, torch.Tensor]:
 
 @needs_docker
 def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path) -> None:
-    # The RL-step learning-rate decay on: a resumed run must recompute the rate from the restored step.
-    common = [f"--tasks.source={task_dir}", *TINY, "--optim.actor_lr_decay=true"]
+    # Extending run.steps on resume would move the end of the decayed RL rate (optim.actor_lr_decay): constant here;
+    # the crash test below resumes with the decay on.
+    common = [f"--tasks.source={task_dir}", *TINY, "--optim.actor_lr_decay=false"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train.main(["--out", str(straight), "--run.steps=4", *common]) == 0
     assert train.main(["--out", str(split), "--run.steps=2", *common]) == 0
@@ -107,6 +108,34 @@ def test_concurrent_episodes_are_bit_for_bit_with_the_batch_invariant_engine(tmp
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (first, second)]
     gaps = [[r.get("mismatch/gap") for r in run] for run in rows]
     assert gaps[0] == gaps[1] and any(g is not None for g in gaps[0])
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+@needs_docker
+def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Path, monkeypatch) -> None:
+    """A run killed after its step-2 checkpoint and resumed as it was (defaults: decayed RL rate) ends where a
+    straight run ends."""
+    common = [f"--tasks.source={task_dir}", *TINY, "--run.steps=4"]
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert train.main(["--out", str(straight), *common]) == 0
+    step_fn = train.Trainer.train_step
+
+    def crash_at_2(self, step: int):
+        if step == 2:
+            raise _Crash("simulated crash")
+        return step_fn(self, step)
+
+    monkeypatch.setattr(train.Trainer, "train_step", crash_at_2)
+    with pytest.raises(_Crash):
+        train.main(["--out", str(crashed), *common])
+    monkeypatch.setattr(train.Trainer, "train_step", step_fn)
+    assert train.main(["--resume", str(crashed)]) == 0
+    a, b = _state(straight), _state(crashed)
+    differing = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differing, f"resumed run differs in {differing[:5]}"
 
 
 def test_actor_lr_decay_follows_the_rl_step() -> None:
