@@ -62,12 +62,11 @@ def two_rows(a_MX: torch.Tensor) -> torch.Tensor:
     return a_MX.expand(*a_MX.shape[:-2], 2, a_MX.shape[-1]).contiguous() if a_MX.shape[-2] == 1 else a_MX
 
 
-def mm_rows(a_MK: torch.Tensor, w_NK: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def mm_rows(a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
     """`a @ w.T` for 2-D a and a weight w stored [N, K]; row-invariant in batch-invariant mode."""
     if not batch_invariant() or a_MK.device.type != "cpu":
-        return torch.mm(a_MK, w_NK.t(), out=out)
-    res_MN = torch.mm(two_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
-    return res_MN if out is None else out.copy_(res_MN)
+        return torch.mm(a_MK, w_NK.t())
+    return torch.mm(two_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
 
 
 def linear_rows(x_MK: torch.Tensor, weight_NK: torch.Tensor, bias_N: torch.Tensor | None = None) -> torch.Tensor:

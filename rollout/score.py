@@ -70,10 +70,11 @@ def by_task(samples: list[Sample]) -> dict[str, list[Sample]]:
 
 def family_table(samples: list[Sample]) -> dict[str, dict[str, float]]:
     """Per family (and "total"): instances, samples, solved, success_rate, pass_at_k, verifier_frac, k_min."""
+    all_tasks = by_task(samples)
     fams: dict[str, dict[str, list[Sample]]] = defaultdict(dict)
-    for task, ss in by_task(samples).items():
+    for task, ss in all_tasks.items():
         fams[family_of(task)][task] = ss
-    fams["total"] = by_task(samples)
+    fams["total"] = all_tasks
     table = {}
     for fam, tasks in sorted(fams.items(), key=lambda kv: (kv[0] == "total", kv[0])):
         flat = [s for ss in tasks.values() for s in ss]

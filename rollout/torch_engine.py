@@ -51,9 +51,9 @@ class EngineConfig:
     prefix_reuse: bool = True
     """Reuse cached KV of a slot whose tokens prefix the new prompt (same weight version only)."""
     batch_invariant: bool = False
-    """CPU (no effect on other devices): every token's log-probs, routing and sample independent of what ran beside it (`kernels.rows`), so a
-    seeded run is bit for bit whatever the batching; costs decode speed (tiny model at batch 8: 1,278 -> 914
-    tok/s, bench/test_bench_rollout.py)."""
+    """CPU only (no effect on other devices): every token's log-probs, routing and sample independent of what ran
+    beside it (`kernels.rows`), so a seeded run is bit for bit whatever the batching; costs decode speed (tiny
+    model at batch 8: 1,278 -> 914 tok/s, bench/test_bench_rollout.py)."""
     cpu_parallel_min_tokens: int = 1024
     """On CPU, an extend of fewer tokens runs on one intra-op thread. A decode step is a few hundred small ops,
     and waking the OpenMP team for each costs more than it saves (t1core sets OMP_WAIT_POLICY=PASSIVE so that

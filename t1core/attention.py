@@ -231,9 +231,10 @@ class CachedContext(AttnContext):
             mask = (j_S[None, None, :] <= (starts_B[:, None, None] + i_N[None, :, None])) \
                 & (j_S[None, None, :] < torch.tensor(ends)[:, None, None])
             mask = mask[:, None].to(device)
+        bias = key_bias(mask, s_max, cache.k.dtype) if invariant else None  # built once, shared by the layers
         return cls(cache, positions_T=positions_T.to(device), tok_slot_T=torch.tensor(slots)[chunk_T].to(device),
                    tok_pos_T=positions_T.to(device), slot_sel=slot_sel, pad_T=pad_T, num_b=num_b, n_max=n_max,
-                   s_max=s_max, mask_B1NS=mask)
+                   s_max=s_max, mask_B1NS=mask, bias_BnKN=bias)
 
     def attend(self, layer_idx: int, q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
                scale: float) -> torch.Tensor:
@@ -249,12 +250,7 @@ class CachedContext(AttnContext):
             q_BNHD = q_THD.new_zeros(self.num_b * self.n_max, num_heads, head_dim)
             q_BNHD[self.pad_T] = q_THD
             q_BNHD = q_BNHD.view(self.num_b, self.n_max, num_heads, head_dim)
-        bias = None
-        if q_THD.device.type == "cpu" and batch_invariant():  # the batch-invariant path's mask, once per step
-            if getattr(self, "bias_BnKN", None) is None:
-                self.bias_BnKN = key_bias(self.mask_B1NS, self.s_max, q_THD.dtype)
-            bias = self.bias_BnKN
         o_BHND = cached_attention(q_BNHD.transpose(1, 2), k_BKSD, v_BKSD, mask_B1NS=self.mask_B1NS, scale=scale,
-                                  bias_BnKN=bias)
+                                  bias_BnKN=self.bias_BnKN)
         o_PHD = o_BHND.transpose(1, 2).reshape(self.num_b * self.n_max, num_heads, head_dim)
         return o_PHD if self.pad_T is None else o_PHD[self.pad_T]

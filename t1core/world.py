@@ -5,9 +5,8 @@ Kept out of `t1core.train` so that the loop there reads like the algorithm.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
