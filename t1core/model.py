@@ -575,4 +575,6 @@ class ValueModel(nn.Module):
                 replay_routing: torch.Tensor | None = None) -> torch.Tensor:
         """values_T [T] fp32 for a packed row (same packing and replay rules as MoEModel.forward)."""
         hidden_TD, _ = self.model(input_ids_T, cu_seqlens=cu_seqlens, replay_routing=replay_routing)
-        return F.linear(hidden_TD.float(), self.value_head.weight, self.value_head.bias).squeeze(-1)
+        # A fresh [T] tensor, not a view of [T, 1]: FSDP2 attaches its backward hook to the output, and an in-place
+        # op on a view would silently drop it.
+        return F.linear(hidden_TD.float(), self.value_head.weight, self.value_head.bias).squeeze(-1).clone()

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from kernels.logprob import token_logprobs
 from sandbox.families import FAMILIES, generate
 from sandbox.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
+from t1core.distributed import DataParallel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
 from t1core.update import _step, _summarise
 
@@ -72,8 +73,12 @@ def packed_rows(texts: Iterator[str], tok: ChatTokenizer, *, row_tokens: int
 
 def pretrain(policy: torch.nn.Module, tok: ChatTokenizer, *, families: Sequence[str], steps: int,
              opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler | None, grad_clip: float | None,
-             row_tokens: int, seed_block: int, avoid: Collection[str] = ()) -> dict[str, float]:
-    """`steps` optimizer steps of next-token loss on the synthetic corpus; returns first/last-50-step losses."""
+             row_tokens: int, seed_block: int, avoid: Collection[str] = (),
+             dp: DataParallel = DataParallel.single()) -> dict[str, float]:
+    """`steps` optimizer steps of next-token loss on the synthetic corpus; returns first/last-50-step losses.
+
+    With W ranks a step takes W consecutive rows of the stream, rank r the r-th (every rank walks the same stream);
+    the logged loss is the main rank's row."""
     device = next(policy.parameters()).device
     params = [p for p in policy.parameters() if p.requires_grad]
     rows = packed_rows(corpus_texts(families, seed_block=seed_block, avoid=avoid), tok, row_tokens=row_tokens)
@@ -81,10 +86,11 @@ def pretrain(policy: torch.nn.Module, tok: ChatTokenizer, *, families: Sequence[
     losses: list[float] = []
     tokens = 0
     for _ in tqdm(range(steps), desc="pretrain", leave=False, file=sys.stdout, disable=None):
-        ids_T, targets_T, cu = (x.to(device) for x in next(rows))
+        mine = [next(rows) for _ in range(dp.world_size)][dp.rank]
+        ids_T, targets_T, cu = (x.to(device) for x in mine)
         logp_T = token_logprobs(policy(ids_T, cu_seqlens=cu), policy.lm_head.weight, targets_T)
         loss = -logp_T[targets_T != -100].mean()
-        _step(loss, params, opt, sched, grad_clip, "pretrain", metrics)  # non-finite: skipped and counted
+        _step(loss, params, opt, sched, grad_clip, "pretrain", metrics, dp=dp)  # non-finite: skipped and counted
         losses.append(loss.item())
         tokens += ids_T.numel()
     window = max(1, min(50, len(losses) // 2))

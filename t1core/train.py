@@ -7,7 +7,9 @@ Warm-started actor-critic PPO on exact sampled tokens (TITO) with routing replay
     each step:   collect -> score -> update (critic only for the first N steps) -> sync weights to the engine
     evaluate:    held-out tasks after RL; save the final checkpoint (HF format), metrics, plot
 
-Every random choice derives from (run.seed, step), so a resumed run continues bit for bit.
+Every random choice derives from (run.seed, step), so a resumed run continues bit for bit. Under torchrun
+(`torchrun --nproc_per_node=N -m t1core.train ...`) the updates are data-parallel over FSDP2-sharded models and
+rank 0 alone collects, evaluates and writes (t1core.distributed).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from rollout.sampling import derive_seed
 from rollout.trajectory import save_trajectories
 from sandbox.families import FAMILIES
 from sandbox.reap import reap
-from t1core import world
+from t1core import distributed, world
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
+from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
 from t1core.pretrain import pretrain
@@ -48,16 +51,23 @@ when kl_coef > 0, and a starting point for further RL runs (`--model.name=RUN/wa
 class Trainer:
     """Holds the run's parts; each method is one phase of the loop in `run`."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, dp: DataParallel | None = None) -> None:
         self.cfg, self.run_dir = cfg, run_dir
+        self.dp = dp = dp or DataParallel.single()
         self.pretrains = world.pretrains(cfg)  # checked first: a config error must not wait for image builds
-        reap()  # containers left behind by crashed runs
         self.tok = world.load_tokenizer(cfg)
-        self.tasks = world.load_tasks(cfg, run_dir)
-        world.build_images(self.tasks, cfg)
+        tasks = None
+        if dp.is_main:  # the rollout side: sandboxes, images, engine
+            reap()  # containers left behind by crashed runs
+            tasks = world.load_tasks(cfg, run_dir)
+            world.build_images(tasks, cfg)
+        self.tasks = dp.broadcast(tasks)
         self.policy, self.critic = world.load_models(cfg, self.tok)
-        self.engine = world.make_engine(self.policy, cfg)
-        self.sampled = CompletionLog(self.engine)  # what the engine returned, to check drift against
+        # The engine's copy is taken before sharding; it is refreshed from the gathered weights after updates.
+        self.engine = world.make_engine(self.policy, cfg) if dp.is_main else None
+        self.sampled = CompletionLog(self.engine) if dp.is_main else None  # what the engine returned (drift)
+        distributed.shard_(self.policy, dp)
+        distributed.shard_(self.critic, dp)
         self.state = {"step": 0, "warm_started": False}
         rl_progress = (lambda: self.state["step"] / max(cfg.run.steps, 1)) if cfg.optim.actor_lr_decay else None
         self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
@@ -95,7 +105,7 @@ class Trainer:
         if self.cfg.warmstart.sft_enabled:
             out.update(self.sft())
         if out:  # the policy changed
-            self.engine.update_weights(self.policy)
+            self.sync_engine()
             # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
             # the policy had before; it has taken no optimizer step yet, so there is no state to reset.
             self.critic.copy_trunk_from(self.policy)
@@ -103,16 +113,19 @@ class Trainer:
 
     def sft(self) -> dict[str, float]:
         """(a) SFT of the actor on reference-solution transcripts of the training tasks."""
-        w = self.cfg.warmstart
+        w, dp = self.cfg.warmstart, self.dp
         with self.clock.phase("sft_transcripts"):
-            transcripts, metrics = reference_transcripts(
-                self.tasks.train, self.tasks.images, tok=self.tok,
-                config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
-                num_parallel=self.cfg.rollout.concurrency)
-        save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
+            made = None
+            if dp.is_main:
+                made = reference_transcripts(
+                    self.tasks.train, self.tasks.images, tok=self.tok,
+                    config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
+                    num_parallel=self.cfg.rollout.concurrency)
+                save_trajectories(made[0], self.run_dir / "trajectories" / "sft")
+            transcripts, metrics = dp.broadcast(made)
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, 1 << 20))
         planned = sft_num_steps([t.num_tokens for t in transcripts], epochs=w.sft_epochs,
-                                minibatch_tokens=w.sft_minibatch_tokens, generator=gen)
+                                minibatch_tokens=w.sft_minibatch_tokens, generator=gen, dp=dp)
         if w.sft_max_steps is not None:
             planned = min(planned, w.sft_max_steps)
         opt, sched = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg,
@@ -124,7 +137,7 @@ class Trainer:
             with self.clock.phase("sft_update"):
                 m = sft_update(transcripts, policy=self.policy, opt=opt, sched=sched,
                                grad_clip=self.cfg.optim.grad_clip, minibatch_tokens=w.sft_minibatch_tokens,
-                               generator=gen, max_steps=planned - steps)
+                               generator=gen, max_steps=planned - steps, dp=dp)
             steps += int(m["sft/steps"])
             epochs += 1
         return {**metrics, **m, "sft/epochs": float(epochs), "sft/steps": float(steps)}
@@ -139,11 +152,14 @@ class Trainer:
         with self.clock.phase("pretrain"):
             return pretrain(self.policy, self.tok, families=families, steps=w.pretrain_steps, opt=opt, sched=sched,
                             grad_clip=self.cfg.optim.grad_clip, row_tokens=w.pretrain_row_tokens,
-                            seed_block=w.pretrain_seed_block, avoid=avoid)
+                            seed_block=w.pretrain_seed_block, avoid=avoid, dp=self.dp)
 
     def evaluate(self, tag: str) -> dict[str, float]:
-        """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately."""
+        """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately (on the main
+        rank; {} on the others)."""
         out = {}
+        if not self.dp.is_main:
+            return out
         for name, tasks in (("family", self.tasks.heldout_family), ("fixed", self.tasks.heldout_fixed)):
             if not tasks:
                 continue
@@ -162,54 +178,71 @@ class Trainer:
         gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, step))
         n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
         instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()
-        order = [i for i in instances for _ in range(k)]  # each instance sampled k times (its own sampling seeds)
-        group_of = [j // k for j in range(n)]
         with self.clock.phase("collect"):
-            trajs = self.collect([self.tasks.rl[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
-                                 desc=f"step {step} rollout")
-        save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
-        rewards = self.rewards(trajs)
-        metrics = _rollout_metrics(trajs, rewards)
-        kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
-        if not kept:
+            batch = self.dp.broadcast(self._collect_step(step, instances) if self.dp.is_main else None)
+        metrics = batch["metrics"]
+        if not batch["trajs"]:
             return {**metrics, "skipped/no_sampled_tokens": 1.0}
-        train_trajs = [trajs[i] for i in kept]
-        kept_rewards, kept_groups = [rewards[i] for i in kept], [group_of[i] for i in kept]
-        drift = sum(self.sampled.drift(t) for t in train_trajs)
-        if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
-            pairs = [retokenize(t, self.tok) for t in train_trajs]
-            train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
-        metrics["tito/drift_tokens"] = float(drift)
-        flat = cfg.algo.skip_flat_steps and max(kept_rewards) == min(kept_rewards)
+        flat = cfg.algo.skip_flat_steps and max(batch["rewards"]) == min(batch["rewards"])
         update_actor = step >= cfg.warmstart.critic_only_iterations and not flat
         metrics["train/flat_step"] = float(flat)
         if cfg.optim.actor_lr_decay:
             world.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
         with self.clock.phase("update"):
-            scored, fidelity = score(train_trajs, kept_rewards, policy=self.policy, critic=self.critic,
+            scored, fidelity = score(batch["trajs"], batch["rewards"], policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
-                                     group_ids=kept_groups)
+                                     group_ids=batch["groups"], dp=self.dp)
             upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
                              opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
                              algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,
-                             update_actor=update_actor, generator=gen)
+                             update_actor=update_actor, generator=gen, dp=self.dp)
         with self.clock.phase("sync"):
             # Also after critic-only steps: it resets the engine's prefix cache at every step boundary,
             # so a resumed run (which starts with an empty cache) computes exactly what a straight run does.
-            self.engine.update_weights(self.policy)
+            self.sync_engine()
         return {**metrics, **fidelity, **upd, "train/actor_updated": float(update_actor)}
+
+    def _collect_step(self, step: int, instances: list[int]) -> dict:
+        """The main rank's part of a step: episodes (each instance rollout.group_size times), rewards, drift.
+        Returns what every rank trains on: {"trajs", "rewards", "groups", "metrics"} (trajs empty: nothing sampled)."""
+        cfg, k = self.cfg, self.cfg.rollout.group_size
+        order = [i for i in instances for _ in range(k)]  # each instance sampled k times (its own sampling seeds)
+        group_of = [j // k for j in range(len(order))]
+        trajs = self.collect([self.tasks.rl[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
+                             desc=f"step {step} rollout")
+        save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
+        rewards = self.rewards(trajs)
+        metrics = _rollout_metrics(trajs, rewards)
+        kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
+        train_trajs = [trajs[i] for i in kept]
+        drift = sum(self.sampled.drift(t) for t in train_trajs)
+        if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
+            pairs = [retokenize(t, self.tok) for t in train_trajs]
+            train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
+        if kept:
+            metrics["tito/drift_tokens"] = float(drift)
+        return {"trajs": train_trajs, "rewards": [rewards[i] for i in kept], "groups": [group_of[i] for i in kept],
+                "metrics": metrics}
+
+    def sync_engine(self) -> None:
+        """The engine (main rank) gets the policy's current weights, gathered from the shards when sharded."""
+        state = distributed.full_state_dict(self.policy, self.dp)
+        if self.engine is not None:
+            self.engine.update_weights(state)
 
     # ---- the loop ----
     def run(self) -> None:
         cfg = self.cfg
-        logger = MetricsLogger(self.run_dir / "metrics.jsonl", resume_step=self._maybe_resume())
+        resume_step = self._maybe_resume()
+        logger = MetricsLogger(self.run_dir / "metrics.jsonl", resume_step=resume_step) if self.dp.is_main else None
+        log = logger.log if logger is not None else (lambda step, row: None)
         if not self.state["warm_started"]:
             warm = self.warm_start()
             # Saved once: a resumed run anchors its KL penalty to it, and later runs can start from it.
             self.save_hf(self.run_dir / WARMSTART_DIR)
-            logger.log(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
+            log(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
-                self.ref_policy = _frozen_copy(self.policy)
+                self.ref_policy = _frozen_copy(self.policy, self.dp)
             self.state["warm_started"] = True
         for step in tqdm(range(self.state["step"], cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
@@ -218,55 +251,100 @@ class Trainer:
             if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
                 m.update(self.evaluate(f"step{step + 1}"))
             m.update(self.clock.pop(), **gpu_stats(), **{"time/step_s": time.perf_counter() - t0})
-            logger.log(step, m)
+            log(step, m)
             last = step + 1 == cfg.run.steps
             if last or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
                 self.checkpoint()
         if self.state["step"] == cfg.run.steps and self.state.get("evaluated_at") != cfg.run.steps:
-            logger.log(cfg.run.steps, self.evaluate("after"))
+            log(cfg.run.steps, self.evaluate("after"))
             self.state["evaluated_at"] = cfg.run.steps
-        logger.close()
-        plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
+        if logger is not None:
+            logger.close()
+            plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
         self.save_hf(self.run_dir / "final")
 
     def save_hf(self, path: Path) -> None:
         """The policy as a HF checkpoint directory with its tokenizer: `--model.name=PATH` loads it."""
-        self.policy.save_pretrained(path)
-        self.tok.save_pretrained(path)
+        policy = distributed.host_copy(self.policy, self.dp)  # collective when sharded; None off the main rank
+        if policy is not None:
+            policy.save_pretrained(path)
+            self.tok.save_pretrained(path)
 
-    def checkpoint(self) -> Path:
-        return save_checkpoint(self.run_dir / "checkpoints", step=self.state["step"], policy=self.policy,
-                               critic=self.critic, optimizers=self._optimizers(), rng_states=capture_rng_state(),
+    def checkpoint(self) -> Path | None:
+        """Atomic checkpoint (the main rank writes it; when sharded every rank takes part in gathering it)."""
+        dp = self.dp
+        policy, critic = distributed.host_copy(self.policy, dp), distributed.host_copy(self.critic, dp)
+        optimizers = {k: _Snapshot(v.state_dict()) if dp.distributed else v for k, v in self._optimizers().items()}
+        if not dp.is_main:
+            return None
+        return save_checkpoint(self.run_dir / "checkpoints", step=self.state["step"], policy=policy,
+                               critic=critic, optimizers=optimizers, rng_states=capture_rng_state(),
                                data_state=dict(self.state), config=self.cfg, keep_last=2)
 
     def _optimizers(self) -> dict:
-        return {"actor": self.opt_actor, "critic": self.opt_critic, "sched_actor": self.sched_actor,
-                "sched_critic": self.sched_critic}
+        """Optimizers and schedulers by name; sharded optimizers through their whole-state view."""
+        wrap = (lambda model, opt: distributed.ShardedOptimizerState(model, opt)) if self.dp.distributed else (
+            lambda model, opt: opt)
+        return {"actor": wrap(self.policy, self.opt_actor), "critic": wrap(self.critic, self.opt_critic),
+                "sched_actor": self.sched_actor, "sched_critic": self.sched_critic}
 
     def _maybe_resume(self) -> int | None:
         ckpt_root = self.run_dir / "checkpoints"
         if latest_checkpoint(ckpt_root) is None:
             # A run that died before its first checkpoint starts over; its partial metrics rows go.
             return -2 if (self.run_dir / "metrics.jsonl").exists() else None
-        ckpt = load_checkpoint(ckpt_root, policy=self.policy, critic=self.critic, optimizers=self._optimizers())
+        dp = self.dp
+        policy, critic = (self.policy, self.critic) if not dp.distributed else (
+            _ShardedModel(self.policy, dp), _ShardedModel(self.critic, dp))
+        ckpt = load_checkpoint(ckpt_root, policy=policy, critic=critic, optimizers=self._optimizers())
         self.state = dict(ckpt["data_state"])
-        self.engine.update_weights(self.policy)
+        self.sync_engine()
         if self.cfg.algo.kl_coef > 0:
             ref_dir = self.run_dir / WARMSTART_DIR
             if not (ref_dir / "config.json").is_file():
                 raise ValueError(f"resume with algo.kl_coef > 0: the KL reference policy {ref_dir} is missing")
             param = next(self.policy.parameters())
             ref = type(self.policy).from_pretrained(ref_dir, dtype=param.dtype, device=param.device)
-            self.ref_policy = ref.eval().requires_grad_(False)
-        print(f"resumed from {ckpt['path']} at step {self.state['step']}")
+            self.ref_policy = distributed.shard_(ref, dp).eval().requires_grad_(False)
+        if dp.is_main:
+            print(f"resumed from {ckpt['path']} at step {self.state['step']}")
         return self.state["step"] - 1
 
     def close(self) -> None:
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    return copy.deepcopy(model).eval().requires_grad_(False)
+def _frozen_copy(model: torch.nn.Module, dp: DataParallel) -> torch.nn.Module:
+    """A frozen copy of the policy (the KL anchor), sharded like it when sharded."""
+    if not dp.distributed:
+        return copy.deepcopy(model).eval().requires_grad_(False)
+    state = distributed.full_state_dict(model, dp)
+    param = next(model.parameters())
+    ref = type(model)(model.config, seed=None, dtype=param.dtype, device=param.device)
+    distributed.shard_(ref, dp)
+    distributed.load_full_state_dict(ref, state, dp)
+    return ref.eval().requires_grad_(False)
+
+
+class _Snapshot:
+    """A state dict taken already (a sharded optimizer's, gathered by every rank) for `save_checkpoint`."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+
+class _ShardedModel:
+    """`load_checkpoint`'s view of a sharded model: the main rank's whole state dict goes into every shard."""
+
+    def __init__(self, model: torch.nn.Module, dp: DataParallel) -> None:
+        self.model, self.dp = model, dp
+
+    def load_state_dict(self, state: dict) -> None:
+        distributed.load_full_state_dict(self.model, state, self.dp)
 
 
 def _solved(traj) -> bool:
@@ -321,21 +399,31 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, run_dir = parse_args(argv)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # Our own draws use explicit generators; the global ones are seeded too (and saved in checkpoints) so that
-    # library code that draws from them repeats as well.
-    torch.manual_seed(cfg.run.seed)
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed % 2**32)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    print(format_config(cfg), flush=True)
-    (run_dir / "config.toml").write_text(config_to_toml(cfg))
-    trainer = Trainer(cfg, run_dir)
+    dp, _ = distributed.init_from_env(cfg.run.device)
     try:
-        trainer.run()
+        run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's
+        if dp.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        # Our own draws use explicit generators; the global ones are seeded too (and saved in checkpoints) so that
+        # library code that draws from them repeats as well.
+        torch.manual_seed(cfg.run.seed)
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed % 2**32)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        if dp.is_main:
+            print(format_config(cfg), flush=True)
+            if dp.distributed:
+                print(f"data-parallel: {dp.world_size} ranks, FSDP2-sharded policy and critic", flush=True)
+            (run_dir / "config.toml").write_text(config_to_toml(cfg))
+        trainer = Trainer(cfg, run_dir, dp)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
-    print(run_dir.resolve())
+        distributed.close(dp)
+    if dp.is_main:
+        print(run_dir.resolve())
     return 0
 
 

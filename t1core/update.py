@@ -6,6 +6,8 @@ The trainer's forward always runs over the exact token IDs of the trajectories (
 `use_r3`, replays the routing recorded at rollout. The scoring pass (no grad) gives pi_old, the critic's
 V_old, GAE advantages and the train-vs-rollout mismatch metrics; then `ppo_epochs` passes update the actor
 (unless critic-only) and the critic. A non-finite loss or gradient skips that optimizer step and says why.
+Under torchrun (`dp`, t1core.distributed) each optimizer step takes one minibatch per rank and scoring is
+split across the ranks; with the default single-process `dp` every step is one minibatch, as before.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from kernels.logprob import token_logprobs
 from t1core.batch import PackedBatch, pack, split_by_tokens, turn_positions
 from t1core.config import AlgoSection, OptimSection
+from t1core.distributed import DataParallel, reshard_
 from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
                            ppo_policy_loss, routing_agreement, sft_loss, value_loss)
 
@@ -67,16 +70,22 @@ def critic_values(critic: torch.nn.Module, batch: PackedBatch, *, replay: bool) 
     return critic(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing).float()
 
 
+_SINGLE = DataParallel.single()
+
+
 @torch.no_grad()
 def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.Module, critic: torch.nn.Module,
           ref_policy: torch.nn.Module | None, algo: AlgoSection, temperature: float,
-          group_ids: Sequence[int] | None = None) -> tuple[list[Scored], dict[str, float]]:
+          group_ids: Sequence[int] | None = None, dp: DataParallel = _SINGLE,
+          ) -> tuple[list[Scored], dict[str, float]]:
     """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step.
 
-    `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group')."""
+    `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group'). With several ranks each
+    minibatch is scored on one of them and every rank gets all results."""
     groups = split_by_tokens([t.num_tokens for t in trajectories], max_tokens=algo.minibatch_tokens)
-    scored, metrics = [], defaultdict(list)
-    for group in groups:
+
+    def score_group(group: list[int]) -> tuple[Scored, dict[str, list[tuple[float, int]]]]:
+        metrics = defaultdict(list)
         batch = pack([trajectories[i] for i in group], rewards=[rewards[i] for i in group],
                      with_routing=algo.use_r3)
         old_logp_T, _ = policy_logprobs(policy, batch, temperature=temperature, replay=algo.use_r3)
@@ -98,9 +107,16 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
             pg_mask_T = batch.loss_mask_T & ~malformed_T
             metrics["policy/malformed_token_frac"].append(
                 (float(malformed_T.sum()) / max(1, int(batch.loss_mask_T.sum())), batch.reward_B.numel()))
-        scored.append(Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, pg_mask_T))
         for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
             metrics[k].append((v, batch.reward_B.numel()))
+        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, pg_mask_T), dict(metrics)
+
+    scored, metrics = [], defaultdict(list)
+    for one, rows in dp.map(groups, score_group):
+        scored.append(one)
+        for k, v in rows.items():
+            metrics[k].extend(v)
+    reshard_([policy, critic, ref_policy], dp)
     _normalise_advantages(scored, algo.advantage_norm, group_ids)
     if algo.negative_adv_scale != 1.0:
         for s in scored:
@@ -167,22 +183,41 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
 
 def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
           sched: torch.optim.lr_scheduler.LRScheduler | None, grad_clip: float | None, what: str,
-          metrics: dict[str, list[float]]) -> None:
-    """Backward + clip + step, unless the loss or the gradient is not finite (then skip and log why)."""
+          metrics: dict[str, list[float]], *, dp: DataParallel = _SINGLE, weight: float = 1.0) -> None:
+    """Backward + clip + step, unless the loss or the gradient is not finite (then skip and log why).
+
+    `weight` scales this rank's loss (`DataParallel.rounds`); all ranks take the skip decision together, and the
+    step's counters and gradient norm are logged by the main rank only (they are the same on every rank)."""
     opt.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):  # sync: one scalar per optimizer step
-        metrics[f"skipped/{what}_nonfinite_loss"].append(1.0)
+    if dp.any(not torch.isfinite(loss)):  # sync: one scalar per optimizer step
+        if dp.is_main:
+            metrics[f"skipped/{what}_nonfinite_loss"].append(1.0)
         return
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
+    (loss if weight == 1.0 else loss * weight).backward()
+    norm = _clip_grad_norm(params, grad_clip, dp)
     if not torch.isfinite(norm):
         opt.zero_grad(set_to_none=True)
-        metrics[f"skipped/{what}_nonfinite_grad"].append(1.0)
+        if dp.is_main:
+            metrics[f"skipped/{what}_nonfinite_grad"].append(1.0)
         return
-    metrics[f"{what}/grad_norm"].append(float(norm))
+    if dp.is_main:
+        metrics[f"{what}/grad_norm"].append(float(norm))
     opt.step()
     if sched is not None:
         sched.step()
+
+
+def _clip_grad_norm(params: list[torch.nn.Parameter], grad_clip: float | None, dp: DataParallel) -> torch.Tensor:
+    """Clip to `grad_clip` (None: no clipping); returns the total norm before clipping. Over FSDP2's sharded
+    gradients the norm is reduced across ranks first, so every rank clips by the same global factor."""
+    max_norm = grad_clip if grad_clip is not None else float("inf")
+    if not dp.distributed:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # DTensor -> the global value
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
 
 
 def _summarise(metrics: dict[str, list[float]]) -> dict[str, float]:
@@ -195,14 +230,15 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
                sched_actor: torch.optim.lr_scheduler.LRScheduler | None,
                sched_critic: torch.optim.lr_scheduler.LRScheduler | None,
                algo: AlgoSection, optim: OptimSection, temperature: float, update_actor: bool,
-               generator: torch.Generator) -> dict[str, float]:
-    """`algo.ppo_epochs` passes over the scored minibatches (shuffled by `generator`)."""
+               generator: torch.Generator, dp: DataParallel = _SINGLE) -> dict[str, float]:
+    """`algo.ppo_epochs` passes over the scored minibatches (shuffled by `generator`, one per rank per step)."""
     metrics: dict[str, list[float]] = defaultdict(list)
     actor_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = [p for p in critic.parameters() if p.requires_grad]
     for _ in range(algo.ppo_epochs):
-        for i in torch.randperm(len(scored), generator=generator).tolist():
-            s, b = scored[i], scored[i].batch
+        order = torch.randperm(len(scored), generator=generator).tolist()
+        for j, weight in dp.rounds(len(order)):
+            s, b = scored[order[j]], scored[order[j]].batch
             if update_actor:
                 logp_T, ent_T = policy_logprobs(policy, b, temperature=temperature, replay=algo.use_r3,
                                                 return_entropy=True)
@@ -213,15 +249,19 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
                 if s.ref_logp_T is not None:
                     kl, m_kl = kl_penalty(logp_T, s.ref_logp_T, b.loss_mask_T)
                     loss, m = loss + algo.kl_coef * kl, {**m, **m_kl}
-                _step(loss, actor_params, opt_actor, sched_actor, optim.grad_clip, "policy", metrics)
-                for k, v in {**m, **m_ent}.items():
-                    metrics[k].append(float(v))
+                _step(loss, actor_params, opt_actor, sched_actor, optim.grad_clip, "policy", metrics, dp=dp,
+                      weight=weight)
+                if weight:
+                    for k, v in {**m, **m_ent}.items():
+                        metrics[k].append(float(v))
             values_T = critic_values(critic, b, replay=algo.use_r3)
             v_loss, m = value_loss(values_T, s.old_values_T, s.returns_T, b.loss_mask_T, algo.value_clip_eps)
-            _step(algo.vf_coef * v_loss, critic_params, opt_critic, sched_critic, optim.grad_clip, "value", metrics)
-            for k, v in m.items():
-                metrics[k].append(float(v))
-    return _summarise(metrics)
+            _step(algo.vf_coef * v_loss, critic_params, opt_critic, sched_critic, optim.grad_clip, "value", metrics,
+                  dp=dp, weight=weight)
+            if weight:
+                for k, v in m.items():
+                    metrics[k].append(float(v))
+    return _summarise(dp.gather_lists(metrics))
 
 
 def _sft_minibatches(lengths: Sequence[int], minibatch_tokens: int, generator: torch.Generator) -> list[list[int]]:
@@ -230,30 +270,35 @@ def _sft_minibatches(lengths: Sequence[int], minibatch_tokens: int, generator: t
     return [[order[j] for j in g] for g in split_by_tokens([lengths[i] for i in order], max_tokens=minibatch_tokens)]
 
 
-def sft_num_steps(lengths: Sequence[int], *, epochs: int, minibatch_tokens: int, generator: torch.Generator) -> int:
+def sft_num_steps(lengths: Sequence[int], *, epochs: int, minibatch_tokens: int, generator: torch.Generator,
+                  dp: DataParallel = _SINGLE) -> int:
     """Optimizer steps that `epochs` calls of `sft_update` will take (the minibatch count depends on each epoch's
-    order); `generator` is left as it was."""
+    order; with W ranks a step takes W minibatches); `generator` is left as it was."""
     state = generator.get_state()
     try:
-        return sum(len(_sft_minibatches(lengths, minibatch_tokens, generator)) for _ in range(epochs))
+        return sum(len(dp.rounds(len(_sft_minibatches(lengths, minibatch_tokens, generator)))) for _ in range(epochs))
     finally:
         generator.set_state(state)
 
 
 def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.optim.Optimizer,
                sched: torch.optim.lr_scheduler.LRScheduler | None, grad_clip: float | None, minibatch_tokens: int,
-               generator: torch.Generator, max_steps: int | None = None) -> dict[str, float]:
+               generator: torch.Generator, max_steps: int | None = None, dp: DataParallel = _SINGLE,
+               ) -> dict[str, float]:
     """One epoch of supervised fine-tuning on reference transcripts: NLL of the loss-mask tokens, no replay
     (the reference tokens were written, not sampled by the model, so there is no routing to replay).
-    Stops early after `max_steps` optimizer steps; "sft/steps" in the result counts the steps taken."""
+    Stops early after `max_steps` optimizer steps (of one minibatch per rank); "sft/steps" in the result counts
+    the steps taken."""
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in policy.parameters() if p.requires_grad]
-    minibatches = _sft_minibatches([t.num_tokens for t in trajectories], minibatch_tokens, generator)[:max_steps]
-    for group in minibatches:
-        batch = pack([trajectories[i] for i in group], with_routing=False)
+    minibatches = _sft_minibatches([t.num_tokens for t in trajectories], minibatch_tokens, generator)
+    rounds = dp.rounds(len(minibatches))[:max_steps]
+    for i, weight in rounds:
+        batch = pack([trajectories[j] for j in minibatches[i]], with_routing=False)
         logp_T, _ = policy_logprobs(policy, batch, temperature=1.0, replay=False)
         loss, m = sft_loss(logp_T, batch.loss_mask_T)
-        _step(loss, params, opt, sched, grad_clip, "sft", metrics)
-        for k, v in m.items():
-            metrics[k].append(float(v))
-    return {**_summarise(metrics), "sft/steps": float(len(minibatches))}
+        _step(loss, params, opt, sched, grad_clip, "sft", metrics, dp=dp, weight=weight)
+        if weight:
+            for k, v in m.items():
+                metrics[k].append(float(v))
+    return {**_summarise(dp.gather_lists(metrics)), "sft/steps": float(len(rounds))}

@@ -1,0 +1,213 @@
+"""Data-parallel training over torch.distributed: torchrun ranks, FSDP2-sharded policy and critic.
+
+    torchrun --nproc_per_node=N -m t1core.train [...]      (one process per GPU; gloo ranks on CPU)
+
+Every rank runs the same training loop. The main rank (0) also owns the rollout side: the engine, the sandboxes,
+evaluation and every file of the run; what it collects is broadcast to the others. The updates are data-parallel:
+an optimizer step takes one minibatch per rank (`DataParallel.rounds`), and FSDP2 (`fully_shard`: parameters,
+gradients and optimizer state split across ranks, each decoder layer all-gathered around its use) averages the
+gradients. Equivalence: one step over W minibatches equals one single-process step on the mean of their losses
+(tests/test_distributed.py compares the two). A round with fewer minibatches than ranks gives its idle ranks one
+of the round's minibatches at loss weight 0 (FSDP's collectives need every rank in every forward and backward)
+and scales the others by W / (minibatches in the round), so that the average stays the mean of the real ones.
+
+Without torchrun (WORLD_SIZE unset or 1) `DataParallel.single()` stands in: no process group, no sharding, and
+every helper is the identity, so a single-process run computes exactly what it did before this module existed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Rank 0 runs evaluation and rollouts while the other ranks wait in their next collective: the default NCCL
+# watchdog (10 min) would kill a run whose evaluation takes longer.
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's place among the data-parallel ranks (world_size 1: a plain single-process run)."""
+
+    rank: int
+    world_size: int
+
+    @classmethod
+    def single(cls) -> DataParallel:
+        return cls(rank=0, world_size=1)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: rollouts, evaluation, files, logging."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def rounds(self, num_items: int) -> list[tuple[int, float]]:
+        """Per optimizer step, (item index this rank runs, its loss weight) for items 0..num_items-1 taken W at
+        a time in order. A rank past the last item of the final round gets that round's first item at weight 0;
+        the others get W / (items in the round) (1.0 whenever the round is full, and always when W = 1)."""
+        if num_items < 0:
+            raise ValueError(f"num_items: expected >= 0, got {num_items}")
+        out = []
+        for start in range(0, num_items, self.world_size):
+            real = min(self.world_size, num_items - start)
+            mine = start + self.rank
+            out.append((mine, self.world_size / real) if mine < num_items else (start, 0.0))
+        return out
+
+    def map(self, items: Sequence[T], fn: Callable[[T], R]) -> list[R]:
+        """[fn(x) for x in items], each computed on one rank (round-robin by `rounds`), the results gathered on
+        every rank in order. fn must be collective-safe: every rank calls it once per round (idle ranks on a
+        duplicate item whose result is dropped). Results travel pickled: keep them small and on the CPU."""
+        if not self.distributed:
+            return [fn(x) for x in items]
+        out: list[Any] = [None] * len(items)
+        for start, (i, weight) in zip(range(0, len(items), self.world_size), self.rounds(len(items))):
+            result = fn(items[i])
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, (i, result) if weight > 0 else None)
+            for entry in gathered:
+                if entry is not None:
+                    out[entry[0]] = entry[1]
+        return out
+
+    def broadcast(self, obj: T) -> T:
+        """The main rank's `obj` on every rank (pickled; others pass anything, e.g. None)."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if `flag` is True on any rank (a decision all ranks must take together)."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([float(flag)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def gather_lists(self, metrics: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Per-key concatenation of every rank's metric lists (rank order), so summaries cover all ranks."""
+        if not self.distributed:
+            return metrics
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, dict(metrics))
+        merged: dict[str, list[float]] = {}
+        for part in parts:
+            for k, v in part.items():
+                merged.setdefault(k, []).extend(v)
+        return merged
+
+
+def init_from_env(device: str) -> tuple[DataParallel, torch.device]:
+    """Join the torchrun process group when WORLD_SIZE > 1 (NCCL on CUDA, gloo on CPU) and pick this rank's
+    device (cuda:LOCAL_RANK); otherwise the single-process stand-in and `device` as given."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dev = torch.device(device)
+    if world <= 1:
+        return DataParallel.single(), dev
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+    elif dev.type != "cpu":
+        raise ValueError(f"run.device={device!r}: data-parallel runs take 'cpu' (gloo) or 'cuda' (NCCL)")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
+    return DataParallel(rank=dist.get_rank(), world_size=dist.get_world_size()), dev
+
+
+def shard_(model: nn.Module, dp: DataParallel) -> nn.Module:
+    """FSDP2 in place: each decoder layer its own unit (all-gathered for its forward and backward), then the root
+    (embedding, final norm, heads). No-op for a single process. Build optimizers after this call: it replaces
+    the parameters by sharded DTensors."""
+    if not dp.distributed:
+        return model
+    from torch.distributed.fsdp import fully_shard
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def reshard_(models: Sequence[nn.Module | None], dp: DataParallel) -> None:
+    """Reshard FSDP2 roots after forwards without autograd (a scoring pass). FSDP2 keeps the root's parameters
+    (embedding, final norm, heads) unsharded after its forward, to reshard them in the backward; without a
+    backward they stay so, and the next training backward then produced a wrong update (measured in
+    tests/test_distributed.py). No-op for a single process."""
+    if dp.distributed:
+        for model in models:
+            if model is not None:
+                model.reshard()
+
+
+def _full_options(**kw: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
+
+
+def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tensor]:
+    """The whole model's state dict: plain CPU tensors on the main rank, {} on the others (collective).
+    Single process: `model.state_dict()` itself."""
+    if not dp.distributed:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(model, options=_full_options())
+
+
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], dp: DataParallel) -> None:
+    """Load a whole state dict held by the main rank into every rank's shards (collective)."""
+    if not dp.distributed:
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    set_model_state_dict(model, state, options=_full_options(broadcast_from_rank0=True))
+
+
+def host_copy(model: nn.Module, dp: DataParallel) -> nn.Module | None:
+    """A plain unsharded copy of `model` on the main rank's CPU, None elsewhere (collective); for HF saves and
+    checkpoints. Single process: the model itself, no copy."""
+    if not dp.distributed:
+        return model
+    state = full_state_dict(model, dp)
+    if not dp.is_main:
+        return None
+    ref = next(iter(state.values()))
+    copy = type(model)(model.config, seed=None, dtype=ref.dtype, device="cpu")
+    copy.load_state_dict(state)
+    return copy
+
+
+class ShardedOptimizerState:
+    """save/load of an optimizer over FSDP2 parameters as one whole state dict held by the main rank (the format
+    of a single-process run's checkpoint). Both calls are collective."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self.model, self.opt = model, opt
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        return get_optimizer_state_dict(self.model, self.opt, options=_full_options())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=state,
+                                 options=_full_options(broadcast_from_rank0=True))
+
+
+def close(dp: DataParallel) -> None:
+    if dp.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,131 @@
+"""Data-parallel training (t1core.distributed): 2 gloo ranks with FSDP2-sharded models against one process.
+
+The reference is written out here, not taken from the data-parallel code: one optimizer step on the mean of the
+round's minibatch losses, in a plain unsharded model. Scoring split across ranks must equal scoring in one process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from t1core.config import AlgoSection, load_config
+from t1core.distributed import DataParallel, full_state_dict, shard_
+from t1core.losses import sft_loss
+from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1core.update import policy_logprobs, score, sft_update
+from t1core.world import make_optimizer
+
+SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_experts=4, num_experts_per_tok=2)
+WORLD = 2
+
+
+def _trajectories() -> list[SimpleNamespace]:
+    """Five episodes of different lengths: three minibatches of <= 80 tokens (two full rounds' worth and one
+    round with a single minibatch, where rank 1 idles at weight 0)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for n, reward in ((40, 3.0), (33, 1.0), (45, 0.0), (30, 2.0), (38, 1.0)):
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[n // 2:] = True
+        out.append(SimpleNamespace(token_ids=torch.randint(0, 301, (n,), generator=g).tolist(), loss_mask=mask,
+                                   rollout_logprobs=torch.where(mask, -1.0, 0.0), routing=None, reward=reward,
+                                   num_tokens=n, turns=[SimpleNamespace(start=n // 2, end=n, tool_error=None)]))
+    return out
+
+
+def _optimizer(model: torch.nn.Module):
+    cfg = load_config(None, ["--optim.warmup_steps=0", "--optim.grad_clip=0.05"])  # small clip: it must bind
+    return make_optimizer(model, lr=1e-2, cfg=cfg)
+
+
+def _worker(rank: int, port: int, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # A short collective timeout: a rank left waiting fails the test instead of hanging CI.
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    try:
+        dp = DataParallel(rank=rank, world_size=WORLD)
+        trajs = _trajectories()
+        policy = shard_(MoEModel(SMALL, seed=0), dp)
+        critic = shard_(ValueModel.from_policy(MoEModel(SMALL, seed=1)), dp)
+        algo = AlgoSection(use_r3=False, minibatch_tokens=80, advantage_norm="center")
+        scored, fidelity = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
+                                 algo=algo, temperature=1.0, dp=dp)
+        opt, sched = _optimizer(policy)
+        gen = torch.Generator().manual_seed(5)
+        m = sft_update(trajs, policy=policy, opt=opt, sched=sched, grad_clip=0.05, minibatch_tokens=80,
+                       generator=gen, dp=dp)
+        state = full_state_dict(policy, dp)
+        if rank == 0:
+            torch.save({"state": state, "sft": m, "fidelity": fidelity,
+                        "scored": [(s.old_logp_T, s.old_values_T, s.advantages_T) for s in scored]}, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rounds_give_each_rank_its_minibatch_and_weight() -> None:
+    assert DataParallel.single().rounds(3) == [(0, 1.0), (1, 1.0), (2, 1.0)]
+    assert DataParallel(rank=0, world_size=2).rounds(3) == [(0, 1.0), (2, 2.0)]
+    assert DataParallel(rank=1, world_size=2).rounds(3) == [(1, 1.0), (2, 0.0)]  # idles on a copy, weight 0
+    assert DataParallel(rank=2, world_size=4).rounds(2) == [(0, 0.0)]
+    with pytest.raises(ValueError, match="num_items"):
+        DataParallel.single().rounds(-1)
+
+
+def test_two_sharded_ranks_take_the_single_process_step(tmp_path) -> None:
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    got = torch.load(out, weights_only=False)
+
+    # Reference, one process, no sharding: scoring as it always ran ...
+    trajs = _trajectories()
+    policy, critic = MoEModel(SMALL, seed=0), ValueModel.from_policy(MoEModel(SMALL, seed=1))
+    algo = AlgoSection(use_r3=False, minibatch_tokens=80, advantage_norm="center")
+    scored, fidelity = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
+                             algo=algo, temperature=1.0)
+    assert len(scored) == len(got["scored"]) == 3
+    for s, (logp, values, adv) in zip(scored, got["scored"]):
+        torch.testing.assert_close(logp, s.old_logp_T, rtol=0, atol=0)
+        torch.testing.assert_close(values, s.old_values_T, rtol=0, atol=0)
+        torch.testing.assert_close(adv, s.advantages_T, rtol=0, atol=0)
+    assert got["fidelity"] == pytest.approx(fidelity)
+
+    # ... and SFT written out by hand: the epoch's minibatches in sft_update's order, two per optimizer step.
+    from t1core.batch import pack
+    from t1core.update import _sft_minibatches
+    minibatches = _sft_minibatches([t.num_tokens for t in trajs], 80, torch.Generator().manual_seed(5))
+    assert len(minibatches) == 3
+    opt, sched = _optimizer(policy)
+    params = list(policy.parameters())
+    for step_groups in (minibatches[:2], minibatches[2:]):
+        opt.zero_grad(set_to_none=True)
+        losses = [sft_loss(policy_logprobs(policy, pack([trajs[i] for i in g], with_routing=False),
+                                           temperature=1.0, replay=False)[0],
+                           pack([trajs[i] for i in g], with_routing=False).loss_mask_T)[0] for g in step_groups]
+        (sum(losses) / len(losses)).backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, 0.05)
+        assert norm > 0.05  # the clip binds, so a wrong (per-shard) norm would show
+        opt.step()
+        sched.step()
+    assert got["sft"]["sft/steps"] == 2.0
+    want = policy.state_dict()
+    assert got["state"].keys() == want.keys()
+    moved = max(float((MoEModel(SMALL, seed=0).state_dict()[k] - want[k]).abs().max()) for k in want)
+    assert moved > 1e-3  # the step did something measurable
+    for k in want:  # the ranks' gradient sums differ from one process's only in rounding
+        torch.testing.assert_close(got["state"][k], want[k], rtol=1e-4, atol=1e-6, msg=k)
