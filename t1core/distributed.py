@@ -75,7 +75,7 @@ class DataParallel:
         if not self.distributed:
             return [fn(x) for x in items]
         out: list[Any] = [None] * len(items)
-        for start, (i, weight) in zip(range(0, len(items), self.world_size), self.rounds(len(items))):
+        for i, weight in self.rounds(len(items)):
             result = fn(items[i])
             gathered: list[Any] = [None] * self.world_size
             dist.all_gather_object(gathered, (i, result) if weight > 0 else None)

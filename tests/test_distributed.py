@@ -65,8 +65,10 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         m = sft_update(trajs, policy=policy, opt=opt, sched=sched, grad_clip=0.05, minibatch_tokens=80,
                        generator=gen, dp=dp)
         state = full_state_dict(policy, dp)
+        critic.copy_trunk_from(policy)  # the trainer's warm start, between two sharded models
+        critic_state = full_state_dict(critic, dp)
         if rank == 0:
-            torch.save({"state": state, "sft": m, "fidelity": fidelity,
+            torch.save({"state": state, "critic": critic_state, "sft": m, "fidelity": fidelity,
                         "scored": [(s.old_logp_T, s.old_values_T, s.advantages_T) for s in scored]}, out_path)
     finally:
         dist.destroy_process_group()
@@ -129,3 +131,5 @@ def test_two_sharded_ranks_take_the_single_process_step(tmp_path) -> None:
     assert moved > 1e-3  # the step did something measurable
     for k in want:  # the ranks' gradient sums differ from one process's only in rounding
         torch.testing.assert_close(got["state"][k], want[k], rtol=1e-4, atol=1e-6, msg=k)
+    trunk = {k: v for k, v in got["state"].items() if k.startswith("model.")}
+    assert trunk and all(torch.equal(got["critic"][k], v) for k, v in trunk.items())

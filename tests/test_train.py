@@ -9,6 +9,8 @@ floating-point sum, is the same in both runs.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -230,8 +232,6 @@ def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> N
 
 def _torchrun(args: list[str]) -> None:
     """`torchrun --nproc_per_node=2 -m t1core.train ARGS` (2 gloo ranks, FSDP2); fails with the ranks' output."""
-    import subprocess
-    import sys
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
            "t1core.train", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
@@ -253,7 +253,8 @@ def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"resumed data-parallel run differs in {differing[:5]}"
     from t1core.checkpointing import load_checkpoint
-    opt = [load_checkpoint(d / "checkpoints", restore_rng=False)["optimizers"]["actor"]["state"] for d in (straight, split)]
+    opt = [load_checkpoint(d / "checkpoints", restore_rng=False)["optimizers"]["actor"]["state"]
+           for d in (straight, split)]
     assert opt[0].keys() == opt[1].keys() and opt[0]
     for name in opt[0]:
         assert all(torch.equal(opt[0][name][k], opt[1][name][k]) for k in ("exp_avg", "exp_avg_sq")), name
