@@ -2,8 +2,11 @@
 
     torchrun --nproc_per_node=N -m t1core.train [...]      (one process per GPU; gloo ranks on CPU)
 
-Every rank runs the same training loop. The main rank (0) also owns the rollout side: the engine, the sandboxes,
-evaluation and every file of the run; what it collects is broadcast to the others. The updates are data-parallel:
+Every rank runs the same training loop. Rollouts are split across the ranks: each has its own engine (a whole copy
+of the policy, refreshed after every update) and its own sandboxes, runs every W-th episode, and the trajectories
+are gathered on every rank. With the batch-invariant engine an episode's tokens do not depend on which rank ran it,
+so the trajectories equal a single process's. The main rank (0) writes every file of the run and builds the
+images; the SFT transcripts (reference solutions) are made there and broadcast. The updates are data-parallel:
 an optimizer step takes one minibatch per rank (`DataParallel.rounds`), and FSDP2 (`fully_shard`: parameters,
 gradients and optimizer state split across ranks, each decoder layer all-gathered around its use) averages the
 gradients. Equivalence: one step over W minibatches equals one single-process step on the mean of their losses
@@ -92,11 +95,24 @@ class DataParallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather_strided(self, mine: list[T], total: int) -> list[T]:
+        """Every rank's `items[rank::world_size]` results put back in the order of the full list, on every rank."""
+        if not self.distributed:
+            return mine
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, mine)
+        out: list[Any] = [None] * total
+        for rank, part in enumerate(parts):
+            out[rank::self.world_size] = part
+        return out
+
     def any(self, flag: bool) -> bool:
         """True on every rank if `flag` is True on any rank (a decision all ranks must take together)."""
         if not self.distributed:
             return flag
-        t = torch.tensor([float(flag)])
+        # NCCL reduces CUDA tensors only; gloo takes CPU ones.
+        dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        t = torch.tensor([float(flag)], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
@@ -159,13 +175,15 @@ def _full_options(**kw: bool):
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
 
 
-def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tensor]:
-    """The whole model's state dict: plain CPU tensors on the main rank, {} on the others (collective).
-    Single process: `model.state_dict()` itself."""
+def full_state_dict(model: nn.Module, dp: DataParallel, *, everywhere: bool = False) -> dict[str, torch.Tensor]:
+    """The whole model's state dict (collective): plain CPU tensors on the main rank and {} on the others, or with
+    `everywhere` plain tensors on every rank, on the model's device (for the ranks' engines). Single process:
+    `model.state_dict()` itself."""
     if not dp.distributed:
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return get_model_state_dict(model, options=_full_options())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    options = StateDictOptions(full_state_dict=True) if everywhere else _full_options()
+    return get_model_state_dict(model, options=options)
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], dp: DataParallel) -> None:

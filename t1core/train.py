@@ -8,8 +8,8 @@ Warm-started actor-critic PPO on exact sampled tokens (TITO) with routing replay
     evaluate:    held-out tasks after RL; save the final checkpoint (HF format), metrics, plot
 
 Every random choice derives from (run.seed, step), so a resumed run continues bit for bit. Under torchrun
-(`torchrun --nproc_per_node=N -m t1core.train ...`) the updates are data-parallel over FSDP2-sharded models and
-rank 0 alone collects, evaluates and writes (t1core.distributed).
+(`torchrun --nproc_per_node=N -m t1core.train ...`) every rank runs its share of the episodes with its own engine,
+the updates are data-parallel over FSDP2-sharded models, and rank 0 writes the files (t1core.distributed).
 """
 
 from __future__ import annotations
@@ -57,15 +57,15 @@ class Trainer:
         self.pretrains = world.pretrains(cfg)  # checked first: a config error must not wait for image builds
         self.tok = world.load_tokenizer(cfg)
         tasks = None
-        if dp.is_main:  # the rollout side: sandboxes, images, engine
+        if dp.is_main:  # one rank writes the task directories and builds the images; all ranks run sandboxes
             reap()  # containers left behind by crashed runs
             tasks = world.load_tasks(cfg, run_dir)
             world.build_images(tasks, cfg)
         self.tasks = dp.broadcast(tasks)
         self.policy, self.critic = world.load_models(cfg, self.tok)
-        # The engine's copy is taken before sharding; it is refreshed from the gathered weights after updates.
-        self.engine = world.make_engine(self.policy, cfg) if dp.is_main else None
-        self.sampled = CompletionLog(self.engine) if dp.is_main else None  # what the engine returned (drift)
+        # Each rank's engine copy is taken before sharding; it is refreshed from the gathered weights after updates.
+        self.engine = world.make_engine(self.policy, cfg)
+        self.sampled = CompletionLog(self.engine)  # what this rank's engine returned, to check drift against
         distributed.shard_(self.policy, dp)
         distributed.shard_(self.critic, dp)
         self.state = {"step": 0, "warm_started": False}
@@ -77,16 +77,27 @@ class Trainer:
         self.clock = Stopwatch()
 
     # ---- phases ----
-    def collect(self, tasks: list, *, seed: int, desc: str, temperature: float | None = None) -> list:
-        specs = [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
-                 for i, t in enumerate(tasks)]
-        bar = tqdm(total=len(specs), desc=desc, leave=False, file=sys.stdout, disable=None)
+    def collect(self, tasks: list, *, seed: int, desc: str, temperature: float | None = None) -> tuple[list, list[int]]:
+        """One episode per task, episode i sampled with seed derive_seed(seed, i); see `_run`."""
+        return self._run(self._specs(tasks, seed), desc=desc, temperature=temperature)
+
+    def _specs(self, tasks: list, seed: int) -> list[EpisodeSpec]:
+        return [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
+                for i, t in enumerate(tasks)]
+
+    def _run(self, specs: list[EpisodeSpec], *, desc: str, temperature: float | None) -> tuple[list, list[int]]:
+        """(trajectories, loss-region drift of each) in the order of `specs`, on every rank. Rank r runs episodes
+        r, r + W, ... on its own engine and checks their drift against that engine's completions."""
+        dp = self.dp
+        mine = specs[dp.rank::dp.world_size]
+        bar = tqdm(total=len(mine), desc=desc, leave=False, file=sys.stdout, disable=None if dp.is_main else True)
         self.sampled.clear()
         config = world.agent_config(self.cfg, temperature=temperature)
-        trajs = run_episodes(self.sampled, self.tok, specs, config=config, num_parallel=self.cfg.rollout.concurrency,
+        trajs = run_episodes(self.sampled, self.tok, mine, config=config, num_parallel=self.cfg.rollout.concurrency,
                              on_done=lambda i, t: bar.update())
         bar.close()
-        return trajs
+        drift = [self.sampled.drift(t) for t in trajs]
+        return dp.gather_strided(trajs, len(specs)), dp.gather_strided(drift, len(specs))
 
     def rewards(self, trajs: list) -> list[float]:
         """Dense verifier count + outcome bonus - optional per-turn and format penalties."""
@@ -155,17 +166,15 @@ class Trainer:
                             seed_block=w.pretrain_seed_block, avoid=avoid, dp=self.dp)
 
     def evaluate(self, tag: str) -> dict[str, float]:
-        """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately (on the main
-        rank; {} on the others)."""
+        """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately."""
         out = {}
-        if not self.dp.is_main:
-            return out
         for name, tasks in (("family", self.tasks.heldout_family), ("fixed", self.tasks.heldout_fixed)):
             if not tasks:
                 continue
-            trajs = self.collect(tasks, seed=derive_seed(self.cfg.run.seed, 1 << 21), desc=f"eval {tag} {name}",
-                                 temperature=self.cfg.run.eval_temperature)
-            save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
+            trajs, _ = self.collect(tasks, seed=derive_seed(self.cfg.run.seed, 1 << 21), desc=f"eval {tag} {name}",
+                                    temperature=self.cfg.run.eval_temperature)
+            if self.dp.is_main:
+                save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
                       for t in trajs]
             out[f"heldout/{name}_success"] = sum(map(_solved, trajs)) / len(trajs)
@@ -179,7 +188,7 @@ class Trainer:
         n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
         instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()
         with self.clock.phase("collect"):
-            batch = self.dp.broadcast(self._collect_step(step, instances) if self.dp.is_main else None)
+            batch = self._collect_step(step, instances)
         metrics = batch["metrics"]
         if not batch["trajs"]:
             return {**metrics, "skipped/no_sampled_tokens": 1.0}
@@ -203,19 +212,20 @@ class Trainer:
         return {**metrics, **fidelity, **upd, "train/actor_updated": float(update_actor)}
 
     def _collect_step(self, step: int, instances: list[int]) -> dict:
-        """The main rank's part of a step: episodes (each instance rollout.group_size times), rewards, drift.
-        Returns what every rank trains on: {"trajs", "rewards", "groups", "metrics"} (trajs empty: nothing sampled)."""
+        """Episodes (each instance rollout.group_size times, spread over the ranks), rewards, drift. Returns what
+        every rank trains on: {"trajs", "rewards", "groups", "metrics"} (trajs empty: nothing sampled)."""
         cfg, k = self.cfg, self.cfg.rollout.group_size
         order = [i for i in instances for _ in range(k)]  # each instance sampled k times (its own sampling seeds)
         group_of = [j // k for j in range(len(order))]
-        trajs = self.collect([self.tasks.rl[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
-                             desc=f"step {step} rollout")
-        save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
+        trajs, drift_per = self.collect([self.tasks.rl[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
+                                        desc=f"step {step} rollout")
+        if self.dp.is_main:
+            save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
         rewards = self.rewards(trajs)
         metrics = _rollout_metrics(trajs, rewards)
         kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
         train_trajs = [trajs[i] for i in kept]
-        drift = sum(self.sampled.drift(t) for t in train_trajs)
+        drift = sum(drift_per[i] for i in kept)
         if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
             pairs = [retokenize(t, self.tok) for t in train_trajs]
             train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
@@ -225,10 +235,8 @@ class Trainer:
                 "metrics": metrics}
 
     def sync_engine(self) -> None:
-        """The engine (main rank) gets the policy's current weights, gathered from the shards when sharded."""
-        state = distributed.full_state_dict(self.policy, self.dp)
-        if self.engine is not None:
-            self.engine.update_weights(state)
+        """Every rank's engine gets the policy's current weights, gathered from the shards when sharded."""
+        self.engine.update_weights(distributed.full_state_dict(self.policy, self.dp, everywhere=True))
 
     # ---- the loop ----
     def run(self) -> None:
@@ -311,8 +319,7 @@ class Trainer:
         return self.state["step"] - 1
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        self.engine.close()
 
 
 def _frozen_copy(model: torch.nn.Module, dp: DataParallel) -> torch.nn.Module:

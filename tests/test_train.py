@@ -263,3 +263,25 @@ def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -
     assert steps[3]["train/actor_updated"] == 1.0 and steps[3]["tito/drift_tokens"] == 0.0
     for name in ("metrics.png", "final/model.safetensors", "warmstart/model.safetensors", "trajectories/step_0003"):
         assert (straight / name).exists(), name
+
+
+@needs_docker
+def test_data_parallel_rollouts_equal_a_single_process(tmp_path: Path, task_dir: Path) -> None:
+    """Two ranks each run half of a step's episodes on their own engine: with the batch-invariant engine the
+    gathered trajectories equal a single process's, token for token, log-prob and routing bits included (steps 0
+    and 1: step 0 only trains the critic, so both sample from the same policy)."""
+    from rollout.trajectory import load_trajectories
+
+    common = [f"--tasks.source={task_dir}", *TINY, "--rollout.episodes_per_step=4", "--rollout.batch_invariant=true",
+              "--run.steps=2", "--run.checkpoint_every=0"]
+    single, ranks = tmp_path / "single", tmp_path / "ranks"
+    assert train.main(["--out", str(single), *common]) == 0
+    _torchrun(["--out", str(ranks), *common])
+    for step in ("step_0000", "step_0001"):
+        a, b = (load_trajectories(d / "trajectories" / step) for d in (single, ranks))
+        assert len(a) == len(b) == 4
+        for x, y in zip(a, b):
+            assert x.task_name == y.task_name
+            assert torch.equal(x.token_ids, y.token_ids) and torch.equal(x.loss_mask, y.loss_mask)
+            assert torch.equal(x.rollout_logprobs, y.rollout_logprobs) and torch.equal(x.routing, y.routing)
+            assert x.reward == y.reward
