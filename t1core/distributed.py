@@ -33,8 +33,8 @@ from torch import nn
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Rank 0 runs evaluation and rollouts while the other ranks wait in their next collective: the default NCCL
-# watchdog (10 min) would kill a run whose evaluation takes longer.
+# Ranks wait in a collective while rank 0 alone makes the SFT transcripts, or while the slowest rank finishes its
+# episodes: the default NCCL watchdog (10 min) would kill a run whose rollouts take longer.
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 
@@ -51,7 +51,7 @@ class DataParallel:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0: rollouts, evaluation, files, logging."""
+        """Rank 0: files, logging, images, SFT transcripts."""
         return self.rank == 0
 
     @property
