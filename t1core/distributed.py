@@ -129,13 +129,13 @@ class DataParallel:
         return merged
 
 
-def init_from_env(device: str) -> tuple[DataParallel, torch.device]:
-    """Join the torchrun process group when WORLD_SIZE > 1 (NCCL on CUDA, gloo on CPU) and pick this rank's
-    device (cuda:LOCAL_RANK); otherwise the single-process stand-in and `device` as given."""
+def init_from_env(device: str) -> DataParallel:
+    """Join the torchrun process group when WORLD_SIZE > 1 (NCCL on CUDA, gloo on CPU), with this rank's GPU
+    (cuda:LOCAL_RANK) made the current device; otherwise the single-process stand-in."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dev = torch.device(device)
     if world <= 1:
-        return DataParallel.single(), dev
+        return DataParallel.single()
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
@@ -143,7 +143,7 @@ def init_from_env(device: str) -> tuple[DataParallel, torch.device]:
         raise ValueError(f"run.device={device!r}: data-parallel runs take 'cpu' (gloo) or 'cuda' (NCCL)")
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
-    return DataParallel(rank=dist.get_rank(), world_size=dist.get_world_size()), dev
+    return DataParallel(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
 def shard_(model: nn.Module, dp: DataParallel) -> nn.Module:
@@ -207,6 +207,17 @@ def host_copy(model: nn.Module, dp: DataParallel) -> nn.Module | None:
     copy = type(model)(model.config, seed=None, dtype=ref.dtype, device="cpu")
     copy.load_state_dict(state)
     return copy
+
+
+class ShardedModelState:
+    """`load_checkpoint`'s view of a sharded model: the main rank's whole state dict goes into every rank's shards
+    (collective)."""
+
+    def __init__(self, model: nn.Module, dp: DataParallel) -> None:
+        self.model, self.dp = model, dp
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        load_full_state_dict(self.model, state, self.dp)
 
 
 class ShardedOptimizerState:

@@ -96,8 +96,8 @@ class Trainer:
         trajs = run_episodes(self.sampled, self.tok, mine, config=config, num_parallel=self.cfg.rollout.concurrency,
                              on_done=lambda i, t: bar.update())
         bar.close()
-        drift = [self.sampled.drift(t) for t in trajs]
-        return dp.gather_strided(trajs, len(specs)), dp.gather_strided(drift, len(specs))
+        done = dp.gather_strided([(t, self.sampled.drift(t)) for t in trajs], len(specs))  # one collective for both
+        return [t for t, _ in done], [d for _, d in done]
 
     def rewards(self, trajs: list) -> list[float]:
         """Dense verifier count + outcome bonus - optional per-turn and format penalties."""
@@ -291,10 +291,10 @@ class Trainer:
 
     def _optimizers(self) -> dict:
         """Optimizers and schedulers by name; sharded optimizers through their whole-state view."""
-        wrap = (lambda model, opt: distributed.ShardedOptimizerState(model, opt)) if self.dp.distributed else (
-            lambda model, opt: opt)
-        return {"actor": wrap(self.policy, self.opt_actor), "critic": wrap(self.critic, self.opt_critic),
-                "sched_actor": self.sched_actor, "sched_critic": self.sched_critic}
+        sharded = self.dp.distributed
+        actor = distributed.ShardedOptimizerState(self.policy, self.opt_actor) if sharded else self.opt_actor
+        critic = distributed.ShardedOptimizerState(self.critic, self.opt_critic) if sharded else self.opt_critic
+        return {"actor": actor, "critic": critic, "sched_actor": self.sched_actor, "sched_critic": self.sched_critic}
 
     def _maybe_resume(self) -> int | None:
         ckpt_root = self.run_dir / "checkpoints"
@@ -303,7 +303,7 @@ class Trainer:
             return -2 if (self.run_dir / "metrics.jsonl").exists() else None
         dp = self.dp
         policy, critic = (self.policy, self.critic) if not dp.distributed else (
-            _ShardedModel(self.policy, dp), _ShardedModel(self.critic, dp))
+            distributed.ShardedModelState(self.policy, dp), distributed.ShardedModelState(self.critic, dp))
         ckpt = load_checkpoint(ckpt_root, policy=policy, critic=critic, optimizers=self._optimizers())
         self.state = dict(ckpt["data_state"])
         self.sync_engine()
@@ -343,15 +343,6 @@ class _Snapshot:
     def state_dict(self) -> dict:
         return self.state
 
-
-class _ShardedModel:
-    """`load_checkpoint`'s view of a sharded model: the main rank's whole state dict goes into every shard."""
-
-    def __init__(self, model: torch.nn.Module, dp: DataParallel) -> None:
-        self.model, self.dp = model, dp
-
-    def load_state_dict(self, state: dict) -> None:
-        distributed.load_full_state_dict(self.model, state, self.dp)
 
 
 def _solved(traj) -> bool:
@@ -406,7 +397,7 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, run_dir = parse_args(argv)
-    dp, _ = distributed.init_from_env(cfg.run.device)
+    dp = distributed.init_from_env(cfg.run.device)
     try:
         run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's
         if dp.is_main:
