@@ -11,6 +11,7 @@ and observation tokens included, because the trainer's forward runs over the who
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,19 @@ class PackedBatch:
     routing_TLK: torch.Tensor | None  # compact int [T, L_moe, K] recorded at rollout, or None
     traj_index_T: torch.Tensor      # int64 [T]: which trajectory each position belongs to
     reward_B: torch.Tensor          # float32 [B]: scalar reward of each trajectory
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The batch with every tensor on `device` (`pack` builds on the host; the trainer moves each minibatch to
+        the model's device when it is used). Tensors already there are kept as they are, not copied."""
+        return tensors_to(self, device)
+
+
+def tensors_to(obj, device: torch.device | str):
+    """A copy of dataclass `obj` with every tensor or PackedBatch field moved to `device`, the other fields as they
+    are. Generic over the fields, so that a field added later cannot be left behind on the host."""
+    moved = {f.name: getattr(obj, f.name).to(device) for f in dataclasses.fields(obj)
+             if isinstance(getattr(obj, f.name), (torch.Tensor, PackedBatch))}
+    return dataclasses.replace(obj, **moved)
 
 
 def pack(trajectories: Sequence, *, rewards: Sequence[float] | None = None,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.logprob import token_logprobs
-from t1core.batch import PackedBatch, pack, split_by_tokens, turn_positions
+from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to, turn_positions
 from t1core.config import AlgoSection, OptimSection
 from t1core.distributed import DataParallel, reshard_
 from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
@@ -40,6 +40,14 @@ class Scored:
     """Index, in the step's trajectory list, of each trajectory packed here (in packing order)."""
     pg_mask_T: torch.Tensor | None = None
     """Loss tokens that get a policy-gradient push (advantage 0 elsewhere); None = all of the loss mask."""
+
+    def to(self, device: torch.device | str) -> Scored:
+        return tensors_to(self, device)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    """Where `model` computes (under FSDP2 the device of its local shards)."""
+    return next(model.parameters()).device
 
 
 def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature: float, replay: bool,
@@ -81,13 +89,17 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
     """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step.
 
     `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group'). With several ranks each
-    minibatch is scored on one of them and every rank gets all results."""
+    minibatch is scored on one of them and every rank gets all results.
+
+    Each minibatch is scored on the policy's device and its Scored comes back on the host: a step's batches do
+    not all sit in device memory, ranks exchange host tensors, and `ppo_update` moves one minibatch at a time."""
     groups = split_by_tokens([t.num_tokens for t in trajectories], max_tokens=algo.minibatch_tokens)
+    device = _device(policy)
 
     def score_group(group: list[int]) -> tuple[Scored, dict[str, list[tuple[float, int]]]]:
         metrics = defaultdict(list)
         batch = pack([trajectories[i] for i in group], rewards=[rewards[i] for i in group],
-                     with_routing=algo.use_r3)
+                     with_routing=algo.use_r3).to(device)
         old_logp_T, _ = policy_logprobs(policy, batch, temperature=temperature, replay=algo.use_r3)
         values_T = critic_values(critic, batch, replay=algo.use_r3)
         rewards_T = place_terminal_rewards(batch.reward_B, batch.loss_mask_T, batch.cu_seqlens)
@@ -104,12 +116,12 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         if algo.mask_malformed_turns:
             malformed_T = turn_positions([trajectories[i] for i in group], batch.cu_seqlens,
                                          lambda turn: turn.tool_error is not None)
-            pg_mask_T = batch.loss_mask_T & ~malformed_T
+            pg_mask_T = batch.loss_mask_T & ~malformed_T.to(device)
             metrics["policy/malformed_token_frac"].append(
                 (float(malformed_T.sum()) / max(1, int(batch.loss_mask_T.sum())), batch.reward_B.numel()))
         for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
             metrics[k].append((v, batch.reward_B.numel()))
-        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, pg_mask_T), dict(metrics)
+        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, pg_mask_T).to("cpu"), dict(metrics)
 
     scored, metrics = [], defaultdict(list)
     for one, rows in dp.map(groups, score_group):
@@ -235,10 +247,12 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
     metrics: dict[str, list[float]] = defaultdict(list)
     actor_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = [p for p in critic.parameters() if p.requires_grad]
+    device = _device(policy)
     for _ in range(algo.ppo_epochs):
         order = torch.randperm(len(scored), generator=generator).tolist()
         for j, weight in dp.rounds(len(order)):
-            s, b = scored[order[j]], scored[order[j]].batch
+            s = scored[order[j]].to(device)
+            b = s.batch
             if update_actor:
                 logp_T, ent_T = policy_logprobs(policy, b, temperature=temperature, replay=algo.use_r3,
                                                 return_entropy=True)
@@ -293,8 +307,9 @@ def sft_update(trajectories: Sequence, *, policy: torch.nn.Module, opt: torch.op
     params = [p for p in policy.parameters() if p.requires_grad]
     minibatches = _sft_minibatches([t.num_tokens for t in trajectories], minibatch_tokens, generator)
     rounds = dp.rounds(len(minibatches))[:max_steps]
+    device = _device(policy)
     for i, weight in rounds:
-        batch = pack([trajectories[j] for j in minibatches[i]], with_routing=False)
+        batch = pack([trajectories[j] for j in minibatches[i]], with_routing=False).to(device)
         logp_T, _ = policy_logprobs(policy, batch, temperature=1.0, replay=False)
         loss, m = sft_loss(logp_T, batch.loss_mask_T)
         _step(loss, params, opt, sched, grad_clip, "sft", metrics, dp=dp, weight=weight)

@@ -226,3 +226,25 @@ def test_sft_decay_plans_its_steps_and_reaches_zero() -> None:
     m = sft_update(trajs, policy=policy, opt=opt, sched=None, grad_clip=1.0, minibatch_tokens=60, generator=gen,
                    max_steps=1)
     assert m["sft/steps"] == 1.0
+
+
+def test_scored_minibatches_move_to_a_device_whole_and_stay_put_when_already_there() -> None:
+    """The trainer packs on the host and moves each minibatch to the model's device: every tensor of a Scored, its
+    PackedBatch's included, must go (a field left on the host fails the first GPU forward); here "meta" stands
+    for the GPU this box lacks."""
+    g = torch.Generator().manual_seed(5)
+    trajs = [_trajectory(g, 20, 1.0), _trajectory(g, 17, 0.0)]
+    for t in trajs:
+        t.routing = torch.zeros(t.num_tokens, 2, 2, dtype=torch.uint8)
+    b = pack(trajs)
+    zeros_T = torch.zeros_like(b.rollout_logp_T)
+    s = Scored(b, zeros_T, zeros_T, zeros_T, zeros_T, zeros_T.clone(), [3, 4], b.loss_mask_T.clone())
+    moved = s.to("meta")
+    tensors = {f"batch.{k}": v for k, v in vars(moved.batch).items()}
+    tensors.update({k: v for k, v in vars(moved).items() if k != "batch"})
+    on_host = [k for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.device.type != "meta"]
+    assert not on_host, f"left on the host: {on_host}"
+    assert sum(isinstance(v, torch.Tensor) for v in tensors.values()) == 14  # 8 batch fields + 6 of Scored
+    assert moved.traj_ids == [3, 4] and s.batch.input_ids_T.device.type == "cpu"  # the original is untouched
+    same = s.to("cpu")
+    assert same.batch.input_ids_T is b.input_ids_T and same.old_logp_T is s.old_logp_T  # no copy on the host
