@@ -239,8 +239,8 @@ def _failed_episode(spec: EpisodeSpec, tok: ChatTokenizer, config: AgentConfig, 
 
 
 class _Pools:
-    """One SandboxPool per environment (image + limits), created on first use and closed as soon as the
-    last episode needing it is over (a pool refills after every acquire, so keeping it costs containers)."""
+    """One SandboxPool per environment (image + limits), created on first use, told how many episodes it will
+    serve (so it starts no spare), and closed as soon as the last of them is over."""
 
     def __init__(self, specs: list[EpisodeSpec], *, num_parallel: int, pool_size: int | None) -> None:
         self.keys = [(s.image, *sorted(sandbox_kwargs(s.task).items())) for s in specs]
@@ -255,8 +255,9 @@ class _Pools:
         key, spec = self.keys[index], self.specs[index]
         with self.lock:
             if key not in self.pools:
-                size = self.pool_size or min(self.num_parallel, self.remaining[key])
-                self.pools[key] = SandboxPool(spec.image, size=size, **sandbox_kwargs(spec.task))
+                need = self.remaining[key]  # episodes of this environment, none started yet
+                size = min(self.pool_size or self.num_parallel, need)
+                self.pools[key] = SandboxPool(spec.image, size=size, demand=need, **sandbox_kwargs(spec.task))
             return self.pools[key]
 
     def done(self, index: int) -> None:
@@ -280,8 +281,9 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
     """Run episodes concurrently (threads), each in its own sandbox from a per-environment `SandboxPool`,
     all sharing `engine`; returns trajectories in the order of `specs`.
 
-    A sandbox that cannot be acquired or dies mid-episode ends only that episode, with the reason in
-    `finish_reason`. `on_done(index, trajectory)` is called as each episode finishes (from its thread).
+    `pool_size`: sandboxes kept warm per environment (None: `num_parallel`), never more than the episodes of that
+    environment not yet started. A sandbox that cannot be acquired or dies mid-episode ends only that episode, with
+    the reason in `finish_reason`. `on_done(index, trajectory)` is called as each episode finishes (from its thread).
     """
     if num_parallel < 1:
         raise ValueError(f"num_parallel must be >= 1, got {num_parallel}")

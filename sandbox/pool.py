@@ -3,6 +3,11 @@
 Creating a sandbox costs ~0.4 s (container create + start + shell start); `acquire()` from a warm pool costs a
 queue pop plus a peek at the shell's stream (a dead container ends it). A released sandbox is destroyed, never handed
 to another episode: nothing an episode did can leak into the next.
+
+A pool told how many sandboxes will be asked of it (`demand`) never starts more than that: without the bound it
+refills after every acquire, and the last refills were started only to be removed when the pool closed. With one
+episode per environment (an evaluation, the SFT transcripts) that was two container lives per episode, and a
+container life costs the daemon and the kernel ~0.4 s of CPU.
 """
 
 from __future__ import annotations
@@ -20,16 +25,22 @@ from sandbox.images import TaskImage
 
 
 class SandboxPool:
-    """Keeps `size` idle sandboxes of `image` warm; `sandbox_kwargs` go to every `DockerSandbox`."""
+    """Keeps `size` idle sandboxes of `image` warm; `sandbox_kwargs` go to every `DockerSandbox`.
 
-    def __init__(self, image: str | TaskImage, *, size: int, max_parallel_starts: int = 4, retry_after_error_s: float = 2.0,
-                 **sandbox_kwargs: Any) -> None:
+    `demand`: how many `acquire()`s will come in all (None: no end). Then at most that many minus those already
+    handed out are kept warm or starting; a sandbox found dead at acquire does not count, so it is replaced."""
+
+    def __init__(self, image: str | TaskImage, *, size: int, demand: int | None = None, max_parallel_starts: int = 4,
+                 retry_after_error_s: float = 2.0, **sandbox_kwargs: Any) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
+        if demand is not None and demand < 0:
+            raise ValueError(f"demand must be >= 0 or None, got {demand}")
         if max_parallel_starts < 1:
             raise ValueError(f"max_parallel_starts must be >= 1, got {max_parallel_starts}")
         self.image = image
         self.size = size
+        self._demand = demand
         self._kwargs = sandbox_kwargs
         self._max_parallel = max_parallel_starts
         self._retry_s = retry_after_error_s
@@ -57,7 +68,8 @@ class SandboxPool:
     def _wants_more(self) -> bool:
         if self._error is not None and time.monotonic() - self._error_at < self._retry_s:
             return False  # back off: a bad image or a dead daemon would otherwise spin
-        return len(self._idle) + self._starting < self.size and self._starting < self._max_parallel
+        wanted = self.size if self._demand is None else min(self.size, self._demand)
+        return len(self._idle) + self._starting < wanted and self._starting < self._max_parallel
 
     def _start_one(self) -> None:
         try:
@@ -96,9 +108,15 @@ class SandboxPool:
                     raise error
                 sb = self._idle.popleft()
                 self._lent.add(sb)
+                if self._demand is not None:  # counted before the filler wakes: it must not start a spare
+                    self._demand = max(0, self._demand - 1)
                 self._cv.notify_all()  # the filler refills
             if sb.shell_stream_open():  # a peek, not a round trip: a loaded box makes round trips slow
                 return sb
+            with self._cv:
+                if self._demand is not None:
+                    self._demand += 1  # this one did not serve: a replacement is still owed
+                    self._cv.notify_all()
             self.release(sb)  # died while idle (reaped, killed from outside): take the next one
 
     def release(self, sb: DockerSandbox) -> None:

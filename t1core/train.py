@@ -94,7 +94,7 @@ class Trainer:
         self.sampled.clear()
         config = world.agent_config(self.cfg, temperature=temperature)
         trajs = run_episodes(self.sampled, self.tok, mine, config=config, num_parallel=self.cfg.rollout.concurrency,
-                             on_done=lambda i, t: bar.update())
+                             pool_size=self.cfg.sandbox.pool_size, on_done=lambda i, t: bar.update())
         bar.close()
         done = dp.gather_strided([(t, self.sampled.drift(t)) for t in trajs], len(specs))  # one collective for both
         return [t for t, _ in done], [d for _, d in done]
@@ -131,7 +131,7 @@ class Trainer:
                 made = reference_transcripts(
                     self.tasks.train, self.tasks.images, tok=self.tok,
                     config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
-                    num_parallel=self.cfg.rollout.concurrency)
+                    num_parallel=self.cfg.rollout.concurrency, pool_size=self.cfg.sandbox.pool_size)
                 save_trajectories(made[0], self.run_dir / "trajectories" / "sft")
             transcripts, metrics = dp.broadcast(made)
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, 1 << 20))

@@ -67,7 +67,7 @@ class ReferenceEngine:
 
 
 def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, tok: ChatTokenizer, config: AgentConfig,
-                          num_parallel: int) -> tuple[list[Trajectory], dict[str, float]]:
+                          num_parallel: int, pool_size: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
     """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
     transcripts that pass all their verifiers; without, those that ran to the done marker.
     Returns (transcripts, metrics)."""
@@ -80,7 +80,7 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
         engine = ReferenceEngine(tok, {keys[i]: scripts[i] for i in batch})
         longest.update({tasks[i].name: engine.longest_reply(keys[i]) for i in batch})
         for i, traj in zip(batch, run_episodes(engine, tok, [specs[i] for i in batch], config=config,
-                                               num_parallel=num_parallel)):
+                                               num_parallel=num_parallel, pool_size=pool_size)):
             trajs[i] = traj
     over_cap = _warn_replies_over_cap(longest, config.max_reply_tokens)
 

@@ -296,6 +296,34 @@ def test_pool_hands_out_fresh_sandboxes(image, api):
     assert not api.containers(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"})
 
 
+def test_pool_with_a_demand_starts_no_spare_and_replaces_a_dead_one(image, api):
+    """Told it will be asked for 2 sandboxes, a pool starts exactly 2 container lives, plus one for a sandbox
+    that died before it was handed out (before the bound, every acquire started a spare that the close removed)."""
+    run_id = f"{RUN_ID}-demand"
+    seen: set[str] = set()
+
+    def ours() -> list[str]:
+        ids = [x["Id"] for x in api.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})]
+        seen.update(ids)
+        return ids
+
+    with SandboxPool(image, size=2, demand=2, run_id=run_id) as pool:
+        deadline = time.monotonic() + 60
+        while pool.num_idle < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first, second = ours()
+        api.kill(first)  # dies while idle: acquire skips it and a replacement is owed
+        time.sleep(0.5)
+        a = pool.acquire(timeout=60)
+        b = pool.acquire(timeout=60)
+        assert {a.id, b.id} & {first} == set() and a.id != b.id
+        assert a.run("echo hi").output == "hi\n"
+        time.sleep(1.0)  # a spare would have been started by now
+        ours()
+        assert len(seen) == 3, f"{len(seen)} container lives for 2 sandboxes and one death"
+    assert not ours()
+
+
 def test_reap_removes_containers_of_a_killed_process(image, api):
     child = ("import sys, time\nfrom sandbox import DockerSandbox\n"
              f"boxes = [DockerSandbox({image!r}, run_id='{RUN_ID}') for _ in range(2)]\n"
