@@ -34,6 +34,7 @@ import requests.exceptions
 
 from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, ImageNotFound,
                             SandboxError, ShellUnresponsive)
+from sandbox import preload
 from sandbox.images import TaskImage
 from sandbox.tarball import RootOwned
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
@@ -171,6 +172,8 @@ class DockerSandbox:
         self._seq = 0
         self._oom_count = -1
         self.id = ""
+        self.preloaded_via = ""
+        """How the task's files got in: "upper_dir", "archive" (see sandbox.preload), "" without any."""
         self._create(cpus=cpus, pids=pids, network=network)
         _LIVE.add(self)
         try:
@@ -195,7 +198,7 @@ class DockerSandbox:
         try:
             if self._preload:
                 with docker_errors(f"placing the task's files into container {name}"):
-                    self._api.put_archive(self.id, "/", self._preload)
+                    self.preloaded_via = preload.place(self._api, self.id, self._preload)
             with docker_errors(f"starting container {name}"):
                 self._api.start(self.id)
         except BaseException:

@@ -11,7 +11,8 @@ A Dockerfile that is only `FROM` plus WORKDIR and plain `COPY` of build-context 
 that ships its input data; every seeded family instance) is not built either: `TaskImage.preload` holds those
 files as a tar that `DockerSandbox` places into the container before it starts, with COPY's semantics
 (root-owned, modes and mtimes kept, missing directories created 0755). A build costs ~0.2 s and one more image
-per instance; a preload costs one `put_archive` (~40 ms) per container. Directories the preload creates carry
+per instance; a preload costs ~1 ms per container written into its upper directory, or one `put_archive` (~75
+ms of daemon CPU) where that is not possible (`sandbox.preload`). Directories the preload creates carry
 the base image's creation time, so what the agent sees does not depend on when the container started. Anything
 a preload cannot reproduce exactly (RUN, ENV, flags, wildcards, a .dockerignore, more than PRELOAD_MAX_BYTES of
 files) is built.

@@ -494,6 +494,62 @@ def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_pa
     assert listings[0] == listings[1]
 
 
+# Everything a stat shows (times to the nanosecond, access time included), listed before anything reads the files.
+_STRICT_LISTING = "find /app /opt -printf '%p %y %m %u:%g %s %l %T@ %A@\\n' | sort"
+
+
+def test_preload_written_into_the_upper_dir_equals_the_daemons_archive(tmp_path: Path, overrides: dict[str, str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path (files written into the created container's overlay2 upper directory) and the daemon's
+    archive API leave the same tree: paths, kinds, modes, owners, sizes, link targets, mtimes and atimes."""
+    import sandbox.preload as preload
+
+    task = _copy_context(tmp_path, _COPY_ONLY)
+    image = build_task_image(task, base_image_overrides=overrides)
+    assert preload.direct_plan(image.preload) is not None
+    listings = {}
+    for via in ("upper_dir", "archive"):
+        if via == "archive":
+            monkeypatch.setattr(preload, "upper_dir", lambda api, container_id: None)
+        with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
+            assert sb.preloaded_via == via
+            r = sb.run(_STRICT_LISTING + "; " + _LISTING, timeout=30)
+            assert r.exit_code == 0, r.output
+            listings[via] = r.output
+    assert "/app/link l 777 root:root" in listings["archive"] and "/app/conf/deep/x.txt" in listings["archive"]
+    assert listings["upper_dir"] == listings["archive"]
+
+
+def _tar_of(*entries: tuple[str, str]) -> bytes:
+    """A tar of (name, kind) entries, kind one of dir, file, sym (to "x"), hard (to the first entry)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind in entries:
+            info = tarfile.TarInfo(name)
+            info.type = {"dir": tarfile.DIRTYPE, "file": tarfile.REGTYPE, "sym": tarfile.SYMTYPE,
+                         "hard": tarfile.LNKTYPE}[kind]
+            info.linkname = {"sym": "x", "hard": entries[0][0]}.get(kind, "")
+            tar.addfile(info, io.BytesIO(b"") if kind == "file" else None)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("entries,direct", [
+    ([("app", "dir"), ("app/a", "file"), ("app/l", "sym")], True),
+    ([("app", "dir"), ("app", "dir"), ("app/a", "file"), ("app/a", "file")], True),  # listed twice: last wins
+    ([("app/a", "file")], False),                                          # its parent is not in the tar
+    ([("app", "dir"), ("app/l", "sym"), ("app/l/a", "file")], False),      # through a symlink: followed on the host
+    ([("app", "file"), ("app", "dir")], False),                            # a file replaced by a directory
+    ([("app", "dir"), ("app", "file")], False),                            # a directory replaced by a file
+    ([("app", "dir"), ("app/../etc", "dir")], False),
+    ([("/etc", "dir")], False),
+    ([("app", "dir"), ("app/a", "file"), ("app/b", "hard")], False),
+])
+def test_only_tars_built_from_their_own_directories_skip_the_archive_api(entries: list, direct: bool) -> None:
+    import sandbox.preload as preload
+
+    assert (preload.direct_plan(_tar_of(*entries)) is not None) == direct
+
+
 def test_preloaded_sandboxes_look_the_same_whenever_they_start(tmp_path: Path, overrides: dict[str, str]) -> None:
     """Directories the preload creates (WORKDIR, COPY destinations) do not carry the container's start time."""
     copying = _copy_context(tmp_path, _COPY_ONLY)
