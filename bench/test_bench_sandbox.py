@@ -14,7 +14,7 @@ import time
 import pytest
 
 from sandbox import DaemonUnreachable, DockerSandbox, SandboxPool, ensure_base_image
-from sandbox.docker_sandbox import docker_client
+from sandbox.docker_sandbox import docker_client, owner_labels
 
 RUN_ID = f"bench-sandbox-{os.getpid()}"
 
@@ -120,6 +120,45 @@ def _box_cpu_s() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def _preload_costs(api, image: str, n: int = 20) -> list[tuple[str, float, float]]:
+    """Placing a task's files (a directory and three small files) into a created container, both ways
+    `sandbox.preload` knows; creation and removal are outside the timed part."""
+    import io
+    import tarfile
+
+    from sandbox import preload
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("app")
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(info)
+        for i in range(3):
+            data = f"line {i}\n".encode() * 50
+            info = tarfile.TarInfo(f"app/data_{i}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    blob = buf.getvalue()
+    rows = []
+    for name, place in (("preload: upper dir (sandbox.preload)", lambda cid: preload.place(api, cid, blob)),
+                        ("preload: put_archive", lambda cid: api.put_archive(cid, "/", blob))):
+        wall = cpu = 0.0
+        for _ in range(n):
+            cid = api.create_container(image, entrypoint=["sleep", "infinity"], command=[], working_dir="/app",
+                                       labels=owner_labels(RUN_ID), host_config=api.create_host_config(
+                                           network_mode="none"))["Id"]
+            try:
+                cpu0, t0 = _box_cpu_s(), time.perf_counter()
+                how = place(cid)
+                wall, cpu = wall + time.perf_counter() - t0, cpu + _box_cpu_s() - cpu0
+            finally:
+                api.remove_container(cid, force=True)
+            if name.startswith("preload: upper") and how != "upper_dir":
+                return rows + [(f"{name}: not possible here ({how})", float("nan"), float("nan"))]
+        rows.append((name, wall / n, cpu / n))
+    return rows
+
+
 def test_daemon_call_costs(benchmark, image):
     """Wall time and whole-box CPU of each daemon call a verification or an episode makes (the daemon, runc and
     the kernel work for them, not this process alone): what sandbox.verify avoids, and what every episode pays."""
@@ -169,6 +208,7 @@ def test_daemon_call_costs(benchmark, image):
                 call()
             rows.append((name, (time.perf_counter() - t0) / n, (_box_cpu_s() - cpu0) / n))
         benchmark.pedantic(api.inspect_container, args=(sb.id,), rounds=10, iterations=1)
+    rows += _preload_costs(api, image)
     print(f"\ndaemon call costs, one container, idle box (upper-dir walk available: {upper_available})")
     print(f"{'call':36} {'wall ms':>8} {'box CPU ms':>11}")
     for name, wall, cpu in rows:
