@@ -33,8 +33,8 @@ from torch import nn
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Ranks wait in a collective while rank 0 alone makes the SFT transcripts, or while the slowest rank finishes its
-# episodes: the default NCCL watchdog (10 min) would kill a run whose rollouts take longer.
+# Ranks wait in a collective while rank 0 alone builds the task images, or while the slowest rank finishes its
+# episodes or reference solutions: the default NCCL watchdog (10 min) would kill a run whose rollouts take longer.
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 

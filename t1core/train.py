@@ -125,15 +125,13 @@ class Trainer:
     def sft(self) -> dict[str, float]:
         """(a) SFT of the actor on reference-solution transcripts of the training tasks."""
         w, dp = self.cfg.warmstart, self.dp
-        with self.clock.phase("sft_transcripts"):
-            made = None
+        with self.clock.phase("sft_transcripts"):  # each rank runs its share of the reference solutions
+            transcripts, metrics = reference_transcripts(
+                self.tasks.train, self.tasks.images, tok=self.tok,
+                config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
+                num_parallel=self.cfg.rollout.concurrency, pool_size=self.cfg.sandbox.pool_size, dp=dp)
             if dp.is_main:
-                made = reference_transcripts(
-                    self.tasks.train, self.tasks.images, tok=self.tok,
-                    config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
-                    num_parallel=self.cfg.rollout.concurrency, pool_size=self.cfg.sandbox.pool_size)
-                save_trajectories(made[0], self.run_dir / "trajectories" / "sft")
-            transcripts, metrics = dp.broadcast(made)
+                save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, 1 << 20))
         planned = sft_num_steps([t.num_tokens for t in transcripts], epochs=w.sft_epochs,
                                 minibatch_tokens=w.sft_minibatch_tokens, generator=gen, dp=dp)

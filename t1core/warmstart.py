@@ -20,7 +20,10 @@ from rollout.trajectory import Trajectory
 from sandbox.images import TaskImage
 from sandbox.suite import reference_solution
 from sandbox.tasks import Task
+from t1core.distributed import DataParallel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
+
+_SINGLE = DataParallel.single()
 
 
 class ReferenceEngine:
@@ -67,22 +70,28 @@ class ReferenceEngine:
 
 
 def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, tok: ChatTokenizer, config: AgentConfig,
-                          num_parallel: int, pool_size: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+                          num_parallel: int, pool_size: int | None = None, dp: DataParallel = _SINGLE,
+                          ) -> tuple[list[Trajectory], dict[str, float]]:
     """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
     transcripts that pass all their verifiers; without, those that ran to the done marker.
-    Returns (transcripts, metrics)."""
+    Returns (transcripts, metrics), in task order. Under torchrun rank r runs tasks r, r + W, ... in its own
+    sandboxes and every rank gets all transcripts (the same as one process would make: the replies are scripted)."""
     keys = [tuple(tok.encode_prompt(config.system_prompt, task.instruction)) for task in tasks]
     scripts = [[format_tool_call(reference_solution(task)), DONE_MARKER] for task in tasks]
     specs = [EpisodeSpec(task=task, image=images[task.name], seed=i) for i, task in enumerate(tasks)]
     longest: dict[str, int] = {}
-    trajs: list[Trajectory | None] = [None] * len(tasks)
+    mine = list(range(dp.rank, len(tasks), dp.world_size))
+    is_mine = set(mine)
+    trajs: dict[int, Trajectory] = {}
     for batch in _distinct_prompt_batches(keys, scripts):
         engine = ReferenceEngine(tok, {keys[i]: scripts[i] for i in batch})
         longest.update({tasks[i].name: engine.longest_reply(keys[i]) for i in batch})
+        batch = [i for i in batch if i in is_mine]
         for i, traj in zip(batch, run_episodes(engine, tok, [specs[i] for i in batch], config=config,
                                                num_parallel=num_parallel, pool_size=pool_size)):
             trajs[i] = traj
-    over_cap = _warn_replies_over_cap(longest, config.max_reply_tokens)
+    every = dp.gather_strided([trajs[i] for i in mine], len(tasks))
+    over_cap = _warn_replies_over_cap(longest, config.max_reply_tokens, quiet=not dp.is_main)
 
     def usable(t: Trajectory) -> bool:
         if config.verify:
@@ -90,10 +99,10 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
         return t.finish_reason == "done"
 
     good, bad = [], []
-    for t in trajs:  # one pass: each transcript is judged once
+    for t in every:  # one pass: each transcript is judged once
         (good if usable(t) else bad).append(t)
-    if bad:  # dropped, not fatal: one flaky sandbox should not end a run, but nobody should miss it either
-        print(f"warm start: {len(bad)} of {len(trajs)} reference transcripts dropped: "
+    if bad and dp.is_main:  # dropped, not fatal: one flaky sandbox should not end a run, but nobody should miss it
+        print(f"warm start: {len(bad)} of {len(every)} reference transcripts dropped: "
               + "; ".join(f"{t.task_name} ({t.finish_reason}, verifier {t.verifier})" for t in bad[:10]),
               file=sys.stderr, flush=True)
     metrics = {"sft/transcripts": float(len(good)), "sft/reference_failures": float(len(bad)),
@@ -120,12 +129,12 @@ def _distinct_prompt_batches(keys: list[tuple[int, ...]], scripts: list[list[str
     return [members for members, _ in batches]
 
 
-def _warn_replies_over_cap(longest: dict[str, int], cap: int) -> int:
+def _warn_replies_over_cap(longest: dict[str, int], cap: int, *, quiet: bool = False) -> int:
     """SFT teaches replies the sampler then cuts at `cap` tokens: every such reply is malformed at rollout (an
     unclosed tool call), so its task cannot be solved. Until 2026-11-30 the tiny default capped replies at 48
     tokens, and two families whose reference replies are 57-65 tokens long scored 0 for that reason alone."""
     over = {name: n for name, n in longest.items() if n > cap}
-    if over:
+    if over and not quiet:
         worst = sorted(over.items(), key=lambda kv: -kv[1])[:5]
         print(f"warm start: {len(over)} of {len(longest)} reference transcripts have a reply longer than "
               f"rollout.max_new_tokens_per_turn ({cap}); the policy cannot sample them whole: "

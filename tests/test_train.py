@@ -285,3 +285,30 @@ def test_data_parallel_rollouts_equal_a_single_process(tmp_path: Path, task_dir:
             assert torch.equal(x.token_ids, y.token_ids) and torch.equal(x.loss_mask, y.loss_mask)
             assert torch.equal(x.rollout_logprobs, y.rollout_logprobs) and torch.equal(x.routing, y.routing)
             assert x.reward == y.reward
+
+
+@needs_docker
+def test_data_parallel_sft_transcripts_equal_a_single_process(tmp_path: Path) -> None:
+    """Each rank runs every other task's reference solution (3 tasks: 2 on rank 0, 1 on rank 1); the gathered
+    transcripts equal one process's, in task order, token for token."""
+    from rollout.trajectory import load_trajectories
+    from sandbox.families import SHORT_FAMILIES
+    from sandbox.suite import family_tasks
+
+    tasks = tmp_path / "tasks"
+    family_tasks(tasks, split="train", num_per_family=3, seed=0, families=list(SHORT_FAMILIES)[:1])
+    common = [f"--tasks.source={tasks}", *TINY, "--warmstart.sft_enabled=true", "--warmstart.sft_epochs=1",
+              "--rollout.max_new_tokens_per_turn=384", "--rollout.max_tokens=2048", "--algo.minibatch_tokens=2048",
+              "--run.steps=1",
+              "--run.checkpoint_every=0"]
+    single, ranks = tmp_path / "single", tmp_path / "ranks"
+    assert train.main(["--out", str(single), *common]) == 0
+    _torchrun(["--out", str(ranks), *common])
+    a, b = (load_trajectories(d / "trajectories" / "sft") for d in (single, ranks))
+    assert len(a) == len(b) == 3
+    for x, y in zip(a, b):
+        assert x.task_name == y.task_name and x.finish_reason == y.finish_reason == "done"
+        assert torch.equal(x.token_ids, y.token_ids) and torch.equal(x.loss_mask, y.loss_mask)
+    rows = [json.loads((d / "metrics.jsonl").read_text().splitlines()[0]) for d in (single, ranks)]
+    assert rows[0]["sft/transcripts"] == rows[1]["sft/transcripts"] == 3.0
+
