@@ -73,7 +73,12 @@ class SandboxPool:
 
     def _start_one(self) -> None:
         try:
-            sb = DockerSandbox(self.image, **self._kwargs)
+            try:
+                sb = DockerSandbox(self.image, **self._kwargs)
+            except SandboxError:
+                raise
+            except Exception as e:  # anything else too: left in the starter's future, acquire() would wait forever
+                raise SandboxError(f"starting a sandbox of {self.image!r} failed: {type(e).__name__}: {e}") from e
         except SandboxError as e:
             with self._cv:
                 self._starting -= 1

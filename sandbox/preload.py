@@ -23,6 +23,8 @@ import posixpath
 import tarfile
 import docker
 
+from sandbox.errors import SandboxError
+
 
 @functools.lru_cache(maxsize=64)
 def direct_plan(blob: bytes) -> tuple[tarfile.TarInfo, ...] | None:
@@ -83,7 +85,11 @@ def place(api: docker.APIClient, container_id: str, blob: bytes) -> str:
     if members is None or upper is None or not _only_directories(upper):
         api.put_archive(container_id, "/", blob)
         return "archive"
-    _extract(blob, members, upper)
+    try:
+        _extract(blob, members, upper)
+    except OSError as e:  # a full disk, a daemon that removed the container meanwhile: say where
+        raise SandboxError(f"writing the task's files into the upper directory {upper} of container "
+                           f"{container_id[:12]} failed: {e}") from e
     return "upper_dir"
 
 

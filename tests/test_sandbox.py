@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import (CommandTooLong, ContainerDied, DaemonUnreachable, DockerSandbox, FileTooLarge, ImageNotFound,
-                     SandboxPool, ensure_base_image, reap)
+                     SandboxError, SandboxPool, ensure_base_image, reap)
 from sandbox.docker_sandbox import LABEL_RUN, docker_client
 from sandbox.shell import OutputCap, encode_command
 
@@ -322,6 +322,14 @@ def test_pool_with_a_demand_starts_no_spare_and_replaces_a_dead_one(image, api):
         ours()
         assert len(seen) == 3, f"{len(seen)} container lives for 2 sandboxes and one death"
     assert not ours()
+
+
+def test_pool_start_failing_with_any_exception_raises_at_acquire_instead_of_hanging():
+    """An exception other than SandboxError in a start (here a bad keyword, a TypeError) used to stay in the
+    starter thread's future: the pool counted the start as still running and acquire() waited forever."""
+    with SandboxPool("t1-no-such-image:nope", size=1, not_an_option=1) as pool:
+        with pytest.raises(SandboxError, match="TypeError.*not_an_option"):
+            pool.acquire(timeout=30)
 
 
 def test_reap_removes_containers_of_a_killed_process(image, api):
