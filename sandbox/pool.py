@@ -73,16 +73,13 @@ class SandboxPool:
 
     def _start_one(self) -> None:
         try:
-            try:
-                sb = DockerSandbox(self.image, **self._kwargs)
-            except SandboxError:
-                raise
-            except Exception as e:  # anything else too: left in the starter's future, acquire() would wait forever
-                raise SandboxError(f"starting a sandbox of {self.image!r} failed: {type(e).__name__}: {e}") from e
-        except SandboxError as e:
+            sb = DockerSandbox(self.image, **self._kwargs)
+        except Exception as e:  # any kind: left in the starter's future, it would keep acquire() waiting forever
+            error = e if isinstance(e, SandboxError) else SandboxError(
+                f"starting a sandbox of {self.image!r} failed: {type(e).__name__}: {e}")
             with self._cv:
                 self._starting -= 1
-                self._error, self._error_at = e, time.monotonic()
+                self._error, self._error_at = error, time.monotonic()
                 self._cv.notify_all()
             return
         with self._cv:

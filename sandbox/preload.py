@@ -8,7 +8,7 @@ instead, before the container is started and the overlay is mounted; it takes ~1
 
 That is only the same as `put_archive` for tars whose every path is built from directories of the tar itself:
 a parent that is a symlink (in the tar or in the image) would be followed on this host, not in the container.
-`direct_plan` checks that once per tar, and `place` that the upper directory holds only directories (the daemon
+`direct_plan` checks that of the tar, and `place` that the upper directory holds only directories (the daemon
 makes the working directory there); any other tar or container (and a remote daemon, user-namespace remapping,
 rootless Docker) goes through the archive API.
 """
@@ -16,17 +16,16 @@ rootless Docker) goes through the archive API.
 from __future__ import annotations
 
 import decimal
-import functools
 import io
 import os
 import posixpath
 import tarfile
+
 import docker
 
 from sandbox.errors import SandboxError
 
 
-@functools.lru_cache(maxsize=64)
 def direct_plan(blob: bytes) -> tuple[tarfile.TarInfo, ...] | None:
     """The tar's members when writing them into an empty directory reproduces what `put_archive` extracts at /,
     else None: every name relative and normal, only files, directories and symlinks, every parent of every

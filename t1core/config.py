@@ -129,7 +129,8 @@ class SandboxSection:
     pids: int = _field(128, "process limit per sandbox container")
     command_timeout_s: float = _field(10.0, "wall-clock limit of one agent command; it is killed after that")
     output_cap_bytes: int = _field(4096, "bytes of a command's output kept and shown to the agent (tail cut)")
-    pool_size: int = _field(4, "sandboxes kept started ahead of need, per environment (image and limits), never more than the episodes it still has to serve")
+    pool_size: int = _field(4, "sandboxes kept started ahead of need, per environment (image and limits); never "
+                                  "more than the episodes it still has to serve")
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -23,8 +23,6 @@ from sandbox.tasks import Task
 from t1core.distributed import DataParallel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
 
-_SINGLE = DataParallel.single()
-
 
 class ReferenceEngine:
     """An `Engine` whose reply n to an episode of task X is script[X][n] (teacher forcing for SFT).
@@ -70,7 +68,8 @@ class ReferenceEngine:
 
 
 def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, tok: ChatTokenizer, config: AgentConfig,
-                          num_parallel: int, pool_size: int | None = None, dp: DataParallel = _SINGLE,
+                          num_parallel: int, pool_size: int | None = None,
+                          dp: DataParallel = DataParallel.single(),
                           ) -> tuple[list[Trajectory], dict[str, float]]:
     """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
     transcripts that pass all their verifiers; without, those that ran to the done marker.
