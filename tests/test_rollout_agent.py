@@ -141,14 +141,25 @@ def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], imag
         assert cut.finish_reason == "token_budget" and len(cut.turns) == 2 and cut.num_tokens <= budget
 
 
-def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task],
-                                            images: dict[str, TaskImage]) -> None:
+def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     engine = ScriptedEngine(tok, tasks, solve_then_done)
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=i) for i, t in enumerate(tasks)]
     assert len(specs) == 8
+    created: list[str] = []
+    create = docker.APIClient.create_container
+
+    def counting(self, *args, **kwargs):
+        out = create(self, *args, **kwargs)
+        created.append(out["Id"])
+        return out
+
+    monkeypatch.setattr(docker.APIClient, "create_container", counting)
     t0 = time.monotonic()
     trajs = run_episodes(engine, tok, specs, config=AgentConfig(max_turns=4), num_parallel=8)
     wall = time.monotonic() - t0
+    # One container life per episode: the pools start no spare (each acquire used to start one, removed unused).
+    assert len(created) == len(specs), f"{len(created)} containers for {len(specs)} episodes"
     assert [t.task_name for t in trajs] == [t.name for t in tasks]
     for traj in trajs:
         assert traj.finish_reason == "done" and traj.reward == traj.verifier["total"] >= 3, traj.finish_reason
