@@ -21,6 +21,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from bench import box_cpu_s
 from rollout.agent import AgentConfig
 from sandbox.docker_sandbox import docker_client
 from sandbox.errors import DaemonUnreachable
@@ -31,12 +32,6 @@ from t1core.tokenizer import ChatTokenizer
 from t1core.warmstart import reference_transcripts
 
 NUM_PER_FAMILY, PARALLEL = 4, 8
-
-
-def _box_cpu_s() -> float:
-    with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def test_reference_transcripts_cost_per_episode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,10 +53,10 @@ def test_reference_transcripts_cost_per_episode(tmp_path: Path, monkeypatch: pyt
 
         monkeypatch.setattr(docker.APIClient, method, counting)
     config = dataclasses.replace(AgentConfig(max_turns=2, max_tokens=4096, max_reply_tokens=512), verify=False)
-    cpu0, t0 = _box_cpu_s(), time.perf_counter()
+    cpu0, t0 = box_cpu_s(), time.perf_counter()
     made, metrics = reference_transcripts(tasks, images, tok=ChatTokenizer.builtin(), config=config,
                                           num_parallel=PARALLEL)
-    wall, cpu = time.perf_counter() - t0, _box_cpu_s() - cpu0
+    wall, cpu = time.perf_counter() - t0, box_cpu_s() - cpu0
     assert metrics["sft/reference_failures"] == 0 and len(made) == len(tasks)
     n = len(tasks)
     print(f"\n{n} reference transcripts, {PARALLEL} parallel: {wall:.1f} s wall, {cpu:.1f} s box CPU "

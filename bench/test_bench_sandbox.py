@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from bench import box_cpu_s
 from sandbox import DaemonUnreachable, DockerSandbox, SandboxPool, ensure_base_image
 from sandbox.docker_sandbox import docker_client, owner_labels
 
@@ -113,13 +114,6 @@ def test_aggregate_commands_per_second(benchmark, image, num_sandboxes):
           f"(min per sandbox {min(counts)}, max {max(counts)} in {elapsed:.1f} s)  [target: >= 400/s]")
 
 
-def _box_cpu_s() -> float:
-    """CPU seconds the whole box has spent busy (user + nice + system + irq + softirq), from /proc/stat."""
-    with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
 def _preload_costs(api, image: str, n: int = 20) -> list[tuple[str, float, float]]:
     """Placing a task's files (a directory and three small files) into a created container, both ways
     `sandbox.preload` knows; creation and removal are outside the timed part."""
@@ -148,9 +142,9 @@ def _preload_costs(api, image: str, n: int = 20) -> list[tuple[str, float, float
                                        labels=owner_labels(RUN_ID), host_config=api.create_host_config(
                                            network_mode="none"))["Id"]
             try:
-                cpu0, t0 = _box_cpu_s(), time.perf_counter()
+                cpu0, t0 = box_cpu_s(), time.perf_counter()
                 how = place(cid)
-                wall, cpu = wall + time.perf_counter() - t0, cpu + _box_cpu_s() - cpu0
+                wall, cpu = wall + time.perf_counter() - t0, cpu + box_cpu_s() - cpu0
             finally:
                 api.remove_container(cid, force=True)
             if name.startswith("preload: upper") and how != "upper_dir":
@@ -203,10 +197,10 @@ def test_daemon_call_costs(benchmark, image):
         for name, call in calls.items():
             n = 10 if name.startswith("container") else 30
             call()
-            cpu0, t0 = _box_cpu_s(), time.perf_counter()
+            cpu0, t0 = box_cpu_s(), time.perf_counter()
             for _ in range(n):
                 call()
-            rows.append((name, (time.perf_counter() - t0) / n, (_box_cpu_s() - cpu0) / n))
+            rows.append((name, (time.perf_counter() - t0) / n, (box_cpu_s() - cpu0) / n))
         benchmark.pedantic(api.inspect_container, args=(sb.id,), rounds=10, iterations=1)
     rows += _preload_costs(api, image)
     print(f"\ndaemon call costs, one container, idle box (upper-dir walk available: {upper_available})")

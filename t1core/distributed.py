@@ -5,14 +5,14 @@
 Every rank runs the same training loop. Rollouts are split across the ranks: each has its own engine (a whole copy
 of the policy, refreshed after every update) and its own sandboxes, runs every W-th episode, and the trajectories
 are gathered on every rank. With the batch-invariant engine an episode's tokens do not depend on which rank ran it,
-so the trajectories equal a single process's. The main rank (0) writes every file of the run and builds the
-images; the SFT transcripts (reference solutions) are made there and broadcast. The updates are data-parallel:
+so the trajectories equal a single process's. The main rank (0) writes every file of the run and builds the images;
+the SFT transcripts (reference solutions) are split and gathered like the episodes. The updates are data-parallel:
 an optimizer step takes one minibatch per rank (`DataParallel.rounds`), and FSDP2 (`fully_shard`: parameters,
 gradients and optimizer state split across ranks, each decoder layer all-gathered around its use) averages the
 gradients. Equivalence: one step over W minibatches equals one single-process step on the mean of their losses
-(tests/test_distributed.py compares the two). A round with fewer minibatches than ranks gives its idle ranks one
-of the round's minibatches at loss weight 0 (FSDP's collectives need every rank in every forward and backward)
-and scales the others by W / (minibatches in the round), so that the average stays the mean of the real ones.
+(tests/test_distributed.py compares the two). A round with fewer minibatches than ranks gives its idle ranks one of
+the round's minibatches at loss weight 0 (FSDP's collectives need every rank in every forward and backward) and
+scales the others by W / (minibatches in the round), so that the average stays the mean of the real ones.
 
 Without torchrun (WORLD_SIZE unset or 1) `DataParallel.single()` stands in: no process group, no sharding, and
 every helper is the identity, so a single-process run computes exactly what it did before this module existed.
@@ -51,7 +51,7 @@ class DataParallel:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0: files, logging, images, SFT transcripts."""
+        """Rank 0: files, logging, images."""
         return self.rank == 0
 
     @property

@@ -342,7 +342,6 @@ class _Snapshot:
         return self.state
 
 
-
 def _solved(traj) -> bool:
     """Every verifier passed: the verifier's own `outcome` (VerifierResult.outcome, as rollout.collect and
     rollout.score count it); an episode that was never verified is not solved."""
