@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from kernels.logprob import token_logprobs
 from t1core.model import ModelConfig, MoEModel
 
-NUM_SEQS, SEQ_LEN, ROUNDS = 4, 512, 5
+NUM_SEQS, SEQ_LEN, ROUNDS = 4, 512, 15
 
 
 def _git_sha() -> str:
@@ -92,12 +92,15 @@ def test_bench_train_step_vs_transformers(models, comparison: str, benchmark, ca
     fns = _step_fns(ours, hf, ids_BS)[comparison]
     loss_ours, loss_hf = fns["ours"]().item(), fns["transformers"]().item()
     assert abs(loss_ours - loss_hf) <= 1e-4 * max(1.0, abs(loss_hf))
-    # Interleaved rounds so both see the same background load; medians.
+    # Paired rounds: each round times both models back to back (the order alternates), so both see the same
+    # background load, and the ratio is taken per round. This box's speed drifts by 20-50% over seconds; the
+    # median of per-round ratios moves far less than a ratio of two medians taken over the whole loop.
     # Process CPU time is printed beside wall time: on a shared, oversubscribed box it is the steadier figure.
     wall: dict[str, list[float]] = {"ours": [], "transformers": []}
     cpu: dict[str, list[float]] = {"ours": [], "transformers": []}
-    for _ in range(ROUNDS):
-        for name, model in (("ours", ours), ("transformers", hf)):
+    for r in range(ROUNDS):
+        order = (("ours", ours), ("transformers", hf))
+        for name, model in order if r % 2 == 0 else order[::-1]:
             model.zero_grad(set_to_none=True)
             t0, c0 = time.perf_counter(), time.process_time()
             fns[name]()
@@ -107,11 +110,14 @@ def test_bench_train_step_vs_transformers(models, comparison: str, benchmark, ca
     tok = NUM_SEQS * SEQ_LEN
     for label, times in (("wall", wall), ("cpu-time", cpu)):
         med = {k: statistics.median(v) for k, v in times.items()}
+        ratios = sorted(h / o for o, h in zip(times["ours"], times["transformers"]))
+        q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
         with capsys.disabled():
             print(f"\ntiny Qwen3-MoE fwd+bwd, {comparison}, {label} | {NUM_SEQS}x{SEQ_LEN} tokens fp32 cpu "
                   f"threads={torch.get_num_threads()} load={os.getloadavg()[0]:.1f} | ours {tok / med['ours']:,.0f} "
-                  f"tok/s | transformers {tok / med['transformers']:,.0f} tok/s | ratio "
-                  f"x{med['transformers'] / med['ours']:.2f} | torch={torch.__version__} | {_git_sha()}")
+                  f"tok/s | transformers {tok / med['transformers']:,.0f} tok/s | ratio per round: median "
+                  f"x{statistics.median(ratios):.2f} (quartiles x{q1:.2f}-x{q3:.2f}, {ROUNDS} rounds) | "
+                  f"torch={torch.__version__} | {_git_sha()}")
 
 
 def test_bench_decode_batch8(models, capsys) -> None:

@@ -215,6 +215,13 @@ class AlgoSection:
     skip_flat_steps: bool = _field(
         True, "no actor update in a step whose episodes all got the same reward: its advantages hold nothing but "
         "the critic's error (the critic still trains on it)")
+    skip_flat_groups: bool = _field(
+        True, "no policy-gradient push from the episodes of a task instance whose group (>= 2 episodes) all got "
+        "the same reward (half of the tiny default's groups): with the group as baseline their advantages are the "
+        "critic's error alone, and with negative_adv_scale < 1 the positive half of that error is kept, a push up "
+        "on whatever was sampled. The critic still trains on them, the KL term still applies, and a step with no "
+        "other group takes no actor step. Tiny default, same warm starts and seeds, in-run + independent held-out "
+        "(280 instances): +5, +6 (at 2x lr_actor) and -2 solved against false (README)")
     ppo_epochs: int = _field(1, "passes over each step's batch")
     minibatch_tokens: int = _field(2048, "tokens per optimizer step (whole trajectories are packed)")
 

@@ -39,7 +39,7 @@ from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
-from t1core.update import ppo_update, score, sft_num_steps, sft_update
+from t1core.update import flat_groups, ppo_update, score, sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
 
 WARMSTART_DIR = "warmstart"
@@ -195,10 +195,15 @@ class Trainer:
         metrics["train/flat_step"] = float(flat)
         if cfg.optim.actor_lr_decay:
             world.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
+        no_push = None
+        if cfg.algo.skip_flat_groups and k >= 2:
+            no_push = flat_groups(batch["rewards"], batch["groups"])
+            metrics["train/flat_group_episode_frac"] = sum(no_push) / len(no_push)
+            update_actor = update_actor and not all(no_push)  # nothing left to push: as a flat step
         with self.clock.phase("update"):
             scored, fidelity = score(batch["trajs"], batch["rewards"], policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
-                                     group_ids=batch["groups"], dp=self.dp)
+                                     group_ids=batch["groups"], no_push=no_push, dp=self.dp)
             upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
                              opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
                              algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,

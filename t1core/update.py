@@ -84,12 +84,13 @@ _SINGLE = DataParallel.single()
 @torch.no_grad()
 def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.Module, critic: torch.nn.Module,
           ref_policy: torch.nn.Module | None, algo: AlgoSection, temperature: float,
-          group_ids: Sequence[int] | None = None, dp: DataParallel = _SINGLE,
-          ) -> tuple[list[Scored], dict[str, float]]:
+          group_ids: Sequence[int] | None = None, no_push: Sequence[bool] | None = None,
+          dp: DataParallel = _SINGLE) -> tuple[list[Scored], dict[str, float]]:
     """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step.
 
-    `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group'). With several ranks each
-    minibatch is scored on one of them and every rank gets all results.
+    `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group'). `no_push[i]`: trajectory
+    i gets advantage 0 on every token after normalisation (`flat_groups`); its values still train the critic.
+    With several ranks each minibatch is scored on one of them and every rank gets all results.
 
     Each minibatch is scored on the policy's device and its Scored comes back on the host: a step's batches do
     not all sit in device memory, ranks exchange host tensors, and `ppo_update` moves one minibatch at a time."""
@@ -130,10 +131,25 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
             metrics[k].extend(v)
     reshard_([policy, critic, ref_policy], dp)
     _normalise_advantages(scored, algo.advantage_norm, group_ids)
+    if no_push is not None and any(no_push):
+        for s in scored:
+            keep_B = torch.tensor([not no_push[i] for i in s.traj_ids])
+            s.advantages_T = torch.where(keep_B[s.batch.traj_index_T], s.advantages_T, 0.0)
     if algo.negative_adv_scale != 1.0:
         for s in scored:
             s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * algo.negative_adv_scale, s.advantages_T)
     return scored, {k: sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
+
+
+def flat_groups(rewards: Sequence[float], group_ids: Sequence[int]) -> list[bool]:
+    """Per trajectory: whether its group (the episodes of one task instance) has >= 2 episodes that all got the
+    same reward. Such a group says nothing about which of its actions were better; with the group as baseline
+    its advantages are the critic's per-token error alone."""
+    by_group: dict[int, list[float]] = defaultdict(list)
+    for g, r in zip(group_ids, rewards, strict=True):
+        by_group[g].append(r)
+    flat = {g: len(rs) >= 2 and max(rs) == min(rs) for g, rs in by_group.items()}
+    return [flat[g] for g in group_ids]
 
 
 def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T: torch.Tensor, *,

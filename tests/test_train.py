@@ -40,7 +40,8 @@ TINY = ["--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.co
         "--run.checkpoint_every=2",
         "--optim.lr_actor=1e-3",
         "--algo.kl_coef=0.1",  # KL on: resume must reload the anchor policy too
-        "--algo.skip_flat_steps=false"]  # two episodes often score alike; the test needs actor updates
+        "--algo.skip_flat_steps=false",  # two episodes often score alike; the test needs actor updates
+        "--algo.skip_flat_groups=false"]  # the same for the one group of two
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,27 @@ def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Pa
     a, b = _state(straight), _state(crashed)
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"resumed run differs in {differing[:5]}"
+
+
+@needs_docker
+def test_a_step_of_flat_groups_leaves_the_actor_alone(tmp_path: Path, task_dir: Path, monkeypatch) -> None:
+    """Rewards forced to [1, 1, 2, 2]: two instances, each sampled twice, each group scoring alike. The step is not
+    flat (1 != 2), but no group says which of its actions were better: with algo.skip_flat_groups the actor
+    takes no step (the critic still does); without it, it moves on the critic's error."""
+    monkeypatch.setattr(train.Trainer, "rewards", lambda self, trajs: [1.0, 1.0, 2.0, 2.0][:len(trajs)])
+    common = [f"--tasks.source={task_dir}", *TINY, "--rollout.episodes_per_step=4", "--run.steps=2",
+              "--run.checkpoint_every=0"]
+    moved = {}
+    for skip in (True, False):
+        out = tmp_path / f"skip_{skip}"
+        assert train.main(["--out", str(out), *common, f"--algo.skip_flat_groups={str(skip).lower()}"]) == 0
+        rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+        assert rows[1]["train/flat_step"] == 0.0
+        assert rows[1]["train/actor_updated"] == (0.0 if skip else 1.0)
+        assert rows[1].get("train/flat_group_episode_frac") == (1.0 if skip else None)
+        moved[skip] = ((out / "final" / "model.safetensors").read_bytes()
+                       != (out / "warmstart" / "model.safetensors").read_bytes())
+    assert moved == {True: False, False: True}
 
 
 def test_actor_lr_decay_follows_the_rl_step() -> None:

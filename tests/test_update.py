@@ -12,7 +12,8 @@ from t1core.config import AlgoSection, load_config
 from t1core.losses import gae, place_terminal_rewards
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from kernels.logprob import token_logprobs
-from t1core.update import Scored, _normalise_advantages, policy_logprobs, score, sft_num_steps, sft_update
+from t1core.update import (Scored, _normalise_advantages, flat_groups, policy_logprobs, score, sft_num_steps,
+                           sft_update)
 from t1core.world import make_optimizer
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
@@ -159,6 +160,34 @@ def test_group_normalisation_subtracts_each_instance_mean_across_minibatches() -
     with pytest.raises(ValueError, match="group id"):
         score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
               algo=AlgoSection(use_r3=False, advantage_norm="group"), temperature=1.0)
+
+
+def test_flat_groups_get_no_push_and_the_others_keep_their_advantages() -> None:
+    # Instance 0 scored 2, 2 (flat), instance 1 scored 3, 0, instance 2 has one episode (not flat: no group to
+    # tell). With the group baseline, the flat group's advantages are the critic's error alone: non-zero here.
+    rewards, group_ids = [2.0, 3.0, 2.0, 0.0, 1.0], [0, 1, 0, 1, 2]
+    assert flat_groups(rewards, group_ids) == [True, False, True, False, False]
+    assert flat_groups([1.0, 1.0], [0, 1]) == [False, False]  # lone episodes (group_size 1) are never flat
+    with pytest.raises(ValueError):
+        flat_groups([1.0], [0, 1])
+    g = torch.Generator().manual_seed(11)
+    trajs = [_trajectory(g, n, r) for n, r in zip((30, 24, 27, 22, 26), rewards)]
+    policy = MoEModel(SMALL, seed=0)
+    critic = ValueModel.from_policy(policy)
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)  # values vary along each episode
+    out = {}
+    for no_push in (None, flat_groups(rewards, group_ids)):
+        algo = AlgoSection(use_r3=False, advantage_norm="group", negative_adv_scale=0.0)
+        (s,), _ = score(trajs, rewards, policy=policy, critic=critic, ref_policy=None, algo=algo, temperature=1.0,
+                        group_ids=group_ids, no_push=no_push)
+        out[no_push is None] = s
+    plain, skipped = out[True], out[False]
+    traj_T = plain.batch.traj_index_T
+    flat_T = (traj_T == 0) | (traj_T == 2)
+    assert bool((plain.advantages_T[flat_T] > 0).any())  # the critic's error, half of it kept by the x0 scale
+    assert bool((skipped.advantages_T[flat_T] == 0).all())
+    assert torch.equal(skipped.advantages_T[~flat_T], plain.advantages_T[~flat_T])
+    assert torch.equal(skipped.returns_T, plain.returns_T)  # the critic's targets are untouched
 
 
 def test_turn_positions_are_the_loss_positions_of_the_selected_turns() -> None:
