@@ -182,8 +182,8 @@ def test_flat_groups_get_no_push_and_the_others_keep_their_advantages() -> None:
                         group_ids=group_ids, no_push=no_push)
         out[no_push is None] = s
     plain, skipped = out[True], out[False]
-    traj_T = plain.batch.traj_index_T
-    flat_T = (traj_T == 0) | (traj_T == 2)
+    # traj_index_T counts in packing order; traj_ids maps it back to the step's order.
+    flat_T = torch.tensor(flat_groups(rewards, group_ids))[torch.tensor(plain.traj_ids)][plain.batch.traj_index_T]
     assert bool((plain.advantages_T[flat_T] > 0).any())  # the critic's error, half of it kept by the x0 scale
     assert bool((skipped.advantages_T[flat_T] == 0).all())
     assert torch.equal(skipped.advantages_T[~flat_T], plain.advantages_T[~flat_T])
