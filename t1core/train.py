@@ -34,6 +34,7 @@ from sandbox.reap import reap
 from t1core import distributed, world
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
+from t1core.curriculum import draw_instances, family_keys, observe_groups
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
@@ -184,10 +185,14 @@ class Trainer:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, step))
         n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
-        instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()
+        keys_I = family_keys([t.name for t in self.tasks.rl])
+        stats = self.state.setdefault("instance_stats", {})
+        instances = draw_instances(keys_I, stats, n // k, mode=cfg.tasks.rl_sampling, generator=gen)
         with self.clock.phase("collect"):
             batch = self._collect_step(step, instances)
         metrics = batch["metrics"]
+        self.state["instance_stats"] = observe_groups(stats, [keys_I[i] for i in instances], batch["rewards"],
+                                                      batch["groups"], decay=cfg.tasks.rl_sampling_decay)
         if not batch["trajs"]:
             return {**metrics, "skipped/no_sampled_tokens": 1.0}
         flat = cfg.algo.skip_flat_steps and max(batch["rewards"]) == min(batch["rewards"])

@@ -141,14 +141,19 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
     return scored, {k: sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
 
 
+def rewards_by_group(rewards: Sequence[float], group_ids: Sequence[int]) -> dict[int, list[float]]:
+    """Group id -> its episodes' rewards, in episode order."""
+    by_group: dict[int, list[float]] = defaultdict(list)
+    for g, r in zip(group_ids, rewards, strict=True):
+        by_group[g].append(r)
+    return by_group
+
+
 def flat_groups(rewards: Sequence[float], group_ids: Sequence[int]) -> list[bool]:
     """Per trajectory: whether its group (the episodes of one task instance) has >= 2 episodes that all got the
     same reward. Such a group says nothing about which of its actions were better; with the group as baseline
     its advantages are the critic's per-token error alone."""
-    by_group: dict[int, list[float]] = defaultdict(list)
-    for g, r in zip(group_ids, rewards, strict=True):
-        by_group[g].append(r)
-    flat = {g: len(rs) >= 2 and max(rs) == min(rs) for g, rs in by_group.items()}
+    flat = {g: len(rs) >= 2 and max(rs) == min(rs) for g, rs in rewards_by_group(rewards, group_ids).items()}
     return [flat[g] for g in group_ids]
 
 

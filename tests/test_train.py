@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from t1core import train
+from t1core.checkpointing import load_checkpoint
 from t1core.update import _step
 
 docker = pytest.importorskip("docker")
@@ -55,8 +56,6 @@ def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _state(run_dir: Path) -> dict[str, torch.Tensor]:
-    from t1core.checkpointing import load_checkpoint
-
     ckpt = load_checkpoint(run_dir / "checkpoints", restore_rng=False)
     return {**{f"policy.{k}": v for k, v in ckpt["policy"].items()},
             **{f"critic.{k}": v for k, v in ckpt["critic"].items()}}
@@ -120,8 +119,8 @@ class _Crash(RuntimeError):
 @needs_docker
 def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Path, monkeypatch) -> None:
     """A run killed after its step-2 checkpoint and resumed as it was (defaults: decayed RL rate) ends where a
-    straight run ends."""
-    common = [f"--tasks.source={task_dir}", *TINY, "--run.steps=4"]
+    straight run ends. Instances are drawn by 'informative' sampling, whose statistics the resume must restore."""
+    common = [f"--tasks.source={task_dir}", *TINY, "--run.steps=4", "--tasks.rl_sampling=informative"]
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     assert train.main(["--out", str(straight), *common]) == 0
     step_fn = train.Trainer.train_step
@@ -139,6 +138,12 @@ def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Pa
     a, b = _state(straight), _state(crashed)
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"resumed run differs in {differing[:5]}"
+    stats = [load_checkpoint(d / "checkpoints", restore_rng=False)["data_state"]["instance_stats"]
+             for d in (straight, crashed)]
+    assert stats[0] == stats[1] and sum(n for n, _ in stats[0].values()) > 1  # 4 steps, one group each, decayed
+    drawn = [[json.loads(p.read_text())["task_name"] for p in sorted((d / "trajectories").glob("step_*/*.json"))]
+             for d in (straight, crashed)]
+    assert drawn[0] == drawn[1] and len(drawn[0]) == 8
 
 
 @needs_docker
