@@ -28,13 +28,14 @@ from tqdm import tqdm
 
 from rollout.agent import EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
+from rollout.score import family_of
 from rollout.trajectory import save_trajectories
 from sandbox.families import FAMILIES
 from sandbox.reap import reap
 from t1core import distributed, world
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
-from t1core.curriculum import draw_instances, family_keys, observe_groups
+from t1core.curriculum import draw_instances, observe_groups
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
@@ -185,7 +186,7 @@ class Trainer:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, step))
         n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
-        keys_I = family_keys([t.name for t in self.tasks.rl])
+        keys_I = [family_of(t.name) for t in self.tasks.rl]
         stats = self.state.setdefault("instance_stats", {})
         instances = draw_instances(keys_I, stats, n // k, mode=cfg.tasks.rl_sampling, generator=gen)
         with self.clock.phase("collect"):

@@ -7,12 +7,7 @@ import pytest
 import torch
 
 from t1core import train
-from t1core.curriculum import draw_instances, family_keys, family_weight, observe_groups
-
-
-def test_family_keys_strip_the_split_suffix() -> None:
-    assert family_keys(["create_file-train-100011", "grep_lines-heldout-3", "git-merge-branch"]) == \
-        ["create_file", "grep_lines", "git-merge-branch"]
+from t1core.curriculum import draw_instances, family_weight, observe_groups
 
 
 def test_uniform_draws_what_the_trainer_drew_before() -> None:

@@ -87,3 +87,8 @@ def test_bad_directories_are_clear_errors(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         score.main([str(tmp_path / "c")])
     assert "000000.json: not JSON" in capsys.readouterr().err
+
+
+def test_family_of_strips_the_split_suffix() -> None:
+    assert [score.family_of(n) for n in ("create_file-train-100011", "grep_lines-heldout-3", "git-merge-branch")] == \
+        ["create_file", "grep_lines", "git-merge-branch"]
