@@ -65,6 +65,7 @@ class Trainer:
             world.build_images(tasks, cfg)
         self.tasks = dp.broadcast(tasks)
         self.policy, self.critic = world.load_models(cfg, self.tok)
+        self.actor_frozen = world.frozen_parameters(self.policy, cfg.optim.actor_frozen)  # checked before SFT
         # Each rank's engine copy is taken before sharding; it is refreshed from the gathered weights after updates.
         self.engine = world.make_engine(self.policy, cfg)
         self.sampled = CompletionLog(self.engine)  # what this rank's engine returned, to check drift against
@@ -261,6 +262,10 @@ class Trainer:
             if cfg.algo.kl_coef > 0:
                 self.ref_policy = _frozen_copy(self.policy, self.dp)
             self.state["warm_started"] = True
+        # RL leaves these as warm-started (pretraining and SFT trained them): no gradient, no optimizer step.
+        frozen = set(self.actor_frozen)
+        for name, p in self.policy.named_parameters():
+            p.requires_grad_(name not in frozen)
         for step in tqdm(range(self.state["step"], cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
             m = self.train_step(step)

@@ -6,7 +6,8 @@ Kept out of `t1core.train` so that the loop there reads like the algorithm.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import fnmatch
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,6 +128,17 @@ def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentCo
     return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
                        wall_clock_s=r.wall_clock_limit_s, command_timeout_s=s.command_timeout_s,
                        temperature=r.temperature if temperature is None else temperature, top_p=r.top_p)
+
+
+def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:
+    """Names of `model`'s parameters that match any fnmatch pattern (`optim.actor_frozen`); a pattern that matches
+    nothing is a ValueError naming it (a typo would otherwise train everything without a word)."""
+    names = [n for n, _ in model.named_parameters()]
+    unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    if unmatched:
+        raise ValueError(f"optim.actor_frozen: {unmatched} match no parameter of the policy "
+                         f"(names look like {names[:3]})")
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, cfg: RunConfig, decay_steps: int | None = None,

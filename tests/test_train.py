@@ -167,6 +167,44 @@ def test_a_step_of_flat_groups_leaves_the_actor_alone(tmp_path: Path, task_dir: 
     assert moved == {True: False, False: True}
 
 
+@needs_docker
+def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: Path) -> None:
+    """optim.actor_frozen: SFT still trains the LM head and the routers, RL leaves them bit for bit as the warm
+    start had them, and moves the rest of the policy."""
+    from safetensors.torch import load_file
+
+    from t1core.model import ModelConfig, MoEModel
+
+    out = tmp_path / "frozen"
+    args = ["--out", str(out), f"--tasks.source={task_dir}", *TINY, "--run.steps=3", "--run.checkpoint_every=0",
+            "--warmstart.sft_enabled=true", "--warmstart.sft_epochs=1",
+            '--optim.actor_frozen=["lm_head.*", "*.mlp.gate.*"]']
+    assert train.main(args) == 0
+    init = MoEModel(ModelConfig.tiny(), seed=0).state_dict()
+    warm = load_file(out / "warmstart" / "model.safetensors")
+    final = load_file(out / "final" / "model.safetensors")
+    frozen = [k for k in final if k == "lm_head.weight" or ".mlp.gate." in k]
+    assert len(frozen) == 1 + ModelConfig.tiny().num_hidden_layers
+    assert all(not torch.equal(warm[k], init[k]) for k in frozen)  # SFT trained them
+    assert all(torch.equal(final[k], warm[k]) for k in frozen)  # RL did not
+    moved = [k for k in final if k not in frozen and not torch.equal(final[k], warm[k])]
+    assert "model.embed_tokens.weight" in moved and any(".self_attn." in k for k in moved)
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("train/actor_updated") == 1.0 for r in rows)
+
+
+def test_actor_frozen_pattern_that_matches_nothing_is_an_error() -> None:
+    from t1core import world
+    from t1core.model import ModelConfig, MoEModel
+
+    model = MoEModel(ModelConfig.tiny().replace(num_hidden_layers=1), seed=0)
+    assert world.frozen_parameters(model, ["lm_head.*"]) == ["lm_head.weight"]
+    with pytest.raises(ValueError, match=r"optim.actor_frozen: \['lm_hed.\*'\] match no parameter"):
+        world.frozen_parameters(model, ["lm_head.*", "lm_hed.*"])
+    with pytest.raises(ValueError, match="optim.actor_frozen: expected non-empty patterns"):
+        train.load_config(None, ['--optim.actor_frozen=[""]'])
+
+
 def test_actor_lr_decay_follows_the_rl_step() -> None:
     from t1core import world
 
