@@ -28,6 +28,7 @@ from rollout.trajectory import Trajectory, save_trajectory
 from sandbox import suite
 from sandbox.images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task
+from t1core.distributed import check_device
 from t1core.model import ModelConfig, MoEModel
 from t1core.tokenizer import ChatTokenizer
 
@@ -110,6 +111,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.episodes is not None and args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
+    try:
+        check_device(torch.device(args.device), name="--device")
+    except (RuntimeError, ValueError) as e:  # RuntimeError: torch.device's own for an unknown device string
+        p.error(str(e) if isinstance(e, ValueError) else f"--device {args.device!r}: {e}")
     return args
 
 

@@ -129,11 +129,26 @@ class DataParallel:
         return merged
 
 
+def check_device(dev: torch.device, name: str = "run.device") -> None:
+    """A CUDA device that torch cannot use is an error naming why, raised before any task, image or model work
+    (torch's own error comes later, from deep inside the first `.to(device)`)."""
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = ("this torch build has no CUDA" if torch.version.cuda is None
+               else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU")
+        raise ValueError(f"{name}={str(dev)!r}: {why}; use {name}='cpu'")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"{name}={str(dev)!r}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+
+
 def init_from_env(device: str) -> DataParallel:
     """Join the torchrun process group when WORLD_SIZE > 1 (NCCL on CUDA, gloo on CPU), with this rank's GPU
     (cuda:LOCAL_RANK) made the current device; otherwise the single-process stand-in."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dev = torch.device(device)
+    check_device(dev)
     if world <= 1:
         return DataParallel.single()
     if dev.type == "cuda":

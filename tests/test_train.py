@@ -240,6 +240,21 @@ def test_bad_arguments_are_clear_errors() -> None:
         train.parse_args(["stray"])
 
 
+def test_an_unusable_cuda_device_fails_before_any_work(tmp_path: Path) -> None:
+    from t1core.distributed import check_device
+
+    check_device(torch.device("cpu"))
+    out = tmp_path / "run"
+    if torch.cuda.is_available():
+        bad = f"cuda:{torch.cuda.device_count()}"
+        with pytest.raises(ValueError, match=rf"run.device='{bad}': torch sees \d+ CUDA device"):
+            train.main(["--out", str(out), f"--run.device={bad}"])
+    else:
+        with pytest.raises(ValueError, match=r"run.device='cuda': .*; use run.device='cpu'"):
+            train.main(["--out", str(out), "--run.device=cuda"])
+    assert not out.exists()  # no run directory, no tasks written, no images built
+
+
 @pytest.mark.parametrize("preset", sorted((Path(train.__file__).parent / "configs").glob("*.toml")), ids=lambda p: p.stem)
 def test_shipped_presets_load(preset: Path) -> None:
     cfg = train.load_config(str(preset), [])
