@@ -346,6 +346,22 @@ def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -
 
 
 @needs_docker
+def test_data_parallel_run_keeps_frozen_parameters(tmp_path: Path, task_dir: Path) -> None:
+    """optim.actor_frozen under two FSDP2 ranks: the frozen tensors (sharded DTensors with requires_grad off) stay
+    bit for bit as warm-started while the rest of the policy moves."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "frozen_dp"
+    _torchrun(["--out", str(out), f"--tasks.source={task_dir}", *TINY, "--run.steps=3", "--run.checkpoint_every=0",
+               '--optim.actor_frozen=["lm_head.*", "*.mlp.gate.*"]'])
+    warm = load_file(out / "warmstart" / "model.safetensors")
+    final = load_file(out / "final" / "model.safetensors")
+    frozen = [k for k in final if k == "lm_head.weight" or ".mlp.gate." in k]
+    assert frozen and all(torch.equal(final[k], warm[k]) for k in frozen)
+    assert not torch.equal(final["model.embed_tokens.weight"], warm["model.embed_tokens.weight"])
+
+
+@needs_docker
 def test_data_parallel_rollouts_equal_a_single_process(tmp_path: Path, task_dir: Path) -> None:
     """Two ranks each run half of a step's episodes on their own engine: with the batch-invariant engine the
     gathered trajectories equal a single process's, token for token, log-prob and routing bits included (steps 0
