@@ -400,6 +400,8 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
             p.error(f"--resume {run_dir}: no config.toml there (not a run directory)")
         cfg = load_config(str(run_dir / "config.toml"), overrides)  # overrides may extend run.steps
         return cfg, run_dir
+    if args.config is not None and not Path(args.config).is_file():
+        p.error(f"--config {args.config}: no such file")
     cfg = load_config(args.config, overrides)
     out = args.out or cfg.run.out_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.run.seed}"
     run_dir = Path(out)

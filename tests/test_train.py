@@ -233,11 +233,14 @@ def test_nonfinite_loss_skips_the_step() -> None:
     assert not all(torch.equal(p, q) for p, q in zip(before, lin.parameters()))
 
 
-def test_bad_arguments_are_clear_errors() -> None:
+def test_bad_arguments_are_clear_errors(capsys) -> None:
     with pytest.raises(ValueError, match="unknown key algo.nope"):
         train.parse_args(["--algo.nope=1"])
     with pytest.raises(SystemExit):  # argparse: not a --section.key=value override
         train.parse_args(["stray"])
+    with pytest.raises(SystemExit):  # argparse: a --config file that is not there
+        train.parse_args(["--config", "/nonexistent/run.toml"])
+    assert "--config /nonexistent/run.toml: no such file" in capsys.readouterr().err
 
 
 def test_an_unusable_cuda_device_fails_before_any_work(tmp_path: Path) -> None:
