@@ -134,7 +134,7 @@ def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[s
     """Names of `model`'s parameters that match any fnmatch pattern (`optim.actor_frozen`); a pattern that matches
     nothing is a ValueError naming it (a typo would otherwise train everything without a word)."""
     names = [n for n, _ in model.named_parameters()]
-    unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
     if unmatched:
         raise ValueError(f"optim.actor_frozen: {unmatched} match no parameter of the policy "
                          f"(names look like {names[:3]})")

@@ -167,23 +167,30 @@ def test_a_step_of_flat_groups_leaves_the_actor_alone(tmp_path: Path, task_dir: 
     assert moved == {True: False, False: True}
 
 
+FROZEN = '--optim.actor_frozen=["lm_head.*", "*.mlp.gate.*"]'
+
+
+def _warm_final_frozen(run_dir: Path) -> tuple[dict, dict, list[str]]:
+    """The run's warm-start and final HF weights, and the names FROZEN matches among them."""
+    from safetensors.torch import load_file
+
+    warm = load_file(run_dir / "warmstart" / "model.safetensors")
+    final = load_file(run_dir / "final" / "model.safetensors")
+    return warm, final, [k for k in final if k == "lm_head.weight" or ".mlp.gate." in k]
+
+
 @needs_docker
 def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: Path) -> None:
     """optim.actor_frozen: SFT still trains the LM head and the routers, RL leaves them bit for bit as the warm
     start had them, and moves the rest of the policy."""
-    from safetensors.torch import load_file
-
     from t1core.model import ModelConfig, MoEModel
 
     out = tmp_path / "frozen"
     args = ["--out", str(out), f"--tasks.source={task_dir}", *TINY, "--run.steps=3", "--run.checkpoint_every=0",
-            "--warmstart.sft_enabled=true", "--warmstart.sft_epochs=1",
-            '--optim.actor_frozen=["lm_head.*", "*.mlp.gate.*"]']
+            "--warmstart.sft_enabled=true", "--warmstart.sft_epochs=1", FROZEN]
     assert train.main(args) == 0
     init = MoEModel(ModelConfig.tiny(), seed=0).state_dict()
-    warm = load_file(out / "warmstart" / "model.safetensors")
-    final = load_file(out / "final" / "model.safetensors")
-    frozen = [k for k in final if k == "lm_head.weight" or ".mlp.gate." in k]
+    warm, final, frozen = _warm_final_frozen(out)
     assert len(frozen) == 1 + ModelConfig.tiny().num_hidden_layers
     assert all(not torch.equal(warm[k], init[k]) for k in frozen)  # SFT trained them
     assert all(torch.equal(final[k], warm[k]) for k in frozen)  # RL did not
@@ -352,14 +359,10 @@ def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -
 def test_data_parallel_run_keeps_frozen_parameters(tmp_path: Path, task_dir: Path) -> None:
     """optim.actor_frozen under two FSDP2 ranks: the frozen tensors (sharded DTensors with requires_grad off) stay
     bit for bit as warm-started while the rest of the policy moves."""
-    from safetensors.torch import load_file
-
     out = tmp_path / "frozen_dp"
     _torchrun(["--out", str(out), f"--tasks.source={task_dir}", *TINY, "--run.steps=3", "--run.checkpoint_every=0",
-               '--optim.actor_frozen=["lm_head.*", "*.mlp.gate.*"]'])
-    warm = load_file(out / "warmstart" / "model.safetensors")
-    final = load_file(out / "final" / "model.safetensors")
-    frozen = [k for k in final if k == "lm_head.weight" or ".mlp.gate." in k]
+               FROZEN])
+    warm, final, frozen = _warm_final_frozen(out)
     assert frozen and all(torch.equal(final[k], warm[k]) for k in frozen)
     assert not torch.equal(final["model.embed_tokens.weight"], warm["model.embed_tokens.weight"])
 
