@@ -1,0 +1,49 @@
+"""t1core.experiments.copy_probe: its KV-cache greedy decoding against a full-forward loop, and its CLI errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from t1core.experiments import copy_probe
+from t1core.model import ModelConfig, MoEModel
+from t1core.tokenizer import ChatTokenizer
+
+
+def test_greedy_command_equals_a_full_forward_loop() -> None:
+    model = MoEModel(ModelConfig.tiny().replace(num_hidden_layers=2), seed=3).eval()
+    tok = ChatTokenizer.builtin()
+    instruction = "Create the file /app/list_t64.txt containing the word eagle."
+    got = copy_probe.greedy_command(model, tok, instruction, max_new_tokens=6)
+    ids = tok.encode(instruction + "\n")
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(model.compute_logits(torch.tensor(ids))[-1].argmax()))
+    want = tok.decode(ids[len(tok.encode(instruction + "\n")):])
+    assert got == want
+
+
+def test_probe_counts_the_reference_as_exact(monkeypatch) -> None:
+    """A model that writes the reference command scores N/N; one that writes anything else scores 0."""
+    tok = ChatTokenizer.builtin()
+    monkeypatch.setattr(copy_probe, "greedy_command",
+                        lambda model, tok, instruction, max_new_tokens: wanted[instruction])
+    from sandbox.families import generate
+    from t1core.tokenizer import format_tool_call
+
+    wanted = {generate("create_file", i, "heldout").instruction.strip():
+              format_tool_call(generate("create_file", i, "heldout").solution.strip()) for i in range(3)}
+    res = copy_probe.probe(None, tok, families=["create_file"], per_family=3)
+    assert res["create_file"][0] == 3 and not res["create_file"][1]
+    wanted = {k: v.replace("echo", "printf") for k, v in wanted.items()}
+    res = copy_probe.probe(None, tok, families=["create_file"], per_family=3)
+    assert res["create_file"][0] == 0 and len(res["create_file"][1]) == 3
+
+
+def test_bad_arguments_are_usage_errors(capsys) -> None:
+    with pytest.raises(SystemExit):
+        copy_probe.main(["/nonexistent", "--families", "create_file,nope"])
+    assert "--families: unknown ['nope']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        copy_probe.main(["/nonexistent", "--per-family", "0"])
+    assert "--per-family must be >= 1" in capsys.readouterr().err
