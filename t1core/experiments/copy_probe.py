@@ -28,13 +28,14 @@ END = "</tool_call>"
 @torch.no_grad()
 def greedy_command(model: MoEModel, tok: ChatTokenizer, instruction: str, *, max_new_tokens: int) -> str:
     """The text greedy decoding writes after `instruction\\n`, up to and including the first `</tool_call>`."""
-    cache = model.new_kv_cache(num_slots=1, max_seq_len=len(tok.encode(instruction + "\n")) + max_new_tokens)
     ids = torch.tensor(tok.encode(instruction + "\n"))
+    cache = model.new_kv_cache(num_slots=1, max_seq_len=ids.numel() + max_new_tokens)
     hidden, _ = model.extend(ids, cache=cache, slot_ids=[0], cu_seqlens=torch.tensor([0, ids.numel()]))
+    end_id = tok.token_id(END)  # one special token: the markup in the text encodes to it too
     out: list[int] = []
     for _ in range(max_new_tokens):
         out.append(int(model.lm_head(hidden[-1:]).argmax(-1)))
-        if tok.decode(out).endswith(END):
+        if out[-1] == end_id:
             break
         hidden, _ = model.extend(torch.tensor(out[-1:]), cache=cache, slot_ids=[0], cu_seqlens=torch.tensor([0, 1]))
     return tok.decode(out)
