@@ -7,7 +7,8 @@ random stream), and `heldout_tasks` drops a held-out instance whose instruction 
 
     tasks = suite.train_tasks(out, num_per_family=8, seed=0)               # families + fixed train tasks
     fam, fixed = suite.heldout_tasks(out, num_per_family=4, seed=0)        # held-out families, fixed tasks
-    cmd = suite.reference_solution(task)                                   # solve.sh body (SFT target)
+    cmd = suite.reference_solution(task)                                   # solve.sh body, one tool call
+    calls = suite.reference_turns(task)                                    # its turns (the SFT transcript)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox.families import FAMILIES, SHORT_FAMILIES, Split, generate, write_harbor_task
+from sandbox.families.common import TURN_BREAK
 from sandbox.tasks import Task, TaskFormatError, load_task
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
@@ -107,17 +109,33 @@ def heldout_tasks(out_dir: str | Path, *, num_per_family: int, seed: int = 0, fa
     return fam, fixed_tasks("heldout")
 
 
-def reference_solution(task: Task) -> str:
-    """The task's reference solution as one bash tool call: solve.sh without shebang and leading comments.
+def reference_turns(task: Task) -> list[str]:
+    """The task's reference solution as the tool calls of an SFT transcript, in order.
 
-    For the family tasks this is a single short command, the SFT warm-start target of a tiny policy.
+    solve.sh without shebang and leading comments, split at `TURN_BREAK` lines: one call for most tasks (a
+    single short command for the family tasks, the SFT target of a tiny policy), a look and then the command
+    it calls for where the instruction alone leaves the solution open (see `TaskSpec.inspect`).
     """
     if task.solution_script is None:
         raise ValueError(f"task {task.name} has no reference solution")
     lines = task.solution_script.read_text().splitlines()
-    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")):
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")) and lines[0].strip() != TURN_BREAK:
         lines.pop(0)
-    return "\n".join(lines).strip()
+    turns: list[list[str]] = [[]]
+    for line in lines:
+        if line.strip() == TURN_BREAK:
+            turns.append([])
+        else:
+            turns[-1].append(line)
+    calls = ["\n".join(t).strip() for t in turns]
+    if not all(calls):
+        raise ValueError(f"task {task.name}: {task.solution_script} has an empty turn around {TURN_BREAK!r}")
+    return calls
+
+
+def reference_solution(task: Task) -> str:
+    """The task's whole reference solution as one bash tool call (every turn of `reference_turns`, in order)."""
+    return "\n".join(reference_turns(task))
 
 
 def _remove_generated(path: Path) -> None:
@@ -129,4 +147,4 @@ def _remove_generated(path: Path) -> None:
 
 
 __all__ = ["FAMILIES", "SHORT_FAMILIES", "fixed_task_names", "fixed_tasks", "family_tasks", "train_tasks",
-           "heldout_tasks", "reference_solution", "SEED_STRIDE"]
+           "heldout_tasks", "reference_turns", "reference_solution", "SEED_STRIDE"]

@@ -9,7 +9,8 @@ unseen instructions.
 
 So a from-scratch preset first pretrains on such a stream: pairs from the built-in families' generators (train
 split, a seed block of its own; instructions of the RL and held-out instances are skipped), written as plain
-text `instruction \\n <tool_call>{...}</tool_call> \\n`, packed into rows of whole pairs, next-token loss on
+text `instruction \\n <tool_call>{...}</tool_call> \\n` (a two-turn reference gives its first call, the look: the
+second depends on output the corpus does not hold), packed into rows of whole pairs, next-token loss on
 every token. No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond
 the seed: the same config gives the same weights.
 """
@@ -43,7 +44,7 @@ def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[
         spec = generate(family, seed_block * SEED_STRIDE + i // len(families), "train")
         i += 1
         if spec.instruction.strip() not in avoid:
-            yield f"{spec.instruction.strip()}\n{format_tool_call(spec.solution.strip())}\n"
+            yield f"{spec.instruction.strip()}\n{format_tool_call(spec.turns[0].strip())}\n"
 
 
 def packed_rows(texts: Iterator[str], tok: ChatTokenizer, *, row_tokens: int

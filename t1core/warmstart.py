@@ -1,9 +1,10 @@
 """Warm start, part (a): supervised transcripts of the reference solutions, built with the TITO construction.
 
-A `ReferenceEngine` stands in for the policy and "samples" a fixed script per task: one bash tool call
-running the task's reference solution, then the done marker. Everything else is the real agent loop: the
-real sandbox runs the solution, the real observation is tokenized on its own and appended, glue tokens get
-loss mask 0, and the verifiers score the episode. So SFT sees exactly the token layout RL will sample in,
+A `ReferenceEngine` stands in for the policy and "samples" a fixed script per task: the reference solution's
+bash tool calls (one for most tasks; a look at a file first where the instruction leaves the answer open), then
+the done marker. Everything else is the real agent loop: the real sandbox runs the solution, the real
+observation is tokenized on its own and appended, glue tokens get loss mask 0, and the verifiers score the
+episode. So SFT sees exactly the token layout RL will sample in,
 and a reference that does not pass its own verifiers is caught (and left out) here.
 """
 
@@ -18,7 +19,7 @@ from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.trajectory import Trajectory
 from sandbox.images import TaskImage
-from sandbox.suite import reference_solution
+from sandbox.suite import reference_turns
 from sandbox.tasks import Task
 from t1core.distributed import DataParallel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
@@ -76,7 +77,7 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
     Returns (transcripts, metrics), in task order. Under torchrun rank r runs tasks r, r + W, ... in its own
     sandboxes and every rank gets all transcripts (the same as one process would make: the replies are scripted)."""
     keys = [tuple(tok.encode_prompt(config.system_prompt, task.instruction)) for task in tasks]
-    scripts = [[format_tool_call(reference_solution(task)), DONE_MARKER] for task in tasks]
+    scripts = [[*map(format_tool_call, reference_turns(task)), DONE_MARKER] for task in tasks]
     specs = [EpisodeSpec(task=task, image=images[task.name], seed=i) for i, task in enumerate(tasks)]
     longest: dict[str, int] = {}
     mine = list(range(dp.rank, len(tasks), dp.world_size))

@@ -34,7 +34,7 @@ def test_default_reply_cap_fits_every_builtin_reference_reply(tmp_path: Path):
     tok = ChatTokenizer.builtin()
     tasks = suite.train_tasks(tmp_path / "train", num_per_family=3, seed=0)
     fam, fixed = suite.heldout_tasks(tmp_path / "heldout", num_per_family=3, seed=0)
-    lengths = {t.name: len(tok.encode(format_tool_call(suite.reference_solution(t)))) + 1
+    lengths = {t.name: max(len(tok.encode(format_tool_call(call))) + 1 for call in suite.reference_turns(t))
                for t in tasks + fam + fixed}
     longest = max(lengths, key=lengths.__getitem__)
     assert RunConfig().rollout.max_new_tokens_per_turn >= lengths[longest], (longest, lengths[longest])

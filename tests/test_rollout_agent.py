@@ -7,6 +7,7 @@ solution) tokenized by the real tokenizer. Everything around it is real.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -276,3 +277,29 @@ def test_reference_transcripts_keep_apart_tasks_with_one_instruction(tok: ChatTo
     assert [t.task_name for t in transcripts] == [first.name, twin.name]
     for task, traj in zip((first, twin), transcripts):
         assert traj.turns[0].command == suite.reference_solution(task)
+
+
+def test_two_turn_references_look_first_and_pass_their_verifiers(tok: ChatTokenizer, tmp_path: Path) -> None:
+    # csv_column_sum and fix_script leave the answer to a file (which column is which, which bug it is): their
+    # SFT transcripts look first, and the second call is what the real output of the look calls for.
+    from t1core.warmstart import reference_transcripts
+
+    tasks = suite.family_tasks(tmp_path, split="train", num_per_family=2, families=["csv_column_sum", "fix_script"])
+    overrides = default_base_image_overrides()
+    images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in tasks}
+    transcripts, metrics = reference_transcripts(tasks, images, tok=tok, num_parallel=2,
+                                                 config=AgentConfig(max_turns=4, verify=True))
+    assert metrics["sft/reference_failures"] == 0 and len(transcripts) == 4
+    for task, traj in zip(tasks, transcripts):
+        look, act = suite.reference_turns(task)
+        assert [t.command for t in traj.turns[:2]] == [look, act] and traj.finish_reason == "done"
+        assert traj.verifier["passed"] == traj.verifier["total"] >= 3
+        out = traj.turns[0].output.strip()
+        if task.name.startswith("csv_column_sum"):  # "3:price" -> awk's field $3
+            field, column = out.split(":")
+            assert f"${field}}}" in act and f"-nx {column}" in look
+        else:  # the script as it is, with the line the sed rewrites
+            pattern = act.split("'")[1].split("/")[1]  # sed's pattern (no backslashes: Python's re reads it alike)
+            assert out.startswith("#!/bin/bash") and re.search(pattern, out) and not re.search(pattern, act.split("/")[2])
+    # As one script (sandbox.run_task --solution) the look is a comment away from the fix.
+    assert all(suite.reference_solution(t) == "\n".join(suite.reference_turns(t)) for t in tasks)

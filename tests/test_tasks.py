@@ -701,8 +701,18 @@ def test_short_families_are_one_command_with_arguments_in_the_instruction() -> N
 
 def test_reference_solution_for_sft(tmp_path: Path) -> None:
     (task,) = suite.family_tasks(tmp_path, split="train", num_per_family=1, seed=0, families=["create_file"])
-    assert suite.reference_solution(task) == generate("create_file", 0, "train").solution
-    assert suite.reference_solution(suite.fixed_tasks("train")[0]).count("\n") >= 1
+    assert suite.reference_turns(task) == [suite.reference_solution(task)] == [generate("create_file", 0, "train").solution]
+    fixed = suite.fixed_tasks("train")[0]
+    assert suite.reference_turns(fixed) == [suite.reference_solution(fixed)] and suite.reference_solution(fixed).count("\n") >= 1
+    # A two-turn reference: solve.sh runs both parts as one script; SFT gets one tool call per part.
+    (csv,) = suite.family_tasks(tmp_path, split="train", num_per_family=1, seed=0, families=["csv_column_sum"])
+    spec = generate("csv_column_sum", 0, "train")
+    assert suite.reference_turns(csv) == list(spec.turns) == [*spec.inspect, spec.solution] and len(spec.turns) == 2
+    assert suite.reference_solution(csv) == "\n".join(spec.turns)
+    for body in ("true\n# t1: next turn\n", "# t1: next turn\ntrue\n"):  # an empty turn is an error, not a blank call
+        csv.solution_script.write_text(f"#!/usr/bin/env bash\n{body}")
+        with pytest.raises(ValueError, match="empty turn"):
+            suite.reference_turns(csv)
 
 
 def test_no_containers_left_behind(baseline, spoof_results) -> None:

@@ -2,7 +2,9 @@
 
 `FAMILIES` maps a family name to its generator `(random.Random) -> TaskSpec`; the split only seeds the
 stream. `SHORT_FAMILIES` are the ones a tiny model can learn from scratch: a one- or two-sentence instruction
-and a one-command solution whose arguments all appear verbatim in the instruction.
+and a one-command solution whose arguments all appear verbatim in the instruction. The other two need what only
+a file tells (which CSV field holds the column, which bug the script has): their references look first, and the
+command after copies from the instruction and from that look's output (`TaskSpec.inspect`).
 """
 
 from __future__ import annotations

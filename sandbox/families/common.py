@@ -24,6 +24,11 @@ from typing import Literal
 
 FILE_MTIME = 1_704_067_200  # 2024-01-01 00:00 UTC: the mtime of every file an instance ships
 
+# Separates the turns of a multi-turn reference in solve.sh. Run as a script it is a comment (the whole solution
+# runs at once); the SFT transcript makes each part its own tool call, so a later part is written after the
+# agent has seen an earlier part's output (see `sandbox.suite.reference_turns`).
+TURN_BREAK = "# t1: next turn"
+
 Split = Literal["train", "heldout"]
 
 WORDS = (
@@ -78,7 +83,7 @@ class TaskSpec:
     files: dict[str, str]
     """Starting files: absolute path under /app -> text content."""
     solution: str
-    """Reference solution: bash, usually one short command."""
+    """Reference solution: bash, usually one short command (the last turn, after `inspect`)."""
     tests: str
     """Body of tests/test_outputs.py (after TEST_PRELUDE and the constants)."""
     constants: dict[str, object]
@@ -87,6 +92,15 @@ class TaskSpec:
     """Suite category (files, text, data, fix, permissions)."""
     modes: dict[str, int] = dataclasses.field(default_factory=dict)
     """File modes to set on starting files (default 0644)."""
+    inspect: tuple[str, ...] = ()
+    """Read-only commands the reference runs first, one turn each, where the instruction leaves out what the
+    solution needs (which column of a CSV file is which, what a script's bug is): `solution` is what their
+    output tells. Without them a policy that copies the instruction can only guess."""
+
+    @property
+    def turns(self) -> tuple[str, ...]:
+        """The reference's tool calls in order: the inspections, then the solution."""
+        return (*self.inspect, self.solution)
 
     def __post_init__(self) -> None:
         bad = [p for p in self.files if not p.startswith("/app/")]
@@ -137,7 +151,8 @@ def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, 
     copy = "COPY app/ /app/\n" if spec.files else ""  # WORKDIR creates /app (a preloaded directory entry)
     (env / "Dockerfile").write_text(f"FROM debian:bookworm\n{copy}WORKDIR /app\n")
     (out_dir / "solution").mkdir()
-    (out_dir / "solution" / "solve.sh").write_text(f"#!/usr/bin/env bash\n{spec.solution.strip()}\n")
+    body = f"\n{TURN_BREAK}\n".join(cmd.strip() for cmd in spec.turns)
+    (out_dir / "solution" / "solve.sh").write_text(f"#!/usr/bin/env bash\n{body}\n")
     tests = out_dir / "tests"
     tests.mkdir()
     (tests / "test.sh").write_text(TEST_SH)

@@ -1,4 +1,6 @@
-"""Data and repair families: jq on JSON, awk on CSV, a one-token bug fix in a bash script."""
+"""Data and repair families: jq on JSON, awk on CSV, a one-token bug fix in a bash script.
+
+The CSV and bug-fix references take two turns: a look at the file, then the command its output calls for."""
 
 from __future__ import annotations
 
@@ -48,9 +50,12 @@ def csv_column_sum(rng: random.Random) -> TaskSpec:
         ",".join([rng.choice(WORDS), *map(str, r)]) + "\n" for r in rows)
     total = sum(r[k - 1] for r in rows)
     col = cols[k - 1]
+    # The instruction names the column, not its position: the reference first asks the header, whose answer
+    # ("3:price") holds the awk field number to copy.
     return TaskSpec(
         instruction=f"Write the sum of the {col} column of {src} (it has a header line) to {out}.",
         files={src: content}, category="data",
+        inspect=(f"head -1 {src} | tr , '\\n' | grep -nx {col}",),
         solution=f"awk -F, 'NR>1 {{s+=${k + 1}}} END {{print s}}' {src} > {out}",
         constants={"SRC": src, "OUT": out, "TOTAL": total, "SRC_SHA": sha_of(content)},
         tests="""
@@ -68,12 +73,14 @@ def csv_column_sum(rng: random.Random) -> TaskSpec:
         """)
 
 
-# (buggy line, fixed line) pairs: one token differs, so a single `sed` fixes it.
+# (buggy line, fixed line, the sed expression that fixes it): one token differs. The expression is the shortest
+# piece of the buggy line that names the bug, copied from what `cat` shows, with no backslash to escape twice
+# (once for sed, once for the tool call's JSON).
 _BUGS = (
-    ("total=1", "total=0"),
-    ("  total=$((total - n))", "  total=$((total + n))"),
-    ("echo $totl", "echo $total"),
-    ("  total=$((total * n))", "  total=$((total + n))"),
+    ("total=1", "total=0", "s/total=1/total=0/"),
+    ("  total=$((total - n))", "  total=$((total + n))", "s/total - n/total + n/"),
+    ("echo $totl", "echo $total", "s/totl/total/"),
+    ("  total=$((total * n))", "  total=$((total + n))", "s/total [*] n/total + n/"),
 )
 
 
@@ -83,19 +90,17 @@ def fix_script(rng: random.Random) -> TaskSpec:
     data = f"/app/{rng.choice(('numbers', 'values', 'amounts'))}_{tag}.txt"
     good = ["#!/bin/bash", "total=0", f"for n in $(cat {data}); do", "  total=$((total + n))", "done",
             "echo $total"]
-    buggy_line, fixed_line = rng.choice(_BUGS)
+    buggy_line, fixed_line, fix = rng.choice(_BUGS)
     i = next(j for j, line in enumerate(good) if line == fixed_line)
     bad = good[:i] + [buggy_line] + good[i + 1:]
     nums = [rng.randint(2, 60) for _ in range(rng.randint(3, 8))]
     numbers = "".join(f"{x}\n" for x in nums)
-    old, new = buggy_line.strip(), fixed_line.strip()
-    esc = {"$": r"\$", "*": r"\*", "(": "(", ")": ")"}
-    old_re = "".join(esc.get(c, c) for c in old)
     return TaskSpec(
         instruction=f"The script {name} should print the sum of the numbers in {data}, but it has a bug. "
                     "Fix the script.",
         files={name: "\n".join(bad) + "\n", data: numbers}, modes={name: 0o755}, category="fix",
-        solution=f"sed -i 's/{old_re}/{new}/' {name}",
+        inspect=(f"cat {name}",),  # which of the bugs it is shows only in the script
+        solution=f"sed -i '{fix}' {name}",
         constants={"SCRIPT": name, "DATA": data, "TOTAL": sum(nums), "DATA_SHA": sha_of(numbers)},
         tests="""
         def test_prints_sum():

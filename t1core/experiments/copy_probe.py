@@ -4,7 +4,7 @@
 
 For N held-out instances of each built-in family, greedy decoding continues `instruction\\n` (the text
 `t1core.pretrain` trains on, no chat template, no sandbox) until `</tool_call>`, and the result is compared with
-the reference solution's tool call, byte for byte. It measures the base model's copying (file names, words, field
+the reference's first tool call, byte for byte. It measures the base model's copying (file names, words, field
 names out of the instruction) apart from SFT and the agent loop: the held-out failures of the tiny default are
 almost all one word or name copied wrong (README, "Where RL's gains go"). Prints per family `exact/N`, one wrong
 command per family, and the total.
@@ -49,7 +49,7 @@ def probe(model: MoEModel, tok: ChatTokenizer, *, families: list[str], per_famil
         exact, misses = 0, []
         for i in range(per_family):
             spec = generate(fam, seed_block * SEED_STRIDE + i, "heldout")
-            want = format_tool_call(spec.solution.strip())
+            want = format_tool_call(spec.turns[0].strip())  # what the pretraining text holds
             got = greedy_command(model, tok, spec.instruction.strip(), max_new_tokens=len(tok.encode(want)) + 8)
             if got.strip() == want:
                 exact += 1
