@@ -4,8 +4,8 @@ A `ReferenceEngine` stands in for the policy and "samples" a fixed script per ta
 bash tool calls (one for most tasks; a look at a file first where the instruction leaves the answer open), then
 the done marker. Everything else is the real agent loop: the real sandbox runs the solution, the real
 observation is tokenized on its own and appended, glue tokens get loss mask 0, and the verifiers score the
-episode. So SFT sees exactly the token layout RL will sample in,
-and a reference that does not pass its own verifiers is caught (and left out) here.
+episode. So SFT sees exactly the token layout RL will sample in, and a reference that does not pass its own
+verifiers is caught (and left out) here.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import pytest
 from sandbox import suite
 from sandbox.docker_sandbox import LABEL_RUN, DockerSandbox, docker_client
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
-from sandbox.families.common import FILE_MTIME
+from sandbox.families.common import FILE_MTIME, TURN_BREAK
 from sandbox.images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
                             build_task_images, default_base_image_overrides)
 from sandbox.run_task import run_task
@@ -709,7 +709,7 @@ def test_reference_solution_for_sft(tmp_path: Path) -> None:
     spec = generate("csv_column_sum", 0, "train")
     assert suite.reference_turns(csv) == list(spec.turns) == [*spec.inspect, spec.solution] and len(spec.turns) == 2
     assert suite.reference_solution(csv) == "\n".join(spec.turns)
-    for body in ("true\n# t1: next turn\n", "# t1: next turn\ntrue\n"):  # an empty turn is an error, not a blank call
+    for body in (f"true\n{TURN_BREAK}\n", f"{TURN_BREAK}\ntrue\n"):  # an empty turn is an error, not a blank call
         csv.solution_script.write_text(f"#!/usr/bin/env bash\n{body}")
         with pytest.raises(ValueError, match="empty turn"):
             suite.reference_turns(csv)
