@@ -11,9 +11,9 @@ sorted rows (skewed routing, where padding would multiply the work). The forward
 the pre-activation h = [g; u] of every row, so the backward does no GEMM recompute. Gathers are index_select,
 the combine (and dx) is one [T, D] gather per slot summed over K in index order, and no float scatter or atomic
 is used: results do not depend on thread scheduling. In `kernels.rows.batch_invariant_mode` (the CPU engine)
-the forward multiplies by cached row-major weight copies and never runs a one-row product, so a token's result
-does not depend on how many others its expert got either. `moe_loop_reference` is the naive per-expert,
-per-slot loop for tests.
+the forward multiplies by cached row-major weight copies and never runs fewer than `kernels.rows.MIN_ROWS` rows,
+so a token's result does not depend on how many others its expert got either. `moe_loop_reference` is the
+naive per-expert, per-slot loop for tests.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.rows import batch_invariant, t_cached, two_rows
+from kernels.rows import MIN_ROWS, batch_invariant, pad_rows, t_cached
 
 # The padded layout is used while E * C <= PAD_LIMIT * P: up to this much extra GEMM work costs less than the
 # per-expert loop's op count (measured on the tiny model, 2 cores: about 9% padding at T=2048, E=16, K=2).
@@ -53,8 +53,8 @@ def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
     counts_E = torch.bincount(ids_P, minlength=num_experts)
     counts = counts_E.tolist()  # sync: the layout (capacity, per-expert slices) is chosen on the host
     cap = max(counts, default=0)
-    if batch_invariant():  # one row per batch entry would take BLAS's matrix-vector path (kernels.rows)
-        cap = max(cap, 2)
+    if batch_invariant():  # fewer rows per batch entry would take BLAS's small-matrix paths (kernels.rows)
+        cap = max(cap, MIN_ROWS)
     start_E = torch.cumsum(counts_E, 0) - counts_E
     padded = num_experts * cap <= PAD_LIMIT * num_p
     if padded:
@@ -77,10 +77,10 @@ def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout) -> torc
     if lay.groups is None:
         return torch.bmm(a_RX.view(num_e, lay.capacity, a_RX.shape[1]), w_EXY).view(a_RX.shape[0], y)
     out_RY = torch.empty(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
-    one_as_two = batch_invariant()  # a one-row product would take the matrix-vector path (kernels.rows)
+    pad = batch_invariant()  # fewer rows would take BLAS's small-matrix paths (kernels.rows)
     for e, lo, hi in lay.groups:
-        if one_as_two and hi - lo == 1:
-            out_RY[lo:hi] = torch.mm(two_rows(a_RX[lo:hi]), w_EXY[e])[:1]
+        if pad and hi - lo < MIN_ROWS:
+            out_RY[lo:hi] = torch.mm(pad_rows(a_RX[lo:hi]), w_EXY[e])[:hi - lo]
         else:
             torch.mm(a_RX[lo:hi], w_EXY[e], out=out_RY[lo:hi])
     return out_RY

@@ -2,12 +2,17 @@
 
 The rollout engine batches whichever requests are ready, so a token's forward shares its GEMMs with a set of other
 rows that depends on sandbox timing. For the same seed to give the same tokens, each row's result must not depend
-on that set. Measured with the CPU wheel's BLAS (MKL, `tests/test_decode_attention.py`): with the weight stored
-[K, N] row-major ("NN"), a row of `x @ w` is bitwise the same for every number of rows from 2 up, every number of
-columns and every intra-op thread count. Two cases break it: a single row (the matrix-vector path), and a weight
-passed transposed, as nn.Linear passes its [N, K] weight, where 2-15 rows take other kernels. Each sums in
-another order (about 1 ulp apart). So in batch-invariant mode the products here use a cached row-major copy of
-the weight (`t_cached`, made again when the weight changes) and run a single row as two.
+on that set. With the CPU wheel's BLAS (MKL) and the weight stored [K, N] row-major ("NN"), a row of `x @ w` is
+bitwise the same for every row count from MIN_ROWS up, every column count and every intra-op thread count. Below
+that, MKL takes small-matrix paths that sum in another order (about 1 ulp apart), and where they start depends on
+the CPU (`tests/test_decode_attention.py` checks the rule on whatever machine runs it):
+- Intel Xeon (AVX-512): only a single row (the matrix-vector path) differs.
+- AMD EPYC (AVX2), 2026-12-02: 1-3 rows differ on one thread, and 1-3, 5-7 and 9-11 rows on two; from 12 rows
+  up every count agrees. The same holds for columns: a row-major [M, K] @ [K, C] differs for C < 12.
+- A weight passed transposed, as nn.Linear passes its [N, K] weight, takes other kernels for 2-15 rows (Intel).
+So in batch-invariant mode the products here use a cached row-major copy of the weight (`t_cached`, made again
+when the weight changes) and run fewer than MIN_ROWS rows padded to MIN_ROWS (`pad_rows`): every call then takes
+the same kernel a large batch does.
 
 It is a CPU mode a thread turns on for itself (`batch_invariant_mode`; `rollout.TorchEngine` with
 `EngineConfig.batch_invariant`): outside it these are the plain products, and training never pays for the copies.
@@ -28,6 +33,9 @@ _mode = threading.local()
 # id(weight) -> (weak reference to it, its version then, the transposed copy); entries leave with their weight.
 # (Not a WeakKeyDictionary: tensors compare elementwise, so they cannot be dict keys by equality.)
 _t_cache: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+MIN_ROWS = 16
+"""Fewest rows (or, for `t1core.decode_attention`, columns) a batch-invariant product runs with (see above)."""
 
 
 def batch_invariant() -> bool:
@@ -57,16 +65,23 @@ def t_cached(w_XN: torch.Tensor) -> torch.Tensor:
     return w_t
 
 
-def two_rows(a_MX: torch.Tensor) -> torch.Tensor:
-    """a with a single row (dim -2) stacked on itself; a itself otherwise."""
-    return a_MX.expand(*a_MX.shape[:-2], 2, a_MX.shape[-1]).contiguous() if a_MX.shape[-2] == 1 else a_MX
+def pad_rows(a_MX: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """a with zeros appended along `dim` up to MIN_ROWS entries; a itself when it has that many already.
+
+    Zero padding, not repeated rows: a padded row only adds rows to the output, each computed on its own."""
+    short = MIN_ROWS - a_MX.shape[dim]
+    if short <= 0:
+        return a_MX
+    shape = list(a_MX.shape)
+    shape[dim] = short
+    return torch.cat([a_MX, a_MX.new_zeros(shape)], dim=dim)
 
 
 def mm_rows(a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
     """`a @ w.T` for 2-D a and a weight w stored [N, K]; row-invariant in batch-invariant mode."""
     if not batch_invariant() or a_MK.device.type != "cpu":
         return torch.mm(a_MK, w_NK.t())
-    return torch.mm(two_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
+    return torch.mm(pad_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
 
 
 def linear_rows(x_MK: torch.Tensor, weight_NK: torch.Tensor, bias_N: torch.Tensor | None = None) -> torch.Tensor:
