@@ -50,8 +50,8 @@ def test_mm_rows_are_row_invariant_in_the_mode_and_follow_weight_updates() -> No
     a, w = torch.randn(40, 64, generator=g), torch.randn(96, 64, generator=g)  # w stored [N, K], as nn.Linear's
     with batch_invariant_mode():
         full = mm_rows(a, w)
-        # Every count of rows, on two threads where the caller has them: MKL's small-matrix paths start at other
-        # counts on other CPUs and thread counts (kernels.rows).
+        # Every count of rows: MKL's small-matrix paths start at other counts on other CPUs and thread counts
+        # (kernels.rows).
         parts = {(i, m): mm_rows(a[i:i + m], w) for m in range(1, 30) for i in (0, 11)}
         w.mul_(2.0)  # an in-place update (the engine's weight sync) must not reuse the cached transposed copy
         doubled = mm_rows(a, w)

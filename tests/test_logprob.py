@@ -24,7 +24,7 @@ from kernels.logprob_torch import N_CHUNK, fits_one_tile, reference_token_logpro
 ROOT = Path(__file__).resolve().parents[1]
 # fp32 accumulation over D and over ~1e5 vocabulary columns against float64. Values: ~1e-6 relative. Gradients
 # sum V terms of both signs (d_hidden is a GEMM with inner size V), so their error follows the BLAS's summation
-# order: ~1e-6 on the Intel boxes, up to 1.06e-4 of the largest entry at V=151,936 and temperature 1.3 with MKL's
+# order: ~1e-6 on the earlier boxes, up to 1.06e-4 of the largest entry at V=151,936 and temperature 1.3 with MKL's
 # AVX2 kernels on an AMD EPYC (2026-12-02). 3e-4 covers both and still catches any wrong term (those are O(1)).
 VAL_TOL = 1e-4
 GRAD_TOL = 3e-4
