@@ -67,16 +67,10 @@ def t_cached(w_XN: torch.Tensor) -> torch.Tensor:
     return w_t
 
 
-def pad_rows(a_MX: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    """a with zeros appended along `dim` up to MIN_ROWS entries; a itself when it has that many already.
-
-    Zero padding, not repeated rows: a padded row only adds rows to the output, each computed on its own."""
-    short = MIN_ROWS - a_MX.shape[dim]
-    if short <= 0:
-        return a_MX
-    shape = list(a_MX.shape)
-    shape[dim] = short
-    return torch.cat([a_MX, a_MX.new_zeros(shape)], dim=dim)
+def pad_rows(a_MX: torch.Tensor) -> torch.Tensor:
+    """2-D a with zero rows appended up to MIN_ROWS rows; a itself when it has that many already."""
+    short = MIN_ROWS - a_MX.shape[0]
+    return a_MX if short <= 0 else F.pad(a_MX, (0, 0, 0, short))
 
 
 def mm_rows(a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
