@@ -8,7 +8,8 @@ padded to the longest of them and a prompt runs as one chunk or, after a prefix-
 sums over however many keys and rows the call has, so the same token's attention came out ~1e-7 apart depending on
 what ran beside it. Here every sum has a shape fixed by the data, not by the batch. The work runs transposed, with
 queries as columns: MKL's products are column-invariant for a row-major left operand from `kernels.rows.MIN_ROWS`
-columns up (on the earlier boxes at any count, on AMD AVX2 from 12), and a chunk with fewer query columns is padded to that:
+columns up (on the earlier boxes at any count, on AMD AVX2 from 12), and a chunk with fewer query columns is
+padded to that:
 - per key block, scores^T = K_blk [KB, Dh] @ q^T [Dh, R] and out^T = V_blk^T [Dh, KB] @ p^T [KB, R] (inner sizes
   Dh and KB, whatever R and n are), and the softmax denominator a sum over KB contiguous values;
 - masked keys (beyond a query's causal end, or padding) get probability exactly 0 and so add exactly 0;
