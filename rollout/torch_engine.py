@@ -304,9 +304,11 @@ class TorchEngine:
                 self._cv.notify_all()
 
     def _set_threads(self, num_tokens: int) -> None:
-        """Intra-op threads of the engine thread for the next extend (CPU only). The OpenMP count is per thread;
-        torch also keeps the value as the default of threads that start later, so threads that care (the
-        trainer's main thread is set up at import) set their own."""
+        """Intra-op threads of the engine thread for the next extend (CPU only). torch's count is per thread once
+        a thread has made its first parallel call (or `torch.get_num_threads()`); a thread that has not takes the
+        value some thread set last, which would be this one's, 1 or N by the size of its last step (measured with
+        the 2.13 CPU wheel). The thread that builds the engine has made such calls by the end of `__init__`, so a
+        trainer keeps its count whatever the engine sets here (a test checks it)."""
         if self._cpu_threads is not None:
             small = num_tokens < self.config.cpu_parallel_min_tokens
             torch.set_num_threads(1 if small else self._cpu_threads)

@@ -243,3 +243,23 @@ def test_batch_invariant_engine_gives_the_same_bits_whatever_ran_beside() -> Non
             assert other[i].token_ids == together[i].token_ids
             assert torch.equal(other[i].logprobs, together[i].logprobs)
             assert torch.equal(other[i].routing, together[i].routing)
+
+
+def test_engine_leaves_its_creators_thread_count_alone(model: MoEModel) -> None:
+    """The engine runs small steps on one intra-op thread (`EngineConfig.cpu_parallel_min_tokens`) by setting its
+    own thread's count each step. The thread that built it must come out of a rollout with the count it had: a
+    trainer whose updates ran on one thread after every collection would be half as fast on two cores."""
+    threads = 2
+    seen: dict[str, int] = {}
+
+    def creator() -> None:  # a fresh thread: torch has not fixed its count yet
+        torch.set_num_threads(threads)
+        with TorchEngine(model, EngineConfig(max_batch=2, num_slots=2, max_seq_len=64)) as eng:
+            # Every step is a few tokens, far below cpu_parallel_min_tokens: the engine sets 1 thread for each.
+            eng.generate(_prompts(2, seed=3, lo=3, hi=6), SamplingParams(max_new_tokens=4, seed=0))
+        seen["creator"] = torch.get_num_threads()
+
+    t = threading.Thread(target=creator)
+    t.start()
+    t.join()
+    assert seen["creator"] == threads
