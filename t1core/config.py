@@ -100,7 +100,7 @@ class TasksSection:
         "uniform", "which RL instances a step draws: 'uniform', or 'informative' (weighted by how often groups of "
         "the instance's family got different rewards so far, (m + 1) / (n + 2); see t1core/curriculum.py). Tiny "
         "default, same warm starts and seeds, in-run + independent held-out (280 instances): -7 and +7 solved "
-        "against uniform (README)")
+        "against uniform (EXPERIMENTS.md)")
     rl_sampling_decay: float = _field(
         0.95, "per-step decay of the 'informative' sampling counts (1 = never forget; 0.95 ~ the last 20 steps)")
     train_seed: int = _field(0, "seed block of the training instances (block b draws seeds b*100000, b*100000+1, ...)")
@@ -216,12 +216,12 @@ class AlgoSection:
         "their group push, and a failed near-miss, whose tokens were mostly right, pushes nothing down). Tiny "
         "default, same warm start, instances and seeds: 0 raised the training reward of steps 12-23 from 2.48-2.52 "
         "to 2.72 and ended 40 RL steps at 62 of 112 held-out (from 56); plain PPO ended 24 steps at 55. With seed 1 "
-        "both lost ~15 of 168 independent held-out instances (README)")
+        "both lost ~15 of 168 independent held-out instances (EXPERIMENTS.md)")
     mask_malformed_turns: bool = _field(
         False, "no policy-gradient push on replies without a parsable tool call (advantage 0 there, and they stay "
         "out of the advantage baseline; the KL term still applies). At temperature 1 the tiny policy often "
         "babbles after its solving command until max_turns (3-80% of a step's sampled tokens), and each babble "
-        "token otherwise carries its episode's advantage. Measured on the tiny default: no gain (README)")
+        "token otherwise carries its episode's advantage. Measured on the tiny default: no gain (EXPERIMENTS.md)")
     skip_flat_steps: bool = _field(
         True, "no actor update in a step whose episodes all got the same reward: its advantages hold nothing but "
         "the critic's error (the critic still trains on it)")
@@ -231,7 +231,7 @@ class AlgoSection:
         "critic's error alone, and with negative_adv_scale < 1 the positive half of that error is kept, a push up "
         "on whatever was sampled. The critic still trains on them, the KL term still applies, and a step with no "
         "other group takes no actor step. Tiny default, same warm starts and seeds, in-run + independent held-out "
-        "(280 instances): +5, +6 (at 2x lr_actor) and -2 solved against false (README)")
+        "(280 instances): +5, +6 (at 2x lr_actor) and -2 solved against false (EXPERIMENTS.md)")
     ppo_epochs: int = _field(1, "passes over each step's batch")
     minibatch_tokens: int = _field(2048, "tokens per optimizer step (whole trajectories are packed)")
 
@@ -310,13 +310,13 @@ class OptimSection:
         True, "decay the actor's RL learning rate linearly towards 0 over run.steps (by RL step, times the warmup): "
         "the last steps' episodes then leave no mark of their own, as the SFT decay does for its last minibatches. "
         "Tiny default, same warm starts, deterministic runs: in-run held-out 57 -> 61 and 67 -> 71 of 112 (constant "
-        "rate: 57, 62), 168 independent instances 94 -> 91 and 104 -> 97 (constant: 86, 96) (README)")
+        "rate: 57, 62), 168 independent instances 94 -> 91 and 104 -> 97 (constant: 86, 96) (EXPERIMENTS.md)")
     actor_frozen: tuple[str, ...] = _field(
         (), "policy parameters RL leaves as warm-started: fnmatch patterns over parameter names, e.g. "
         "['lm_head.*', 'model.embed_tokens.*'] or ['*.mlp.gate.*'] (the routers); pretraining and SFT train them "
         "all; a pattern that matches nothing is an error. Tiny default, seed 0's warm start, in-run + independent "
         "held-out (280 instances): 152 without the embeddings and LM head, 153 with the attention projections "
-        "only, against 157 with everything (README)")
+        "only, against 157 with everything (EXPERIMENTS.md)")
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -9,7 +9,7 @@ flat groups) no rollout is thrown away, and no family's weight reaches 0: one th
 A family is the task name without its split suffix (`rollout.score.family_of`); a task that has none is its own.
 
 On the tiny default it changed nothing measurable: its 14 families disagree in 40-60% of their groups, except
-two that never do, so after 24 steps 46 of 96 groups disagreed (50 with uniform draws; README).
+two that never do, so after 24 steps 46 of 96 groups disagreed (50 with uniform draws; EXPERIMENTS.md).
 
 The statistics are plain floats in the trainer's data state, so a resumed run draws exactly what a straight one does.
 """

@@ -6,7 +6,7 @@ For N held-out instances of each built-in family, greedy decoding continues `ins
 `t1core.pretrain` trains on, no chat template, no sandbox) until `</tool_call>`, and the result is compared with
 the reference's first tool call, byte for byte. It measures the base model's copying (file names, words, field
 names out of the instruction) apart from SFT and the agent loop: the held-out failures of the tiny default are
-almost all one word or name copied wrong (README, "Where RL's gains go"). Prints per family `exact/N`, one wrong
+almost all one word or name copied wrong (EXPERIMENTS.md, "Where RL's gains go"). Prints per family `exact/N`, one wrong
 command per family, and the total.
 """
 
