@@ -45,6 +45,32 @@ DEFAULT_SYSTEM_PROMPT = (
 
 
 @dataclass(frozen=True, kw_only=True)
+class SandboxLimits:
+    """Container limits of every episode's sandbox. CPU and memory default to each task's own `[environment]`
+    (Harbor task.toml; `sandbox.tasks` fills in 1 CPU and 2048 MiB when it says nothing): a value here overrides
+    them for every task. The process limit and the output cap are the run's alone (no task format names them)."""
+
+    cpus: float | None = None
+    """CPU quota of every container; None: the task's `cpus`."""
+    memory_mb: int | None = None
+    """Memory limit of every container in MiB (swap included); None: the task's `memory_mb`."""
+    pids: int = 256
+    """Process limit of every container (a fork bomb stops there; the shell machinery needs a few)."""
+    output_cap_bytes: int = 16 * 1024
+    """Bytes of a command's output the agent is shown: the first and last halves, the middle cut."""
+
+    def __post_init__(self) -> None:
+        if self.cpus is not None and not self.cpus > 0:
+            raise ValueError(f"SandboxLimits.cpus: expected > 0 or None, got {self.cpus}")
+        if self.memory_mb is not None and self.memory_mb < 16:
+            raise ValueError(f"SandboxLimits.memory_mb: expected >= 16 or None, got {self.memory_mb}")
+        if self.pids < 16:
+            raise ValueError(f"SandboxLimits.pids: expected >= 16 (the shell machinery needs a few), got {self.pids}")
+        if self.output_cap_bytes < 256:
+            raise ValueError(f"SandboxLimits.output_cap_bytes: expected >= 256, got {self.output_cap_bytes}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentConfig:
     """Limits and sampling of one episode."""
 
@@ -66,6 +92,8 @@ class AgentConfig:
     """The system message; it must explain the tool-call format and the done marker."""
     verify: bool = True
     """Run the task's verifiers at the end (reward = verifiers passed)."""
+    sandbox: SandboxLimits = SandboxLimits()
+    """Limits of the episode's container (`run_episodes` starts it with them)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_reply_tokens"):
@@ -225,9 +253,12 @@ class EpisodeSpec:
     seed: int
 
 
-def sandbox_kwargs(task: Task) -> dict[str, Any]:
-    """DockerSandbox limits of a task's environment."""
-    return {"cpus": task.cpus, "memory": f"{task.memory_mb}m", "network": task.network, "workdir": task.workdir}
+def sandbox_kwargs(task: Task, limits: SandboxLimits = SandboxLimits()) -> dict[str, Any]:
+    """DockerSandbox arguments of a task's environment under the run's `limits`."""
+    cpus = task.cpus if limits.cpus is None else limits.cpus
+    memory_mb = task.memory_mb if limits.memory_mb is None else limits.memory_mb
+    return {"cpus": cpus, "memory": f"{memory_mb}m", "pids": limits.pids, "output_cap": limits.output_cap_bytes,
+            "network": task.network, "workdir": task.workdir}
 
 
 def _failed_episode(spec: EpisodeSpec, tok: ChatTokenizer, config: AgentConfig, reason: str,
@@ -242,8 +273,10 @@ class _Pools:
     """One SandboxPool per environment (image + limits), created on first use, told how many episodes it will
     serve (so it starts no spare), and closed as soon as the last of them is over."""
 
-    def __init__(self, specs: list[EpisodeSpec], *, num_parallel: int, pool_size: int | None) -> None:
-        self.keys = [(s.image, *sorted(sandbox_kwargs(s.task).items())) for s in specs]
+    def __init__(self, specs: list[EpisodeSpec], *, num_parallel: int, pool_size: int | None,
+                 limits: SandboxLimits) -> None:
+        self.kwargs = [sandbox_kwargs(s.task, limits) for s in specs]
+        self.keys = [(s.image, *sorted(kw.items())) for s, kw in zip(specs, self.kwargs)]
         self.specs, self.num_parallel, self.pool_size = specs, num_parallel, pool_size
         self.remaining = Counter(self.keys)
         self.pools: dict[tuple, Any] = {}
@@ -257,7 +290,7 @@ class _Pools:
             if key not in self.pools:
                 need = self.remaining[key]  # episodes of this environment, none started yet
                 size = min(self.pool_size or self.num_parallel, need)
-                self.pools[key] = SandboxPool(spec.image, size=size, demand=need, **sandbox_kwargs(spec.task))
+                self.pools[key] = SandboxPool(spec.image, size=size, demand=need, **self.kwargs[index])
             return self.pools[key]
 
     def done(self, index: int) -> None:
@@ -278,8 +311,8 @@ class _Pools:
 def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *, config: AgentConfig | None = None,
                  num_parallel: int = 8, pool_size: int | None = None,
                  on_done: Callable[[int, Trajectory], None] | None = None) -> list[Trajectory]:
-    """Run episodes concurrently (threads), each in its own sandbox from a per-environment `SandboxPool`,
-    all sharing `engine`; returns trajectories in the order of `specs`.
+    """Run episodes concurrently (threads), each in its own sandbox from a per-environment `SandboxPool` (limits:
+    `config.sandbox` over the task's own), all sharing `engine`; returns trajectories in the order of `specs`.
 
     `pool_size`: sandboxes kept warm per environment (None: `num_parallel`), never more than the episodes of that
     environment not yet started. A sandbox that cannot be acquired or dies mid-episode ends only that episode, with
@@ -288,7 +321,7 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
     if num_parallel < 1:
         raise ValueError(f"num_parallel must be >= 1, got {num_parallel}")
     config = config or AgentConfig()
-    pools = _Pools(specs, num_parallel=num_parallel, pool_size=pool_size)
+    pools = _Pools(specs, num_parallel=num_parallel, pool_size=pool_size, limits=config.sandbox)
 
     def one(index: int) -> Trajectory:
         spec = specs[index]

@@ -134,21 +134,26 @@ class TasksSection:
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxSection:
-    cpus: float = _field(0.5, "CPU quota per sandbox container")
-    memory_mb: int = _field(512, "memory limit per sandbox container (MiB)")
-    pids: int = _field(128, "process limit per sandbox container")
+    cpus: float | None = _field(
+        None, "CPU quota of every sandbox container; none = each task's own [environment] cpus (task.toml; 1 when "
+        "it sets none; the built-in tasks ask for 1)")
+    memory_mb: int | None = _field(
+        None, "memory limit of every sandbox container in MiB, swap included; none = each task's own [environment] "
+        "memory_mb (2048 when it sets none; the built-in families ask for 512, the fixed tasks for 1024)")
+    pids: int = _field(256, "process limit per sandbox container (a fork bomb stops there)")
     command_timeout_s: float = _field(10.0, "wall-clock limit of one agent command; it is killed after that")
-    output_cap_bytes: int = _field(4096, "bytes of a command's output kept and shown to the agent (tail cut)")
+    output_cap_bytes: int = _field(
+        16384, "bytes of a command's output shown to the agent: its first and last halves, the middle cut")
     pool_size: int = _field(4, "sandboxes kept started ahead of need, per environment (image and limits); never "
                                   "more than the episodes it still has to serve")
 
     def __post_init__(self) -> None:
         _check_types(self)
-        _check(self.cpus > 0, "sandbox.cpus", "> 0", self.cpus)
-        _check(self.memory_mb >= 16, "sandbox.memory_mb", ">= 16", self.memory_mb)
-        _check(self.pids >= 8, "sandbox.pids", ">= 8", self.pids)
+        _check(self.cpus is None or self.cpus > 0, "sandbox.cpus", "> 0 or none", self.cpus)
+        _check(self.memory_mb is None or self.memory_mb >= 16, "sandbox.memory_mb", ">= 16 or none", self.memory_mb)
+        _check(self.pids >= 16, "sandbox.pids", ">= 16 (the shell machinery needs a few)", self.pids)
         _check(self.command_timeout_s > 0, "sandbox.command_timeout_s", "> 0", self.command_timeout_s)
-        _check(self.output_cap_bytes >= 64, "sandbox.output_cap_bytes", ">= 64", self.output_cap_bytes)
+        _check(self.output_cap_bytes >= 256, "sandbox.output_cap_bytes", ">= 256", self.output_cap_bytes)
         _check(self.pool_size >= 1, "sandbox.pool_size", ">= 1", self.pool_size)
 
 

@@ -1,8 +1,9 @@
 """Per-step metrics: a JSONL logger, a PNG of the curves, GPU memory/utilisation, a phase stopwatch.
 
 Keys are flat "group/name" strings; nested dicts are flattened with "/". The plot groups them by name:
-reward/* (dense reward), outcome/* (outcome rate), heldout/* (held-out success), mismatch/{gap,k3,
-extreme_frac} (train vs rollout log-probs), */loss (losses), time/* (seconds per phase, stacked).
+reward/* (dense reward), outcome/* (outcome rate), heldout/*_{success,verifier_frac} (held-out success),
+mismatch/{gap,k3,extreme_frac} (train vs rollout log-probs), */loss (losses), time/* (seconds per phase,
+stacked). `progress_line` turns a row into one line of text for the log.
 """
 
 from __future__ import annotations
@@ -93,11 +94,50 @@ class MetricsLogger:
 _PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("dense reward", lambda k: k.startswith("reward/")),
     ("outcome rate", lambda k: k.startswith("outcome/")),
-    ("held-out success", lambda k: k.startswith("heldout/")),
+    ("held-out success", lambda k: k.startswith("heldout/") and k.endswith(("_success", "_verifier_frac"))),
     ("train/rollout log-prob gap", lambda k: k in ("mismatch/gap", "mismatch/k3", "mismatch/extreme_frac")),
     ("losses", lambda k: k.endswith("/loss")),
     ("time split (s)", lambda k: k.startswith("time/")),
 )
+
+
+def progress_line(row: Mapping[str, Any], *, total_steps: int) -> str:
+    """One line for people reading the log (a file or a terminal): what a metrics row says, in a fixed order.
+
+    Step -1 is the warm start (pretraining, SFT, held-out before RL), step `total_steps` the evaluation after RL,
+    the steps between are RL steps. Parts whose keys a row lacks are left out; a null (non-finite) value shows as
+    "nan".
+    """
+    def f(key: str, spec: str) -> str:
+        value = row.get(key)
+        return format(value, spec) if isinstance(value, (int, float)) else "nan"
+
+    parts = []
+    if "pretrain/steps" in row:
+        parts.append(f"pretrain loss {f('pretrain/loss_first', '.2f')} -> {f('pretrain/loss_last', '.2f')}")
+    if "sft/steps" in row:
+        parts.append(f"SFT {f('sft/transcripts', '.0f')} transcripts, {f('sft/steps', '.0f')} steps, "
+                     f"NLL {f('sft/nll', '.3f')}")
+    if "outcome/rate" in row:
+        parts.append(f"reward {f('reward/dense_mean', '.2f')}, solved {f('outcome/rate', '.0%')}")
+    if "mismatch/gap" in row:
+        parts.append(f"gap {f('mismatch/gap', '.1e')}, drift {f('tito/drift_tokens', '.0f')}")
+    if "train/actor_updated" in row:
+        updated = row["train/actor_updated"]
+        parts.append(f"actor+critic, KL to warm start {f('policy/kl_ref', '.2g')}" if updated else "critic only")
+    for name in ("family", "fixed"):
+        if f"heldout/{name}_success" in row:
+            count = (f" ({f(f'heldout/{name}_solved', '.0f')}/{f(f'heldout/{name}_episodes', '.0f')})"
+                     if f"heldout/{name}_solved" in row else "")
+            parts.append(f"held-out {name} solved {f(f'heldout/{name}_success', '.1%')}{count}, verifiers "
+                         f"{f(f'heldout/{name}_verifier_frac', '.3f')}")
+    phases = [v for k, v in row.items() if k.startswith("time/") and not k.startswith("time/episode_")
+              and k != "time/step_s" and isinstance(v, (int, float))]
+    if phases:
+        parts.append(f"{sum(phases):.0f} s")
+    step = row["step"]
+    label = "warm start" if step < 0 else "after RL" if step >= total_steps else f"rl step {step + 1}/{total_steps}"
+    return f"{label}: " + " | ".join(parts)
 
 
 def plot_metrics(jsonl_path: str | os.PathLike[str], png_path: str | os.PathLike[str]) -> Path:

@@ -34,11 +34,11 @@ from sandbox.families import FAMILIES
 from sandbox.reap import reap
 from t1core import distributed, world
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
-from t1core.config import RunConfig, config_to_toml, format_config, load_config
+from t1core.config import RunConfig, config_to_toml, format_config, load_config, parse_override
 from t1core.curriculum import draw_instances, observe_groups
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
-from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics
+from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, progress_line
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
 from t1core.update import flat_groups, ppo_update, score, sft_num_steps, sft_update
@@ -178,6 +178,8 @@ class Trainer:
                 save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
                       for t in trajs]
+            out[f"heldout/{name}_solved"] = float(sum(map(_solved, trajs)))
+            out[f"heldout/{name}_episodes"] = float(len(trajs))
             out[f"heldout/{name}_success"] = sum(map(_solved, trajs)) / len(trajs)
             out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
         return out
@@ -253,7 +255,11 @@ class Trainer:
         cfg = self.cfg
         resume_step = self._maybe_resume()
         logger = MetricsLogger(self.run_dir / "metrics.jsonl", resume_step=resume_step) if self.dp.is_main else None
-        log = logger.log if logger is not None else (lambda step, row: None)
+
+        def log(step: int, metrics: dict) -> None:
+            if logger is not None:  # one line per row for people (tqdm.write keeps terminal bars intact)
+                tqdm.write(progress_line(logger.log(step, metrics), total_steps=cfg.run.steps), file=sys.stdout)
+                sys.stdout.flush()
         if not self.state["warm_started"]:
             warm = self.warm_start()
             # Saved once: a resumed run anchors its KL penalty to it, and later runs can start from it.
@@ -394,15 +400,29 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
     if bad:
         p.error(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
-    if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.toml").is_file():
-            p.error(f"--resume {run_dir}: no config.toml there (not a run directory)")
-        cfg = load_config(str(run_dir / "config.toml"), overrides)  # overrides may extend run.steps
-        return cfg, run_dir
     if args.config is not None and not Path(args.config).is_file():
         p.error(f"--config {args.config}: no such file")
-    cfg = load_config(args.config, overrides)
+    file_cfg = load_config(args.config, [] if args.resume else overrides)
+    # run.resume_dir, from a config file or --run.resume_dir=DIR, is --resume DIR.
+    named = {str(Path(d)) for d in (args.resume, file_cfg.run.resume_dir) if d}
+    named |= {str(Path(v)) for s, k, v in map(parse_override, overrides) if (s, k) == ("run", "resume_dir")
+              and v.strip().lower() != "none"}
+    if len(named) > 1:
+        p.error(f"resume: {sorted(named)} name different runs")
+    if named:
+        run_dir = Path(named.pop())
+        if not (run_dir / "config.toml").is_file():
+            p.error(f"resume {run_dir}: no config.toml there (not a run directory)")
+        if args.out is not None and Path(args.out) != run_dir:
+            p.error(f"--out {args.out}: a resumed run stays in its own directory {run_dir}")
+        without = dataclasses.replace(file_cfg, run=dataclasses.replace(file_cfg.run, resume_dir=None))
+        if args.config is not None and without != RunConfig():
+            p.error(f"--config {args.config} with a resume: the run keeps its saved config.toml, so the file's "
+                    "settings would be ignored; pass changes as --section.key=value")
+        # The run continues under its saved config; command-line overrides change it (e.g. extend run.steps).
+        cfg = load_config(str(run_dir / "config.toml"), [*overrides, f"--run.resume_dir={run_dir}"])
+        return cfg, run_dir
+    cfg = file_cfg
     out = args.out or cfg.run.out_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.run.seed}"
     run_dir = Path(out)
     if (run_dir / "checkpoints").exists():

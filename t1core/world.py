@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from rollout.agent import AgentConfig
+from rollout.agent import AgentConfig, SandboxLimits
 from rollout.torch_engine import EngineConfig, TorchEngine
 from sandbox.images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.image import ensure_base_image
@@ -125,9 +125,11 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine:
 
 def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:
     r, s = cfg.rollout, cfg.sandbox
+    limits = SandboxLimits(cpus=s.cpus, memory_mb=s.memory_mb, pids=s.pids, output_cap_bytes=s.output_cap_bytes)
     return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
                        wall_clock_s=r.wall_clock_limit_s, command_timeout_s=s.command_timeout_s,
-                       temperature=r.temperature if temperature is None else temperature, top_p=r.top_p)
+                       temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
+                       sandbox=limits)
 
 
 def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from pathlib import Path
 
@@ -49,6 +50,52 @@ def test_every_field_has_help_and_is_printed():
             assert f"{section.name}.{f.name} " in text
             assert f.metadata["help"] in text
     assert "algo.icepop" in format_config(cfg) and "none" in format_config(cfg)
+
+
+def _section_reads(tree: ast.AST, sections: set[str]) -> set[tuple[str, str]]:
+    """(section, name) for every `<ref>.name` in a module where <ref> is a section: `cfg.sandbox.pids`, an alias
+    (`r, s = cfg.rollout, cfg.sandbox` then `s.pids`) or a name equal to the section (a parameter `algo`)."""
+    alias = {sec: sec for sec in sections}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
+                         and isinstance(node.value, ast.Tuple) else [(target, node.value)])
+                for t, v in pairs:
+                    if isinstance(t, ast.Name) and isinstance(v, ast.Attribute) and v.attr in sections:
+                        alias[t.id] = v.attr
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            ref = node.value
+            if isinstance(ref, ast.Attribute) and ref.attr in sections:
+                out.add((ref.attr, node.attr))
+            elif isinstance(ref, ast.Name) and ref.id in alias:
+                out.add((alias[ref.id], node.attr))
+    return out
+
+
+def test_every_field_is_read_outside_the_config():
+    """No option that silently does nothing: each field is read as `<section>.field` somewhere outside config.py
+    (`cfg.sandbox.pids`, an alias `s = cfg.sandbox` then `s.pids`, a parameter `algo` then `algo.gamma`), or through
+    a method of its section (`cfg.tasks.base_image_map()` reads base_image_overrides). Static, so it cannot prove
+    that a value is used well; it caught four sandbox.* fields and run.resume_dir that nothing read."""
+    root = Path(__file__).resolve().parents[1]
+    cfg = RunConfig()
+    sections = {f.name for f in dataclasses.fields(cfg)}
+    reads: set[tuple[str, str]] = set()
+    for pattern in ("t1core/**/*.py", "rollout/**/*.py", "sandbox/**/*.py"):
+        for path in root.glob(pattern):
+            if path.name != "config.py":
+                reads |= _section_reads(ast.parse(path.read_text()), sections)
+    methods = {}  # public method of a section class -> the self.<field> names it reads
+    for cls in (n for n in ast.parse((root / "t1core/config.py").read_text()).body if isinstance(n, ast.ClassDef)):
+        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")):
+            methods[fn.name] = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
+    reads |= {(sec, name) for sec, method in list(reads) if method in methods for name in methods[method]}
+    unread = [f"{sec}.{f.name}" for sec in sections for f in dataclasses.fields(getattr(cfg, sec))
+              if (sec, f.name) not in reads]
+    assert not unread, f"config fields nothing reads: {sorted(unread)}"
 
 
 def test_toml_round_trip_with_non_defaults(tmp_path):
@@ -99,6 +146,10 @@ def test_overrides_are_typed_and_win_over_toml(tmp_path):
     ("--tasks.rl_seed=0", "tasks.rl_seed: expected a seed block other than tasks.train_seed"),
     ("--tasks.heldout_seed=-1", "tasks.heldout_seed: expected >= 0"),
     ("--algo.minibatch_tokens=100", "algo.minibatch_tokens: expected >= rollout.max_tokens"),
+    ("--sandbox.pids=8", r"sandbox.pids: expected >= 16"),
+    ("--sandbox.cpus=0", r"sandbox.cpus: expected > 0 or none"),
+    ("--sandbox.memory_mb=8", r"sandbox.memory_mb: expected >= 16 or none"),
+    ("--sandbox.output_cap_bytes=100", r"sandbox.output_cap_bytes: expected >= 256"),
 ])
 def test_bad_overrides_raise_with_expected_and_got(override, message):
     with pytest.raises(ValueError, match=message):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, read_metrics
+from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, progress_line, read_metrics
 
 
 def _fake_run(path, num_steps: int = 6) -> None:
@@ -96,3 +96,17 @@ def test_stopwatch_accumulates_and_resets():
     assert set(times) == {"time/generate", "time/update"}
     assert 0.02 <= times["time/generate"] < 1.0 and math.isfinite(times["time/update"])
     assert sw.pop() == {}
+
+
+def test_progress_line_says_what_a_row_says():
+    warm = {"step": -1, "pretrain/steps": 300.0, "pretrain/loss_first": 3.25, "pretrain/loss_last": 0.26,
+            "heldout/family_success": 0.5, "heldout/family_solved": 56.0, "heldout/family_episodes": 112.0,
+            "heldout/family_verifier_frac": 0.71, "time/pretrain": 100.0, "time/sft_update": 20.5}
+    assert progress_line(warm, total_steps=24) == ("warm start: pretrain loss 3.25 -> 0.26 | held-out family solved "
+                                                   "50.0% (56/112), verifiers 0.710 | 120 s")
+    step = {"step": 3, "reward/dense_mean": 2.5, "outcome/rate": 0.625, "mismatch/gap": None,
+            "tito/drift_tokens": 0.0, "train/actor_updated": 1.0, "policy/kl_ref": 0.0042,
+            "time/collect": 10.0, "time/episode_generate_s": 99.0, "time/step_s": 12.0}
+    assert progress_line(step, total_steps=24) == ("rl step 4/24: reward 2.50, solved 62% | gap nan, drift 0 | "
+                                                   "actor+critic, KL to warm start 0.0042 | 10 s")
+    assert progress_line({"step": 24}, total_steps=24) == "after RL: "

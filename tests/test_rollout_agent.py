@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from kernels.logprob import token_logprobs
-from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, parse_action, run_episode, run_episodes, sandbox_kwargs
+from rollout.agent import (DONE_MARKER, AgentConfig, EpisodeSpec, SandboxLimits, parse_action, run_episode, run_episodes,
+                           sandbox_kwargs)
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.tito import retokenization_drift, sampled_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -166,6 +167,33 @@ def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task
         assert traj.finish_reason == "done" and traj.reward == traj.verifier["total"] >= 3, traj.finish_reason
     # Concurrency: 8 episodes took less than 8 sequential ones would.
     assert wall < sum(t.metrics["wall_s"] for t in trajs)
+
+
+def test_sandbox_limits_reach_the_container(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`AgentConfig.sandbox` (the trainer's sandbox.* section) sets every episode's container: CPU and memory over
+    the task's own, the process limit, and the output cap of what the agent is shown."""
+    task = tasks[0]
+    flood = "head -c 3000 /dev/zero | tr '\\0' x"
+    engine = ScriptedEngine(tok, tasks, lambda t, turn: format_tool_call(flood) if turn == 0 else DONE_MARKER)
+    hosts: list[dict] = []
+    create = docker.APIClient.create_container
+
+    def capture(self, *args, **kwargs):
+        hosts.append(kwargs["host_config"])
+        return create(self, *args, **kwargs)
+
+    monkeypatch.setattr(docker.APIClient, "create_container", capture)
+    spec = [EpisodeSpec(task=task, image=images[task.name], seed=0)]
+    limits = SandboxLimits(cpus=0.5, memory_mb=300, pids=64, output_cap_bytes=1024)
+    (capped,) = run_episodes(engine, tok, spec, config=AgentConfig(max_turns=2, verify=False, sandbox=limits))
+    (own,) = run_episodes(engine, tok, spec, config=AgentConfig(max_turns=2, verify=False))
+    got = [(h["NanoCpus"], h["Memory"], h["PidsLimit"]) for h in hosts]
+    assert got == [(500_000_000, 300 << 20, 64), (int(task.cpus * 1e9), task.memory_mb << 20, 256)], got
+    assert own.turns[0].output.count("x") == 3000
+    assert 0 < capped.turns[0].output.count("x") <= 1024
+    with pytest.raises(ValueError, match="SandboxLimits.pids: expected >= 16"):
+        SandboxLimits(pids=8)
 
 
 def _find_container_running(needle: str, api: docker.APIClient, timeout_s: float = 60) -> str:

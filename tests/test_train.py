@@ -8,6 +8,7 @@ floating-point sum, is the same in both runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import torch
 
 from t1core import train
 from t1core.checkpointing import load_checkpoint
+from t1core.config import config_to_toml, load_config
 from t1core.update import _step
 
 docker = pytest.importorskip("docker")
@@ -62,12 +64,15 @@ def _state(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @needs_docker
-def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path) -> None:
+def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path, capsys) -> None:
     # Extending run.steps on resume would move the end of the decayed RL rate (optim.actor_lr_decay): constant here;
     # the crash test below resumes with the decay on.
     common = [f"--tasks.source={task_dir}", *TINY, "--optim.actor_lr_decay=false"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train.main(["--out", str(straight), "--run.steps=4", *common]) == 0
+    printed = capsys.readouterr().out  # a line per metrics row, also when stdout is no terminal (no bars then)
+    assert "warm start:" in printed and "rl step 1/4: reward" in printed and "critic only" in printed
+    assert "rl step 4/4: reward" in printed and "actor+critic, KL to warm start" in printed
     assert train.main(["--out", str(split), "--run.steps=2", *common]) == 0
     assert train.main(["--resume", str(split), "--run.steps=4"]) == 0
 
@@ -248,6 +253,37 @@ def test_bad_arguments_are_clear_errors(capsys) -> None:
     with pytest.raises(SystemExit):  # argparse: a --config file that is not there
         train.parse_args(["--config", "/nonexistent/run.toml"])
     assert "--config /nonexistent/run.toml: no such file" in capsys.readouterr().err
+
+
+def test_resume_dir_in_the_config_is_resume(tmp_path: Path, capsys) -> None:
+    """run.resume_dir (an override or a config file's) continues that run as --resume does; a run named twice
+    differently, an --out elsewhere or a config file whose other settings a resume would drop are errors."""
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(SystemExit):
+        train.parse_args([f"--run.resume_dir={run}"])
+    assert "no config.toml there" in capsys.readouterr().err
+    (run / "config.toml").write_text(config_to_toml(load_config(None, ["--run.steps=3", "--run.seed=7"])))
+    cfg, run_dir = train.parse_args([f"--run.resume_dir={run}", "--run.steps=5"])
+    assert run_dir == run and cfg.run.steps == 5 and cfg.run.seed == 7 and cfg.run.resume_dir == str(run)
+    assert train.parse_args(["--resume", str(run)])[0] == dataclasses.replace(
+        cfg, run=dataclasses.replace(cfg.run, steps=3))
+    only = tmp_path / "only.toml"
+    only.write_text(f'[run]\nresume_dir = "{run}"\n')
+    assert train.parse_args(["--config", str(only)])[1] == run
+    cases = {"name different runs": ["--resume", str(run), f"--run.resume_dir={tmp_path}"],
+             "stays in its own directory": ["--resume", str(run), "--out", str(tmp_path / "elsewhere")],
+             "settings would be ignored": ["--resume", str(run), "--config", str(_write_toml(tmp_path))]}
+    for message, argv in cases.items():
+        with pytest.raises(SystemExit):
+            train.parse_args(argv)
+        assert message in capsys.readouterr().err, argv
+
+
+def _write_toml(tmp_path: Path) -> Path:
+    path = tmp_path / "other.toml"
+    path.write_text("[run]\nseed = 3\n")
+    return path
 
 
 def test_an_unusable_cuda_device_fails_before_any_work(tmp_path: Path) -> None:
