@@ -178,9 +178,10 @@ class Trainer:
                 save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
                       for t in trajs]
-            out[f"heldout/{name}_solved"] = float(sum(map(_solved, trajs)))
+            solved = sum(map(_solved, trajs))
+            out[f"heldout/{name}_solved"] = float(solved)
             out[f"heldout/{name}_episodes"] = float(len(trajs))
-            out[f"heldout/{name}_success"] = sum(map(_solved, trajs)) / len(trajs)
+            out[f"heldout/{name}_success"] = solved / len(trajs)
             out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
         return out
 

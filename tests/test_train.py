@@ -268,22 +268,17 @@ def test_resume_dir_in_the_config_is_resume(tmp_path: Path, capsys) -> None:
     assert run_dir == run and cfg.run.steps == 5 and cfg.run.seed == 7 and cfg.run.resume_dir == str(run)
     assert train.parse_args(["--resume", str(run)])[0] == dataclasses.replace(
         cfg, run=dataclasses.replace(cfg.run, steps=3))
-    only = tmp_path / "only.toml"
+    only, other = tmp_path / "only.toml", tmp_path / "other.toml"
     only.write_text(f'[run]\nresume_dir = "{run}"\n')
+    other.write_text("[run]\nseed = 3\n")
     assert train.parse_args(["--config", str(only)])[1] == run
     cases = {"name different runs": ["--resume", str(run), f"--run.resume_dir={tmp_path}"],
              "stays in its own directory": ["--resume", str(run), "--out", str(tmp_path / "elsewhere")],
-             "settings would be ignored": ["--resume", str(run), "--config", str(_write_toml(tmp_path))]}
+             "settings would be ignored": ["--resume", str(run), "--config", str(other)]}
     for message, argv in cases.items():
         with pytest.raises(SystemExit):
             train.parse_args(argv)
         assert message in capsys.readouterr().err, argv
-
-
-def _write_toml(tmp_path: Path) -> Path:
-    path = tmp_path / "other.toml"
-    path.write_text("[run]\nseed = 3\n")
-    return path
 
 
 def test_an_unusable_cuda_device_fails_before_any_work(tmp_path: Path) -> None:
