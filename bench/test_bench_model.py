@@ -5,6 +5,10 @@ Run: `python -m pytest bench/test_bench_model.py -q -s`. Gates on correctness fi
 prints tokens/s and the ratio, never asserts on speed. Target (issue 3): fwd+bwd >= 1.5x transformers.
 A training step is forward -> per-token log-probs of the next token -> mean -> backward, for 4 x 512 tokens.
 Ours: packed [2048] row, `kernels.logprob.token_logprobs`; transformers: [4, 512] batch, logits + cross-entropy.
+
+Beside the ratio it prints our step's GEMM floor: every matrix-matrix product one of our steps runs (recorded at
+the dispatcher, same shapes and strides), replayed alone in each round. transformers' time over that floor is the
+ratio ours would reach if nothing but its GEMMs took time: the ceiling a faster non-GEMM part can approach.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.logprob import token_logprobs
 from t1core.model import ModelConfig, MoEModel
@@ -80,6 +85,38 @@ def _step_fns(ours: MoEModel, hf: torch.nn.Module, ids_BS: torch.Tensor) -> dict
             "trunk": {"ours": ours_trunk, "transformers": hf_trunk}}
 
 
+_GEMMS = {torch.ops.aten.mm.default: torch.mm, torch.ops.aten.mm.out: torch.mm,
+          torch.ops.aten.bmm.default: torch.bmm, torch.ops.aten.bmm.out: torch.bmm}
+
+
+class _RecordGemms(TorchDispatchMode):
+    """Records (product, a, b) for every mm / bmm the wrapped code runs, forward and backward alike."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Callable, torch.Tensor, torch.Tensor]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _GEMMS:
+            self.calls.append((_GEMMS[func], args[0].detach(), args[1].detach()))  # views keep their strides
+        return func(*args, **(kwargs or {}))
+
+
+def _gemm_replay(step: Callable) -> tuple[Callable[[], None], float]:
+    """A function that reruns every matrix product of one `step` alone (fresh outputs, as in the step), and their
+    GFLOP."""
+    with _RecordGemms() as rec:
+        step()
+    gflop = sum(2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
+                for _, a, b in rec.calls) / 1e9
+
+    def replay() -> None:
+        for product, a, b in rec.calls:
+            product(a, b)
+
+    return replay, gflop
+
+
 @pytest.mark.parametrize("comparison", ["full step", "trunk"])
 def test_bench_train_step_vs_transformers(models, comparison: str, benchmark, capsys) -> None:
     ours, hf = models
@@ -92,14 +129,16 @@ def test_bench_train_step_vs_transformers(models, comparison: str, benchmark, ca
     fns = _step_fns(ours, hf, ids_BS)[comparison]
     loss_ours, loss_hf = fns["ours"]().item(), fns["transformers"]().item()
     assert abs(loss_ours - loss_hf) <= 1e-4 * max(1.0, abs(loss_hf))
+    ours.zero_grad(set_to_none=True)
+    fns["gemm floor"], gflop = _gemm_replay(fns["ours"])
     # Paired rounds: each round times both models back to back (the order alternates), so both see the same
     # background load, and the ratio is taken per round. This box's speed drifts by 20-50% over seconds; the
     # median of per-round ratios moves far less than a ratio of two medians taken over the whole loop.
     # Process CPU time is printed beside wall time: on a shared, oversubscribed box it is the steadier figure.
-    wall: dict[str, list[float]] = {"ours": [], "transformers": []}
-    cpu: dict[str, list[float]] = {"ours": [], "transformers": []}
+    wall: dict[str, list[float]] = {"ours": [], "transformers": [], "gemm floor": []}
+    cpu: dict[str, list[float]] = {"ours": [], "transformers": [], "gemm floor": []}
     for r in range(ROUNDS):
-        order = (("ours", ours), ("transformers", hf))
+        order = (("ours", ours), ("transformers", hf), ("gemm floor", ours))
         for name, model in order if r % 2 == 0 else order[::-1]:
             model.zero_grad(set_to_none=True)
             t0, c0 = time.perf_counter(), time.process_time()
@@ -108,16 +147,23 @@ def test_bench_train_step_vs_transformers(models, comparison: str, benchmark, ca
             cpu[name].append(time.process_time() - c0)
     benchmark.pedantic(fns["ours"], rounds=1, warmup_rounds=0)
     tok = NUM_SEQS * SEQ_LEN
+
+    def per_round(times: dict[str, list[float]], num: str, den: str) -> str:  # times[num] / times[den], per round
+        ratios = sorted(n / d for n, d in zip(times[num], times[den]))
+        q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+        return f"x{statistics.median(ratios):.2f} (quartiles x{q1:.2f}-x{q3:.2f}, {ROUNDS} rounds)"
+
     for label, times in (("wall", wall), ("cpu-time", cpu)):
         med = {k: statistics.median(v) for k, v in times.items()}
-        ratios = sorted(h / o for o, h in zip(times["ours"], times["transformers"]))
-        q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
         with capsys.disabled():
             print(f"\ntiny Qwen3-MoE fwd+bwd, {comparison}, {label} | {NUM_SEQS}x{SEQ_LEN} tokens fp32 cpu "
                   f"threads={torch.get_num_threads()} load={os.getloadavg()[0]:.1f} | ours {tok / med['ours']:,.0f} "
                   f"tok/s | transformers {tok / med['transformers']:,.0f} tok/s | ratio per round: median "
-                  f"x{statistics.median(ratios):.2f} (quartiles x{q1:.2f}-x{q3:.2f}, {ROUNDS} rounds) | "
-                  f"torch={torch.__version__} | {_git_sha()}")
+                  f"{per_round(times, 'transformers', 'ours')} | torch={torch.__version__} | {_git_sha()}")
+            print(f"  GEMM floor, {label}: our step's matrix products alone ({gflop:.1f} GFLOP) take "
+                  f"{med['gemm floor'] * 1e3:.0f} ms ({gflop / med['gemm floor']:.0f} GFLOP/s) of its "
+                  f"{med['ours'] * 1e3:.0f} ms: {per_round(times, 'gemm floor', 'ours')} of it | transformers over "
+                  f"that floor (the ratio with nothing but GEMMs): {per_round(times, 'transformers', 'gemm floor')}")
 
 
 def test_bench_decode_batch8(models, capsys) -> None:

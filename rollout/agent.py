@@ -27,6 +27,7 @@ from rollout.engine import Engine, SamplingParams
 from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
 from rollout.trajectory import Trajectory
+from sandbox.docker_sandbox import MIN_OUTPUT_CAP, MIN_PIDS
 from sandbox.errors import SandboxError
 from sandbox.images import TaskImage
 from sandbox.tasks import Task
@@ -64,10 +65,11 @@ class SandboxLimits:
             raise ValueError(f"SandboxLimits.cpus: expected > 0 or None, got {self.cpus}")
         if self.memory_mb is not None and self.memory_mb < 16:
             raise ValueError(f"SandboxLimits.memory_mb: expected >= 16 or None, got {self.memory_mb}")
-        if self.pids < 16:
-            raise ValueError(f"SandboxLimits.pids: expected >= 16 (the shell machinery needs a few), got {self.pids}")
-        if self.output_cap_bytes < 256:
-            raise ValueError(f"SandboxLimits.output_cap_bytes: expected >= 256, got {self.output_cap_bytes}")
+        if self.pids < MIN_PIDS:
+            raise ValueError(f"SandboxLimits.pids: expected >= {MIN_PIDS} (the shell machinery needs a few), "
+                             f"got {self.pids}")
+        if self.output_cap_bytes < MIN_OUTPUT_CAP:
+            raise ValueError(f"SandboxLimits.output_cap_bytes: expected >= {MIN_OUTPUT_CAP}, got {self.output_cap_bytes}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -136,6 +136,12 @@ def owner_labels(run_id: str) -> dict[str, str]:
             LABEL_START: _own_start_time(), LABEL_CREATED: f"{time.time():.3f}"}
 
 
+MIN_PIDS = 16
+"""Lowest process limit a container may get: init, the keep-alive and the shell machinery need a few."""
+MIN_OUTPUT_CAP = 256
+"""Fewest bytes of a command's output that may be shown (its first and last halves)."""
+
+
 class DockerSandbox:
     """A container with one persistent shell. Use as a context manager; `close()` always removes it."""
 
@@ -146,10 +152,10 @@ class DockerSandbox:
                  interrupt_grace_s: float = 1.0, startup_timeout_s: float = 60.0) -> None:
         if cpus <= 0:
             raise ValueError(f"cpus must be > 0, got {cpus}")
-        if pids < 16:
-            raise ValueError(f"pids must be >= 16 (the shell machinery needs a few), got {pids}")
-        if output_cap < 256:
-            raise ValueError(f"output_cap must be >= 256 bytes, got {output_cap}")
+        if pids < MIN_PIDS:
+            raise ValueError(f"pids must be >= {MIN_PIDS} (the shell machinery needs a few), got {pids}")
+        if output_cap < MIN_OUTPUT_CAP:
+            raise ValueError(f"output_cap must be >= {MIN_OUTPUT_CAP} bytes, got {output_cap}")
         if not workdir.startswith("/"):
             raise ValueError(f"workdir must be absolute, got {workdir!r}")
         # A TaskImage may carry files (a COPY-only Dockerfile, not built): placed before the container starts.

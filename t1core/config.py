@@ -151,6 +151,8 @@ class SandboxSection:
         _check_types(self)
         _check(self.cpus is None or self.cpus > 0, "sandbox.cpus", "> 0 or none", self.cpus)
         _check(self.memory_mb is None or self.memory_mb >= 16, "sandbox.memory_mb", ">= 16 or none", self.memory_mb)
+        # 16 and 256 mirror sandbox.docker_sandbox.MIN_PIDS / MIN_OUTPUT_CAP (importing the sandbox package here
+        # would load the Docker SDK for every config parse; tests/test_config.py checks that they agree).
         _check(self.pids >= 16, "sandbox.pids", ">= 16 (the shell machinery needs a few)", self.pids)
         _check(self.command_timeout_s > 0, "sandbox.command_timeout_s", "> 0", self.command_timeout_s)
         _check(self.output_cap_bytes >= 256, "sandbox.output_cap_bytes", ">= 256", self.output_cap_bytes)

@@ -156,6 +156,24 @@ def test_bad_overrides_raise_with_expected_and_got(override, message):
         load_config(None, [override])
 
 
+def test_sandbox_minimums_match_the_sandbox():
+    """The config's limits mirror sandbox.docker_sandbox's (config stays free of the Docker SDK): a value one below
+    is refused by all three layers, the minimum itself accepted by the two that need no daemon."""
+    from rollout.agent import SandboxLimits
+    from sandbox.docker_sandbox import MIN_OUTPUT_CAP, MIN_PIDS, DockerSandbox
+    with pytest.raises(ValueError, match=f"pids must be >= {MIN_PIDS}"):  # checked before the daemon is reached
+        DockerSandbox("any", pids=MIN_PIDS - 1)
+    with pytest.raises(ValueError, match=f"output_cap must be >= {MIN_OUTPUT_CAP}"):
+        DockerSandbox("any", output_cap=MIN_OUTPUT_CAP - 1)
+    for field, low in (("pids", MIN_PIDS), ("output_cap_bytes", MIN_OUTPUT_CAP)):
+        assert getattr(load_config(None, [f"--sandbox.{field}={low}"]).sandbox, field) == low
+        assert getattr(SandboxLimits(**{field: low}), field) == low
+        with pytest.raises(ValueError, match=f"sandbox.{field}: expected >= {low}"):
+            load_config(None, [f"--sandbox.{field}={low - 1}"])
+        with pytest.raises(ValueError, match=f"SandboxLimits.{field}: expected >= {low}"):
+            SandboxLimits(**{field: low - 1})
+
+
 def test_bad_toml_values(tmp_path):
     with pytest.raises(ValueError, match="unknown key"):
         load_config(_write(tmp_path, "[run]\nstepz = 3\n"), [])
