@@ -26,6 +26,7 @@ from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectory
 from sandbox import suite
+from sandbox.cli import Parser, bad_input
 from sandbox.images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task
 from t1core.distributed import check_device
@@ -84,8 +85,14 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
     }
 
 
+def _parser() -> Parser:
+    return Parser(prog="python -m rollout.collect", description=__doc__.split("\n\n")[0],
+                  epilog="example: python -m rollout.collect --split heldout --num-per-family 12 --temperature 0 "
+                         "--checkpoint runs/exp1/final --out runs/exp1/heldout_final")
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m rollout.collect", description=__doc__.split("\n\n")[0])
+    p = _parser()
     p.add_argument("--tasks", default=None, help="task dir or dir of task dirs (default: built-in suite)")
     p.add_argument("--split", choices=("train", "heldout"), default="train", help="built-in suite split")
     p.add_argument("--episodes", type=int, default=None, help="number of episodes (default: one per task)")
@@ -121,16 +128,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tasks = load_tasks(args.tasks, split=args.split, work_dir=out / "tasks", num_per_family=args.num_per_family,
-                       seed=args.seed)
+    with bad_input(_parser()):  # a missing task or checkpoint directory is the user's, found before any build
+        model, tok = load_policy(args.checkpoint, device=args.device)
+        out.mkdir(parents=True, exist_ok=True)
+        tasks = load_tasks(args.tasks, split=args.split, work_dir=out / "tasks",
+                           num_per_family=args.num_per_family, seed=args.seed)
     overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
     n = args.episodes if args.episodes is not None else len(tasks)
     episode_tasks = [tasks[i % len(tasks)] for i in range(n)]
     images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in episode_tasks}
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=derive_seed(args.seed, i))
              for i, t in enumerate(episode_tasks)]
-    model, tok = load_policy(args.checkpoint, device=args.device)
     config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
                          temperature=args.temperature, top_p=args.top_p, verify=not args.no_verify)
     engine_cfg = EngineConfig(max_batch=max(args.parallel, 1), num_slots=2 * max(args.parallel, 1),

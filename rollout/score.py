@@ -16,7 +16,6 @@ went up or down, and a 95% bootstrap interval over instances (10,000 resamples, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -24,6 +23,8 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandbox.cli import Parser
 
 _SPLIT_SUFFIX = re.compile(r"-(train|heldout)-\d+$")
 BOOTSTRAP_RESAMPLES = 10_000
@@ -120,7 +121,8 @@ def _format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rollout.score", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m rollout.score", description=__doc__.split("\n\n")[0],
+               epilog="example: python -m rollout.score runs/exp1/heldout_final --baseline runs/exp1/heldout_warmstart")
     p.add_argument("directory", help="trajectories to score (NNNNNN.json files)")
     p.add_argument("--baseline", default=None, help="trajectories of the policy to compare against, same tasks")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")

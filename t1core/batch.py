@@ -12,7 +12,7 @@ and observation tokens included, because the trainer's forward runs over the who
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -108,21 +108,3 @@ def split_by_tokens(lengths: Sequence[int], *, max_tokens: int) -> list[list[int
         groups[-1].append(i)
         used += n
     return [g for g in groups if g]
-
-
-def turn_positions(trajectories: Sequence, cu_seqlens: torch.Tensor, select: Callable) -> torch.Tensor:
-    """bool [T] of a packed row: the positions that predict a sampled token of a turn with `select(turn)`.
-
-    A turn spans sampled tokens [start, end) of its trajectory; position i predicts token i + 1, so in the row
-    of `pack` those tokens are predicted at cu_seqlens[b] + start - 1 ... cu_seqlens[b] + end - 2.
-    """
-    if len(trajectories) + 1 != cu_seqlens.numel():
-        raise ValueError(f"turn_positions: {len(trajectories)} trajectories for {cu_seqlens.numel() - 1} "
-                         f"documents in cu_seqlens")
-    out_T = torch.zeros(int(cu_seqlens[-1]), dtype=torch.bool)
-    for b, tr in enumerate(trajectories):
-        base = int(cu_seqlens[b])
-        for turn in tr.turns:
-            if select(turn):
-                out_T[base + max(turn.start - 1, 0):base + turn.end - 1] = True
-    return out_T

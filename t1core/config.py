@@ -16,16 +16,15 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10 has no tomllib; tomli is the same parser (needs `pip install tomli`).
     import tomli as tomllib
 
-_DTYPES = ("float32", "bfloat16", "float16")
-_ADV_NORMS = ("center", "group", "whiten", "none")
-SAMPLING_MODES = ("uniform", "informative")
+Dtype = Literal["float32", "bfloat16", "float16"]
+AdvantageNorm = Literal["center", "group", "whiten", "none"]
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -44,7 +43,8 @@ def _check_types(section: Any) -> None:
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if not _matches(value, hints[f.name]):
-            raise ValueError(f"{type(section).__name__}.{f.name}: expected {_type_name(hints[f.name])}, "
+            where = type(section).__name__.removesuffix("Section").lower()  # ModelSection -> model
+            raise ValueError(f"{where}.{f.name}: expected {_type_name(hints[f.name])}, "
                              f"got {value!r} ({type(value).__name__})")
 
 
@@ -54,6 +54,8 @@ def _matches(value: Any, tp: Any) -> bool:
         return any(_matches(value, a) for a in args)
     if tp is type(None):
         return value is None
+    if origin is Literal:
+        return value in args
     if origin is tuple:
         if not isinstance(value, tuple):
             return False
@@ -68,18 +70,20 @@ def _matches(value: Any, tp: Any) -> bool:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     return str(tp).replace("typing.", "") if typing.get_args(tp) else tp.__name__
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSection:
     name: str = _field("tiny", "model preset name (e.g. 'tiny') or path to a HF Qwen3-MoE checkpoint directory")
-    dtype: str = _field("float32", f"parameter/compute dtype, one of {_DTYPES}")
+    dtype: Dtype = _field(
+        "float32", "parameter dtype; bfloat16 on GPUs (the MoE and log-prob kernels use tensor cores there)")
 
     def __post_init__(self) -> None:
         _check_types(self)
         _check(bool(self.name), "model.name", "a preset name or a path", self.name)
-        _check(self.dtype in _DTYPES, "model.dtype", f"one of {_DTYPES}", self.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,22 +91,13 @@ class TasksSection:
     source: str = _field("builtin", "'builtin' for the repo's suite, or a directory of Harbor/Terminal-Bench tasks")
     families: tuple[str, ...] = _field((), "seeded task families to train on; empty = every built-in family")
     num_per_family: int = _field(24, "training (SFT) instances synthesized per family, from seed block train_seed")
-    num_heldout_per_family: int = _field(
-        8, "held-out instances per family, from seed block heldout_seed (112 with the built-in families: a "
-        "before -> after difference of a few instances is within the noise of 56)")
+    num_heldout_per_family: int = _field(8, "held-out instances per family, from seed block heldout_seed")
     num_rl_per_family: int = _field(
-        16, "RL instances per family, from seed block rl_seed: instances the warm start never saw (the SFT'd tiny "
-        "policy solves 36% of its own SFT instances greedily, 14% of unseen ones); 0 = RL on the SFT instances")
+        16, "RL instances per family, from seed block rl_seed: instances the warm start never saw; 0 = RL on the "
+        "SFT instances")
     rl_fixed_tasks: bool = _field(
         False, "RL also practises the fixed train tasks (SFT'd already; long multi-turn episodes whose many "
         "sampled tokens weigh heavily in a step's loss); false = RL on the unseen family instances only")
-    rl_sampling: str = _field(
-        "uniform", "which RL instances a step draws: 'uniform', or 'informative' (weighted by how often groups of "
-        "the instance's family got different rewards so far, (m + 1) / (n + 2); see t1core/curriculum.py). Tiny "
-        "default, same warm starts and seeds, in-run + independent held-out (280 instances): -7 and +7 solved "
-        "against uniform (EXPERIMENTS.md)")
-    rl_sampling_decay: float = _field(
-        0.95, "per-step decay of the 'informative' sampling counts (1 = never forget; 0.95 ~ the last 20 steps)")
     train_seed: int = _field(0, "seed block of the training instances (block b draws seeds b*100000, b*100000+1, ...)")
     rl_seed: int = _field(1, "seed block of the RL instances (train split, so it must differ from train_seed)")
     heldout_seed: int = _field(100_000, "seed block of the held-out instances (held-out split)")
@@ -116,8 +111,6 @@ class TasksSection:
         _check(self.num_heldout_per_family >= 0, "tasks.num_heldout_per_family", ">= 0",
                self.num_heldout_per_family)
         _check(self.num_rl_per_family >= 0, "tasks.num_rl_per_family", ">= 0", self.num_rl_per_family)
-        _check(self.rl_sampling in SAMPLING_MODES, "tasks.rl_sampling", f"one of {SAMPLING_MODES}", self.rl_sampling)
-        _check(0.0 < self.rl_sampling_decay <= 1.0, "tasks.rl_sampling_decay", "in (0, 1]", self.rl_sampling_decay)
         for name in ("train_seed", "rl_seed", "heldout_seed"):
             _check(getattr(self, name) >= 0, f"tasks.{name}", ">= 0", getattr(self, name))
         # Both are train-split blocks: one block would give the RL the SFT instances again.
@@ -176,8 +169,8 @@ class RolloutSection:
     top_p: float = _field(1.0, "nucleus sampling mass; 1.0 = off")
     batch_invariant: bool = _field(
         True, "CPU engine: each token's sample, log-prob and routing independent of what the engine batched beside "
-        "it, so a seeded run at any concurrency is bit for bit (kernels.rows); costs decode speed (1,278 -> 914 "
-        "tok/s at batch 8 on the tiny model; the default run 12 min 33 s -> 12 min 54 s); false = plain products")
+        "it, so a seeded run at any concurrency is bit for bit (kernels.rows); costs decode speed; false = plain "
+        "products")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -212,7 +205,7 @@ class AlgoSection:
     format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
     use_tito: bool = _field(True, "train on the exact sampled token IDs (false: re-tokenize the transcript)")
     use_r3: bool = _field(True, "replay the rollout's expert routing in every training forward")
-    advantage_norm: str = _field(
+    advantage_norm: AdvantageNorm = _field(
         "group", "per-step advantage normalisation: 'center' subtracts the token mean, 'group' subtracts the "
         "token mean of the episodes of the same task instance (needs rollout.group_size >= 2: tokens the "
         "episodes share then get no net push, the ones that differ carry the signal), 'whiten' also divides by "
@@ -220,15 +213,7 @@ class AlgoSection:
         "'none' keeps GAE's raw advantages")
     negative_adv_scale: float = _field(
         0.0, "multiplier of negative advantages after normalisation (1 = plain PPO; 0 = only episodes better than "
-        "their group push, and a failed near-miss, whose tokens were mostly right, pushes nothing down). Tiny "
-        "default, same warm start, instances and seeds: 0 raised the training reward of steps 12-23 from 2.48-2.52 "
-        "to 2.72 and ended 40 RL steps at 62 of 112 held-out (from 56); plain PPO ended 24 steps at 55. With seed 1 "
-        "both lost ~15 of 168 independent held-out instances (EXPERIMENTS.md)")
-    mask_malformed_turns: bool = _field(
-        False, "no policy-gradient push on replies without a parsable tool call (advantage 0 there, and they stay "
-        "out of the advantage baseline; the KL term still applies). At temperature 1 the tiny policy often "
-        "babbles after its solving command until max_turns (3-80% of a step's sampled tokens), and each babble "
-        "token otherwise carries its episode's advantage. Measured on the tiny default: no gain (EXPERIMENTS.md)")
+        "their group push, so a failed near-miss, whose tokens were mostly right, pushes nothing down)")
     skip_flat_steps: bool = _field(
         True, "no actor update in a step whose episodes all got the same reward: its advantages hold nothing but "
         "the critic's error (the critic still trains on it)")
@@ -237,8 +222,9 @@ class AlgoSection:
         "the same reward (half of the tiny default's groups): with the group as baseline their advantages are the "
         "critic's error alone, and with negative_adv_scale < 1 the positive half of that error is kept, a push up "
         "on whatever was sampled. The critic still trains on them, the KL term still applies, and a step with no "
-        "other group takes no actor step. Tiny default, same warm starts and seeds, in-run + independent held-out "
-        "(280 instances): +5, +6 (at 2x lr_actor) and -2 solved against false (EXPERIMENTS.md)")
+        "other group takes no actor step")
+    critic_only_iterations: int = _field(
+        2, "RL steps that update only the critic before the first actor update (the critic's warm start)")
     ppo_epochs: int = _field(1, "passes over each step's batch")
     minibatch_tokens: int = _field(2048, "tokens per optimizer step (whole trajectories are packed)")
 
@@ -255,7 +241,7 @@ class AlgoSection:
         _check(self.tis_cap is None or self.tis_cap >= 1, "algo.tis_cap", ">= 1 or none", self.tis_cap)
         _check(self.icepop is None or 0 < self.icepop[0] < 1 < self.icepop[1], "algo.icepop",
                "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
-        _check(self.advantage_norm in _ADV_NORMS, "algo.advantage_norm", f"one of {_ADV_NORMS}", self.advantage_norm)
+        _check(self.critic_only_iterations >= 0, "algo.critic_only_iterations", ">= 0", self.critic_only_iterations)
         _check(0 <= self.negative_adv_scale <= 1, "algo.negative_adv_scale", "in [0, 1]", self.negative_adv_scale)
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", self.ppo_epochs)
         _check(self.minibatch_tokens >= 1, "algo.minibatch_tokens", ">= 1", self.minibatch_tokens)
@@ -272,22 +258,16 @@ class WarmstartSection:
     pretrain_seed_block: int = _field(
         2, "seed block of the pretraining corpus (train split; must differ from tasks.train_seed and tasks.rl_seed)")
     sft_enabled: bool = _field(True, "supervised fine-tuning on reference-solution transcripts before RL")
-    sft_epochs: int = _field(
-        4, "passes over the SFT transcripts (the tiny default's base is pretrained, so SFT mostly teaches the chat "
-        "layout; its few instances per family are memorised with more passes)")
+    sft_epochs: int = _field(4, "passes over the SFT transcripts")
     sft_max_steps: int | None = _field(None, "stop SFT after this many optimizer steps; none = run all epochs")
     sft_lr: float = _field(1e-3, "SFT learning rate of the actor")
     sft_lr_decay: bool = _field(
-        True, "decay the SFT learning rate linearly to 0 over its optimizer steps (after the warmup); false = "
-        "constant, where the last minibatches leave their mark (one memorised word per family). Tiny default, "
-        "same base, transcripts and data order: 92 of 168 held-out instances solved decayed, 72 constant")
-    sft_minibatch_tokens: int = _field(
-        4096, "tokens per SFT optimizer step (separate from algo.minibatch_tokens: halving it doubled the tiny "
-        "default's final SFT NLL, 0.31 -> 0.65)")
+        True, "decay the SFT learning rate linearly to 0 over its optimizer steps (after the warmup), so that the "
+        "last minibatches leave no mark of their own; false = constant")
+    sft_minibatch_tokens: int = _field(4096, "tokens per SFT optimizer step (separate from algo.minibatch_tokens)")
     verify_references: bool = _field(
         False, "run the verifiers on every reference transcript and drop those that fail (slower; the test "
         "suite already checks every built-in reference solution)")
-    critic_only_iterations: int = _field(2, "RL iterations that update only the critic before the first actor update")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -300,8 +280,6 @@ class WarmstartSection:
                self.sft_max_steps)
         _check(self.sft_lr > 0, "warmstart.sft_lr", "> 0", self.sft_lr)
         _check(self.sft_minibatch_tokens >= 1, "warmstart.sft_minibatch_tokens", ">= 1", self.sft_minibatch_tokens)
-        _check(self.critic_only_iterations >= 0, "warmstart.critic_only_iterations", ">= 0",
-               self.critic_only_iterations)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,15 +293,11 @@ class OptimSection:
         10, "linear LR warmup in optimizer steps (Adam's first steps move every weight by ~lr whatever its gradient)")
     actor_lr_decay: bool = _field(
         True, "decay the actor's RL learning rate linearly towards 0 over run.steps (by RL step, times the warmup): "
-        "the last steps' episodes then leave no mark of their own, as the SFT decay does for its last minibatches. "
-        "Tiny default, same warm starts, deterministic runs: in-run held-out 57 -> 61 and 67 -> 71 of 112 (constant "
-        "rate: 57, 62), 168 independent instances 94 -> 91 and 104 -> 97 (constant: 86, 96) (EXPERIMENTS.md)")
+        "the last steps' episodes then leave no mark of their own, as the SFT decay does for its last minibatches")
     actor_frozen: tuple[str, ...] = _field(
         (), "policy parameters RL leaves as warm-started: fnmatch patterns over parameter names, e.g. "
         "['lm_head.*', 'model.embed_tokens.*'] or ['*.mlp.gate.*'] (the routers); pretraining and SFT train them "
-        "all; a pattern that matches nothing is an error. Tiny default, seed 0's warm start, in-run + independent "
-        "held-out (280 instances): 152 without the embeddings and LM head, 153 with the attention projections "
-        "only, against 157 with everything (EXPERIMENTS.md)")
+        "all; a pattern that matches nothing is an error")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -342,19 +316,20 @@ class RunSection:
     steps: int = _field(24, "RL steps (critic-only iterations included)")
     eval_every: int = _field(0, "held-out evaluation every N RL steps; 0 = only before and after RL")
     eval_temperature: float = _field(0.0, "sampling temperature of held-out evaluation; 0 = greedy (pass@1)")
-    out_dir: str | None = _field(None, "run directory; none = runs/<time>-seed<seed>")
     device: str = _field("cpu", "'cpu', 'cuda' or 'cuda:N'")
-    resume_dir: str | None = _field(None, "run directory to resume from (its latest checkpoint); none = fresh")
     checkpoint_every: int = _field(3, "checkpoint every N RL steps (the final step is always saved); 0 = final only")
+    routing_agreement_every: int = _field(
+        4, "measure fidelity/routing_agreement (how often the trainer's own router picks the replayed experts) every "
+        "N RL steps: it costs one more policy forward per minibatch; 0 = never")
 
     def __post_init__(self) -> None:
         _check_types(self)
         _check(self.steps >= 0, "run.steps", ">= 0", self.steps)
         _check(self.eval_every >= 0, "run.eval_every", ">= 0", self.eval_every)
         _check(self.eval_temperature >= 0, "run.eval_temperature", ">= 0", self.eval_temperature)
-        _check(self.out_dir is None or bool(self.out_dir), "run.out_dir", "a path or none", self.out_dir)
         _check(bool(_DEVICE_RE.match(self.device)), "run.device", "'cpu', 'cuda' or 'cuda:N'", self.device)
         _check(self.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", self.checkpoint_every)
+        _check(self.routing_agreement_every >= 0, "run.routing_agreement_every", ">= 0", self.routing_agreement_every)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,6 +371,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _coerce(value, inner, where)
+    if origin is Literal:
+        return value  # a choice is checked against its values by the section's __post_init__
     if origin is tuple:
         if isinstance(value, str):
             text = value.strip().strip("[]()").strip()

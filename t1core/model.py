@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +138,15 @@ class ModelConfig:
         return cls(vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
                    num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
                    num_experts=128, num_experts_per_tok=8, rope_theta=1e6, max_position_embeddings=40960)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": ModelConfig.tiny,
+    "qwen3_30b_a3b": ModelConfig.qwen3_30b_a3b,
+    "qwen3_235b_a22b": ModelConfig.qwen3_235b_a22b,
+}
+"""Model shapes a run's `model.name` may name: a model built from scratch (random init). Any other name is
+the directory of a HF Qwen3-MoE checkpoint."""
 
 
 class Linear(nn.Linear):

@@ -28,14 +28,13 @@ from tqdm import tqdm
 
 from rollout.agent import EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
-from rollout.score import family_of
 from rollout.trajectory import save_trajectories
 from sandbox.families import FAMILIES
+from sandbox.cli import Parser, bad_input
 from sandbox.reap import reap
 from t1core import distributed, world
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
-from t1core.config import RunConfig, config_to_toml, format_config, load_config, parse_override
-from t1core.curriculum import draw_instances, observe_groups
+from t1core.config import RunConfig, config_to_toml, format_config, load_config
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, progress_line
@@ -190,18 +189,14 @@ class Trainer:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, step))
         n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
-        keys_I = [family_of(t.name) for t in self.tasks.rl]
-        stats = self.state.setdefault("instance_stats", {})
-        instances = draw_instances(keys_I, stats, n // k, mode=cfg.tasks.rl_sampling, generator=gen)
+        instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()  # with replacement
         with self.clock.phase("collect"):
             batch = self._collect_step(step, instances)
         metrics = batch["metrics"]
-        self.state["instance_stats"] = observe_groups(stats, [keys_I[i] for i in instances], batch["rewards"],
-                                                      batch["groups"], decay=cfg.tasks.rl_sampling_decay)
         if not batch["trajs"]:
             return {**metrics, "skipped/no_sampled_tokens": 1.0}
         flat = cfg.algo.skip_flat_steps and max(batch["rewards"]) == min(batch["rewards"])
-        update_actor = step >= cfg.warmstart.critic_only_iterations and not flat
+        update_actor = step >= cfg.algo.critic_only_iterations and not flat
         metrics["train/flat_step"] = float(flat)
         if cfg.optim.actor_lr_decay:
             world.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
@@ -213,7 +208,8 @@ class Trainer:
         with self.clock.phase("update"):
             scored, fidelity = score(batch["trajs"], batch["rewards"], policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
-                                     group_ids=batch["groups"], no_push=no_push, dp=self.dp)
+                                     group_ids=batch["groups"], no_push=no_push, dp=self.dp,
+                                     routing_agreement=_every(cfg.run.routing_agreement_every, step))
             upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
                              opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
                              algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,
@@ -365,6 +361,11 @@ class _Snapshot:
         return self.state
 
 
+def _every(n: int, step: int) -> bool:
+    """Whether RL step `step` (0-based) is one of every n-th (n = 0: never)."""
+    return n > 0 and step % n == 0
+
+
 def _solved(traj) -> bool:
     """Every verifier passed: the verifier's own `outcome` (VerifierResult.outcome, as rollout.collect and
     rollout.score count it); an episode that was never verified is not solved."""
@@ -391,48 +392,52 @@ def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:
     return out
 
 
+def _parser() -> Parser:
+    p = Parser(prog="python -m t1core.train", description="\n\n".join(__doc__.split("\n\n")[1:3]),
+               formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog="Any config field can be set as --section.key=value (the run prints them all). Examples:\n"
+                      "  python -m t1core.train                                   # the embedded CPU default\n"
+                      "  python -m t1core.train --rollout.episodes_per_step=16 --run.steps=10\n"
+                      "  python -m t1core.train --config t1core/configs/qwen3_30b_a3b_harbor.toml --out runs/exp1\n"
+                      "  python -m t1core.train --resume runs/exp1 --run.steps=20   # continue (or extend) a run")
+    p.add_argument("--config", metavar="FILE", help="TOML file with config sections (default: the embedded CPU run)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<time>-seed<seed>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint, "
+                                                        "under its saved config.toml")
+    return p
+
+
 def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
-    p = argparse.ArgumentParser(prog="python -m t1core.train", description=__doc__.splitlines()[0],
-                                epilog="Any config field can be set as --section.key=value (see the printed config).")
-    p.add_argument("--config", help="TOML file with config sections (defaults: the embedded CPU run)")
-    p.add_argument("--out", help="run directory (default: runs/<time>-seed<seed>)")
-    p.add_argument("--resume", help="run directory to continue from its latest checkpoint")
+    """(config, run directory) from the command line; ValueError names what is wrong with it."""
+    p = _parser()
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
     if bad:
-        p.error(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
+        raise ValueError(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
     if args.config is not None and not Path(args.config).is_file():
-        p.error(f"--config {args.config}: no such file")
-    file_cfg = load_config(args.config, [] if args.resume else overrides)
-    # run.resume_dir, from a config file or --run.resume_dir=DIR, is --resume DIR.
-    named = {str(Path(d)) for d in (args.resume, file_cfg.run.resume_dir) if d}
-    named |= {str(Path(v)) for s, k, v in map(parse_override, overrides) if (s, k) == ("run", "resume_dir")
-              and v.strip().lower() != "none"}
-    if len(named) > 1:
-        p.error(f"resume: {sorted(named)} name different runs")
-    if named:
-        run_dir = Path(named.pop())
-        if not (run_dir / "config.toml").is_file():
-            p.error(f"resume {run_dir}: no config.toml there (not a run directory)")
-        if args.out is not None and Path(args.out) != run_dir:
-            p.error(f"--out {args.out}: a resumed run stays in its own directory {run_dir}")
-        without = dataclasses.replace(file_cfg, run=dataclasses.replace(file_cfg.run, resume_dir=None))
-        if args.config is not None and without != RunConfig():
-            p.error(f"--config {args.config} with a resume: the run keeps its saved config.toml, so the file's "
-                    "settings would be ignored; pass changes as --section.key=value")
-        # The run continues under its saved config; command-line overrides change it (e.g. extend run.steps).
-        cfg = load_config(str(run_dir / "config.toml"), [*overrides, f"--run.resume_dir={run_dir}"])
+        raise ValueError(f"--config {args.config}: no such file")
+    if args.resume is None:
+        cfg = load_config(args.config, overrides)
+        run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.run.seed}")
+        if (run_dir / "checkpoints").exists():
+            raise ValueError(f"--out {run_dir} already holds a run; use --resume {run_dir} to continue it")
         return cfg, run_dir
-    cfg = file_cfg
-    out = args.out or cfg.run.out_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.run.seed}"
-    run_dir = Path(out)
-    if (run_dir / "checkpoints").exists():
-        p.error(f"--out {run_dir} already holds a run; use --resume {run_dir} to continue it")
-    return cfg, run_dir
+    run_dir = Path(args.resume)
+    if not (run_dir / "config.toml").is_file():
+        raise ValueError(f"--resume {run_dir}: no config.toml there (not a run directory)")
+    if args.out is not None and Path(args.out) != run_dir:
+        raise ValueError(f"--out {args.out}: a resumed run stays in its own directory {run_dir}")
+    if args.config is not None:
+        raise ValueError(f"--config {args.config} with --resume: the run keeps its saved config.toml; pass "
+                         "changes as --section.key=value")
+    # The run continues under its saved config; command-line overrides change it (e.g. extend run.steps).
+    return load_config(str(run_dir / "config.toml"), overrides), run_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, run_dir = parse_args(argv)
+    with bad_input(_parser()):
+        cfg, run_dir = parse_args(argv)
+        world.check_config(cfg)
     dp = distributed.init_from_env(cfg.run.device)
     try:
         run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.logprob import token_logprobs
-from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to, turn_positions
+from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to
 from t1core.config import AlgoSection, OptimSection
 from t1core.distributed import DataParallel, reshard_
 from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
@@ -38,8 +38,6 @@ class Scored:
     ref_logp_T: torch.Tensor | None
     traj_ids: list[int] = field(default_factory=list)
     """Index, in the step's trajectory list, of each trajectory packed here (in packing order)."""
-    pg_mask_T: torch.Tensor | None = None
-    """Loss tokens that get a policy-gradient push (advantage 0 elsewhere); None = all of the loss mask."""
 
     def to(self, device: torch.device | str) -> Scored:
         return tensors_to(self, device)
@@ -85,11 +83,13 @@ _SINGLE = DataParallel.single()
 def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.Module, critic: torch.nn.Module,
           ref_policy: torch.nn.Module | None, algo: AlgoSection, temperature: float,
           group_ids: Sequence[int] | None = None, no_push: Sequence[bool] | None = None,
-          dp: DataParallel = _SINGLE) -> tuple[list[Scored], dict[str, float]]:
+          routing_agreement: bool = True, dp: DataParallel = _SINGLE) -> tuple[list[Scored], dict[str, float]]:
     """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step.
 
     `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group'). `no_push[i]`: trajectory
     i gets advantage 0 on every token after normalisation (`flat_groups`); its values still train the critic.
+    `routing_agreement`: also measure how often the trainer's own router picks the replayed experts (one more
+    policy forward per minibatch, without replay; only with algo.use_r3).
     With several ranks each minibatch is scored on one of them and every rank gets all results.
 
     Each minibatch is scored on the policy's device and its Scored comes back on the host: a step's batches do
@@ -113,16 +113,9 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         ref_T = None
         if ref_policy is not None:
             ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3)
-        pg_mask_T = None
-        if algo.mask_malformed_turns:
-            malformed_T = turn_positions([trajectories[i] for i in group], batch.cu_seqlens,
-                                         lambda turn: turn.tool_error is not None)
-            pg_mask_T = batch.loss_mask_T & ~malformed_T.to(device)
-            metrics["policy/malformed_token_frac"].append(
-                (float(malformed_T.sum()) / max(1, int(batch.loss_mask_T.sum())), batch.reward_B.numel()))
-        for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3).items():
+        for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3 and routing_agreement).items():
             metrics[k].append((v, batch.reward_B.numel()))
-        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, pg_mask_T).to("cpu"), dict(metrics)
+        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group).to("cpu"), dict(metrics)
 
     scored, metrics = [], defaultdict(list)
     for one, rows in dp.map(groups, score_group):
@@ -185,9 +178,8 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
     tokens that differ carry a net push; instance difficulty (which the critic explains little of) drops out."""
     if not scored:
         return
-    # Tokens that get a push: the loss mask, less what pg_mask_T leaves out. Baselines are taken over these only,
-    # and every other token ends at advantage 0 (GAE already gives 0 off the loss mask).
-    masks = [s.batch.loss_mask_T if s.pg_mask_T is None else s.pg_mask_T for s in scored]
+    # Baselines are taken over the loss tokens only, and every other token ends at advantage 0.
+    masks = [s.batch.loss_mask_T for s in scored]
     if mode == "group":
         if group_ids is None:
             raise ValueError("advantage_norm='group' needs the group id (task instance) of every trajectory")

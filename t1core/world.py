@@ -20,7 +20,7 @@ from sandbox.image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core.config import RunConfig
-from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1core.model import PRESETS, MoEModel, ValueModel
 from t1core.tokenizer import ChatTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,19 +80,33 @@ def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueMode
     if Path(name).is_dir():
         policy = MoEModel.from_pretrained(name, dtype=dtype)
     elif _is_preset(name):
-        mcfg = getattr(ModelConfig, name)()
+        mcfg = PRESETS[name]()
         if mcfg.vocab_size < tok.vocab_size:
             raise ValueError(f"model.name={name!r}: vocab_size {mcfg.vocab_size} < tokenizer's {tok.vocab_size}")
         policy = MoEModel(mcfg, seed=cfg.run.seed, dtype=dtype)
     else:
-        raise ValueError(f"model.name: expected a ModelConfig preset (e.g. 'tiny') or a checkpoint dir, got {name!r}")
+        raise ValueError(f"model.name: expected a preset {sorted(PRESETS)} or a checkpoint directory, got {name!r}")
     policy = policy.to(device)
     return policy, ValueModel.from_policy(policy).to(device)
 
 
 def _is_preset(name: str) -> bool:
-    """model.name names a ModelConfig preset (a model built from scratch), not a checkpoint directory."""
-    return not Path(name).is_dir() and hasattr(ModelConfig, name)
+    """model.name names a preset (a model built from scratch), not a checkpoint directory."""
+    return not Path(name).is_dir() and name in PRESETS
+
+
+def check_config(cfg: RunConfig) -> None:
+    """What the config names exists and fits together (ValueError naming the key otherwise): checked before
+    anything is built, so that bad input costs no image build and prints no traceback."""
+    name = cfg.model.name
+    if Path(name).is_dir():
+        if not (Path(name) / "config.json").is_file():
+            raise ValueError(f"model.name={name!r}: a directory without config.json (not a HF checkpoint)")
+    elif name not in PRESETS:
+        raise ValueError(f"model.name: expected a preset {sorted(PRESETS)} or a checkpoint directory, got {name!r}")
+    if cfg.tasks.source != "builtin" and not Path(cfg.tasks.source).is_dir():
+        raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {cfg.tasks.source!r}")
+    pretrains(cfg)
 
 
 def pretrains(cfg: RunConfig) -> bool:

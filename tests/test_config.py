@@ -79,7 +79,7 @@ def test_every_field_is_read_outside_the_config():
     """No option that silently does nothing: each field is read as `<section>.field` somewhere outside config.py
     (`cfg.sandbox.pids`, an alias `s = cfg.sandbox` then `s.pids`, a parameter `algo` then `algo.gamma`), or through
     a method of its section (`cfg.tasks.base_image_map()` reads base_image_overrides). Static, so it cannot prove
-    that a value is used well; it caught four sandbox.* fields and run.resume_dir that nothing read."""
+    that a value is used well; it caught four sandbox.* fields and a run.* field that nothing read."""
     root = Path(__file__).resolve().parents[1]
     cfg = RunConfig()
     sections = {f.name for f in dataclasses.fields(cfg)}
@@ -102,7 +102,7 @@ def test_toml_round_trip_with_non_defaults(tmp_path):
     cfg = load_config(None, [
         "--model.name=/ckpt/Qwen3 \"MoE\"\\x",  # quotes and backslashes survive
         "--algo.icepop=[0.5, 5]", "--algo.tis_cap=none", "--algo.value_clip_eps=none",
-        "--optim.lr_actor=3e-7", "--optim.betas=0.8,0.99", "--run.resume_dir=runs/a",
+        "--optim.lr_actor=3e-7", "--optim.betas=0.8,0.99", "--model.dtype=bfloat16",
         "--tasks.families=fix_script,git_ops", "--tasks.base_image_overrides=debian:*=t1-base,python:*=t1-py",
         "--warmstart.sft_enabled=false", "--run.steps=3",
     ])
@@ -177,9 +177,9 @@ def test_sandbox_minimums_match_the_sandbox():
 def test_bad_toml_values(tmp_path):
     with pytest.raises(ValueError, match="unknown key"):
         load_config(_write(tmp_path, "[run]\nstepz = 3\n"), [])
-    with pytest.raises(ValueError, match=r"RunSection.steps: expected int, got 3.0"):
+    with pytest.raises(ValueError, match=r"run.steps: expected int, got 3.0"):
         load_config(_write(tmp_path, "[run]\nsteps = 3.0\n"), [])
-    with pytest.raises(ValueError, match="AlgoSection.use_r3: expected bool, got 1"):
+    with pytest.raises(ValueError, match="algo.use_r3: expected bool, got 1"):
         load_config(_write(tmp_path, "[algo]\nuse_r3 = 1\n"), [])
     with pytest.raises(ValueError, match=r"expected \[run\] to be a table"):
         load_config(_write(tmp_path, "run = 3\n"), [])
@@ -192,6 +192,6 @@ def test_sections_are_frozen_and_keyword_only():
         cfg.algo.gamma = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError):
         AlgoSection(0.5)  # type: ignore[misc]
-    with pytest.raises(ValueError, match="TasksSection.families: expected"):
+    with pytest.raises(ValueError, match="tasks.families: expected"):
         TasksSection(families=["a"])  # type: ignore[arg-type]
     assert dataclasses.replace(cfg.algo, gamma=0.5).gamma == 0.5

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from t1core.batch import pack, turn_positions
+from t1core.batch import pack
 from t1core.config import AlgoSection, load_config
 from t1core.losses import gae, place_terminal_rewards
 from t1core.model import ModelConfig, MoEModel, ValueModel
@@ -190,47 +190,6 @@ def test_flat_groups_get_no_push_and_the_others_keep_their_advantages() -> None:
     assert torch.equal(skipped.returns_T, plain.returns_T)  # the critic's targets are untouched
 
 
-def test_turn_positions_are_the_loss_positions_of_the_selected_turns() -> None:
-    g = torch.Generator().manual_seed(7)
-    trajs = [_trajectory(g, 30, 1.0), _trajectory(g, 21, 0.0)]
-    b = pack(trajs, with_routing=False)
-    every_T = turn_positions(trajs, b.cu_seqlens, lambda turn: True)
-    assert torch.equal(every_T, b.loss_mask_T)  # the turns cover exactly the sampled tokens
-    second_T = turn_positions(trajs, b.cu_seqlens, lambda turn: turn.start > 15)  # trajectory 0's 2nd turn only
-    assert second_T.nonzero().flatten().tolist() == list(range(19, 29))  # predicts tokens 20..29
-    with pytest.raises(ValueError, match="documents"):
-        turn_positions(trajs[:1], b.cu_seqlens, lambda turn: True)
-
-
-def test_malformed_turns_get_no_push_and_stay_out_of_the_group_baseline() -> None:
-    g = torch.Generator().manual_seed(8)
-    trajs = [_trajectory(g, n, r) for n, r in ((30, 3.0), (24, 1.0), (27, 0.0), (22, 2.0))]
-    trajs[0].turns[1].tool_error = "no_tool_call"
-    trajs[3].turns[0].tool_error = "bad_json"
-    policy = MoEModel(SMALL, seed=0)
-    critic = ValueModel.from_policy(policy)
-    group_ids = [0, 1, 0, 1]
-    out = {}
-    for mode, masked in (("none", False), ("group", True)):
-        algo = AlgoSection(use_r3=False, advantage_norm=mode, mask_malformed_turns=masked, negative_adv_scale=1.0)
-        (s,), metrics = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
-                              algo=algo, temperature=1.0, group_ids=group_ids)
-        out[mode] = s
-    raw, got = out["none"], out["group"]
-    b = got.batch
-    bad_T = turn_positions(trajs, b.cu_seqlens, lambda turn: turn.tool_error is not None)
-    assert int(bad_T.sum()) == (30 - 20) + (11 - 7) and bool((b.loss_mask_T | ~bad_T).all())
-    assert bool((got.advantages_T[bad_T] == 0).all())
-    gid_T = torch.tensor(group_ids)[b.traj_index_T]
-    keep_T = b.loss_mask_T & ~bad_T
-    for grp in (0, 1):
-        rows = keep_T & (gid_T == grp)
-        mean = raw.advantages_T[rows].double().mean()
-        torch.testing.assert_close(got.advantages_T[rows].double(), raw.advantages_T[rows].double() - mean,
-                                   rtol=0, atol=1e-5)
-    assert metrics["policy/malformed_token_frac"] == pytest.approx(14 / int(b.loss_mask_T.sum()))
-
-
 def test_sft_decay_plans_its_steps_and_reaches_zero() -> None:
     g = torch.Generator().manual_seed(9)
     trajs = [_trajectory(g, n, 0.0) for n in (30, 24, 27, 22, 29, 25, 21)]
@@ -267,13 +226,13 @@ def test_scored_minibatches_move_to_a_device_whole_and_stay_put_when_already_the
         t.routing = torch.zeros(t.num_tokens, 2, 2, dtype=torch.uint8)
     b = pack(trajs)
     zeros_T = torch.zeros_like(b.rollout_logp_T)
-    s = Scored(b, zeros_T, zeros_T, zeros_T, zeros_T, zeros_T.clone(), [3, 4], b.loss_mask_T.clone())
+    s = Scored(b, zeros_T, zeros_T, zeros_T, zeros_T, zeros_T.clone(), [3, 4])
     moved = s.to("meta")
     tensors = {f"batch.{k}": v for k, v in vars(moved.batch).items()}
     tensors.update({k: v for k, v in vars(moved).items() if k != "batch"})
     on_host = [k for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.device.type != "meta"]
     assert not on_host, f"left on the host: {on_host}"
-    assert sum(isinstance(v, torch.Tensor) for v in tensors.values()) == 14  # 8 batch fields + 6 of Scored
+    assert sum(isinstance(v, torch.Tensor) for v in tensors.values()) == 13  # 8 batch fields + 5 of Scored
     assert moved.traj_ids == [3, 4] and s.batch.input_ids_T.device.type == "cpu"  # the original is untouched
     same = s.to("cpu")
     assert same.batch.input_ids_T is b.input_ids_T and same.old_logp_T is s.old_logp_T  # no copy on the host

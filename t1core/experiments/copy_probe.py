@@ -12,11 +12,11 @@ command per family, and the total.
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
 
 import torch
 
+from sandbox.cli import Parser, bad_input
 from sandbox.families import FAMILIES, generate
 from sandbox.suite import SEED_STRIDE
 from t1core.model import MoEModel
@@ -60,7 +60,8 @@ def probe(model: MoEModel, tok: ChatTokenizer, *, families: list[str], per_famil
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m t1core.experiments.copy_probe", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m t1core.experiments.copy_probe", description=__doc__.splitlines()[0],
+               epilog="example: python -m t1core.experiments.copy_probe runs/exp1/warmstart --per-family 12")
     p.add_argument("checkpoint", help="HF checkpoint directory (a run's warmstart/ or final/)")
     p.add_argument("--per-family", type=int, default=6, help="held-out instances per family")
     p.add_argument("--families", default="", help="comma-separated family names (default: all built-in)")
@@ -72,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--families: unknown {unknown}; expected names from {sorted(FAMILIES)}")
     if args.per_family < 1:
         p.error(f"--per-family must be >= 1, got {args.per_family}")
-    model = MoEModel.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
-    tok = ChatTokenizer.from_pretrained(args.checkpoint)
+    with bad_input(p):
+        model = MoEModel.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+        tok = ChatTokenizer.from_pretrained(args.checkpoint)
     results = probe(model, tok, families=families, per_family=args.per_family, seed_block=args.seed_block)
     total = Counter()
     for fam, (exact, misses) in results.items():

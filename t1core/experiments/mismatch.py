@@ -52,6 +52,7 @@ from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox import suite
+from sandbox.cli import Parser, bad_input
 from sandbox.images import TaskImage, build_task_image, default_base_image_overrides
 from sandbox.tasks import Task
 from t1core.batch import PackedBatch, pack
@@ -432,7 +433,8 @@ def format_table(result: MismatchResult) -> str:
 
 def _parse_args(argv: list[str] | None) -> tuple[MismatchConfig, str | None]:
     d = MismatchConfig()
-    p = argparse.ArgumentParser(prog="python -m t1core.experiments.mismatch", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m t1core.experiments.mismatch", description=__doc__.splitlines()[0],
+               epilog="example: python -m t1core.experiments.mismatch --episodes 8 --out runs/mismatch.json")
     p.add_argument("--episodes", type=int, default=d.num_episodes, help="episodes per seed")
     p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated sampling seeds")
     p.add_argument("--families", default=",".join(d.families), help="comma-separated task families")
@@ -449,13 +451,24 @@ def _parse_args(argv: list[str] | None) -> tuple[MismatchConfig, str | None]:
     p.add_argument("--trajectories", default=None, help="save the collected episodes in this directory")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     a = p.parse_args(argv)
-    cfg = MismatchConfig(num_episodes=a.episodes, seeds=tuple(int(s) for s in a.seeds.split(",") if s),
+    with bad_input(p):
+        return _config(a), a.out
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+def _config(a: argparse.Namespace) -> MismatchConfig:
+    return MismatchConfig(num_episodes=a.episodes, seeds=_int_list(a.seeds, "--seeds"),
                          families=tuple(f for f in a.families.split(",") if f), sft_epochs=a.sft_epochs,
                          sft_lr=a.sft_lr, checkpoint=a.checkpoint, rollout_dtype=a.rollout_dtype,
                          max_turns=a.max_turns, max_reply_tokens=a.max_reply_tokens, max_tokens=a.max_tokens,
                          temperature=a.temperature, num_parallel=a.parallel, work_dir=a.work_dir,
                          trajectories_dir=a.trajectories)
-    return cfg, a.out
 
 
 def main(argv: list[str] | None = None) -> int:
