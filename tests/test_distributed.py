@@ -89,6 +89,7 @@ def test_rounds_give_each_rank_its_minibatch_and_weight() -> None:
         DataParallel.single().rounds(-1)
 
 
+@pytest.mark.torchrun
 def test_two_sharded_ranks_take_the_single_process_step(tmp_path) -> None:
     out = tmp_path / "rank0.pt"
     mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)

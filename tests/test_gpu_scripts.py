@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_check_model_runs_on_cpu() -> None:
     proc = subprocess.run([sys.executable, "bench/gpu_check_model.py", "--device", "cpu", "--small"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)

@@ -237,6 +237,7 @@ def _run_self(*argv: str, env_extra: dict[str, str] | None = None, timeout: floa
     return proc.stdout
 
 
+@pytest.mark.interpreter
 def test_triton_interpreter_matches_float64_reference() -> None:
     out = _run_self("--interpreter", env_extra={"TRITON_INTERPRET": "1", "T1_KERNEL_BACKEND": "triton"})
     results = json.loads(out.strip().splitlines()[-1])
@@ -246,6 +247,7 @@ def test_triton_interpreter_matches_float64_reference() -> None:
         assert r["d_hidden"] < GRAD_TOL and r["d_weight"] < GRAD_TOL, r
 
 
+@pytest.mark.slow
 def test_cpu_memory_bound_at_issue_shape() -> None:
     N, D, V = 4096, 1024, 151_936
     r = json.loads(_run_self("--memory", str(N), str(D), str(V)).strip().splitlines()[-1])

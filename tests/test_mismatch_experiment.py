@@ -94,6 +94,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[MismatchResult,
     return result, load_trajectories(tmp / "trajectories")
 
 
+@pytest.mark.docker
 def test_small_run_drift_and_gap_ordering(small_run: tuple[MismatchResult, list[Trajectory]]) -> None:
     result, trajs = small_run
     rows = result.rows

@@ -249,6 +249,7 @@ def test_backend_switch(monkeypatch):
 
 # ---- Triton kernels in the interpreter (child process) -----------------------------------------------------
 
+@pytest.mark.interpreter
 def test_triton_interpreter_suite():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", T1_MOE_INTERP_CHILD="1", T1_KERNEL_BACKEND="triton")

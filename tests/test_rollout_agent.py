@@ -93,6 +93,7 @@ def test_parse_action() -> None:
     assert parse_action(f"{format_tool_call('pwd')} {DONE_MARKER}").command == "pwd"
 
 
+@pytest.mark.docker
 def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[Task],
                                                 images: dict[str, TaskImage]) -> None:
     task = tasks[0]
@@ -116,6 +117,7 @@ def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[
     assert nothing.finish_reason == "done" and nothing.reward < nothing.verifier["total"]
 
 
+@pytest.mark.docker
 def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: list[Task],
                                                      images: dict[str, TaskImage]) -> None:
     task = tasks[1]
@@ -131,6 +133,7 @@ def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: 
     assert traj.reward == traj.verifier["total"]
 
 
+@pytest.mark.docker
 def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
     task = tasks[2]
     engine = ScriptedEngine(tok, tasks, lambda t, n: format_tool_call("echo hello"))
@@ -143,6 +146,7 @@ def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], imag
         assert cut.finish_reason == "token_budget" and len(cut.turns) == 2 and cut.num_tokens <= budget
 
 
+@pytest.mark.docker
 def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     engine = ScriptedEngine(tok, tasks, solve_then_done)
@@ -169,6 +173,7 @@ def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task
     assert wall < sum(t.metrics["wall_s"] for t in trajs)
 
 
+@pytest.mark.docker
 def test_sandbox_limits_reach_the_container(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """`AgentConfig.sandbox` (the trainer's sandbox.* section) sets every episode's container: CPU and memory over
@@ -210,6 +215,7 @@ def _find_container_running(needle: str, api: docker.APIClient, timeout_s: float
     raise AssertionError(f"no container runs {needle!r}")
 
 
+@pytest.mark.docker
 def test_sandbox_killed_mid_episode_ends_only_that_episode(tok: ChatTokenizer, tasks: list[Task],
                                                            images: dict[str, TaskImage]) -> None:
     victim, other = tasks[0], tasks[5]
@@ -243,6 +249,7 @@ def test_sandbox_killed_mid_episode_ends_only_that_episode(tok: ChatTokenizer, t
     assert alive.finish_reason == "done" and alive.reward == alive.verifier["total"]
 
 
+@pytest.mark.docker
 def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: list[Task],
                                                      images: dict[str, TaskImage]) -> None:
     """4 concurrent episodes of the tiny untrained policy: every token has routing that replays to the engine's
@@ -270,6 +277,7 @@ def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: 
     assert drifted > 0
 
 
+@pytest.mark.docker
 def test_collect_cli(tasks: list[Task], images: dict[str, TaskImage], tmp_path: Path,
                      capsys: pytest.CaptureFixture) -> None:
     from rollout.collect import main
@@ -288,6 +296,7 @@ def test_collect_cli(tasks: list[Task], images: dict[str, TaskImage], tmp_path: 
     assert "\"episodes\": 2" in summary
 
 
+@pytest.mark.docker
 def test_reference_transcripts_keep_apart_tasks_with_one_instruction(tok: ChatTokenizer, tasks: list[Task],
                                                                       images: dict[str, TaskImage]) -> None:
     # The reference engine recognises an episode by its first prompt. Two tasks told the same words but solved by
@@ -307,6 +316,7 @@ def test_reference_transcripts_keep_apart_tasks_with_one_instruction(tok: ChatTo
         assert traj.turns[0].command == suite.reference_solution(task)
 
 
+@pytest.mark.docker
 def test_two_turn_references_look_first_and_pass_their_verifiers(tok: ChatTokenizer, tmp_path: Path) -> None:
     # csv_column_sum and fix_script leave the answer to a file (which column is which, which bug it is): their
     # SFT transcripts look first, and the second call is what the real output of the look calls for.

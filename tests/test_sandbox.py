@@ -86,6 +86,7 @@ def test_encoded_command_lines_fit_the_tty():
 
 # ---- the shell ------------------------------------------------------------------------------------------------
 
+@pytest.mark.docker
 def test_state_persists_across_commands(sb):
     assert sb.run("cd /tmp && X=41 && export Y=ok && f() { echo \"f:$1\"; }").exit_code == 0
     r = sb.run("pwd; echo $((X + 1)) $Y; f 7; bash -c 'echo child:$Y'")
@@ -93,6 +94,7 @@ def test_state_persists_across_commands(sb):
     assert r.exit_code == 0 and not r.timed_out and not r.truncated
 
 
+@pytest.mark.docker
 def test_exit_codes_and_shell_exit(sb):
     assert sb.run("true").exit_code == 0
     assert sb.run("false").exit_code == 1
@@ -105,6 +107,7 @@ def test_exit_codes_and_shell_exit(sb):
     assert sb.run("echo ${Z:-unset}; pwd").output == "unset\n/app\n"
 
 
+@pytest.mark.docker
 def test_output_is_clean_and_combined(sb):
     r = sb.run("printf '\\033[1;31mred\\033[0m\\r\\n'; echo err >&2; echo out")
     assert r.output == "red\nerr\nout\n"
@@ -115,6 +118,7 @@ def test_output_is_clean_and_combined(sb):
     assert sb.run("cat").output == ""  # stdin is /dev/null: no hang, no protocol bytes eaten
 
 
+@pytest.mark.docker
 def test_command_limits(sb):
     with pytest.raises(CommandTooLong):
         sb.run("#" * (sb.max_command_bytes + 1))
@@ -124,6 +128,7 @@ def test_command_limits(sb):
     assert sb.run(big, timeout=60).output == "49999\n"
 
 
+@pytest.mark.docker
 def test_timeout_kills_every_process_of_the_command(sb, api):
     sb.run("KEEP=me; sleep 900 &")  # an earlier command's background job must survive
     cmd = ("echo started; sleep 901 & (sleep 902 &); setsid sleep 903 & nohup sleep 904 >/dev/null 2>&1 & "
@@ -139,6 +144,7 @@ def test_timeout_kills_every_process_of_the_command(sb, api):
     assert after.output == "me\nalive\n" and not after.timed_out
 
 
+@pytest.mark.docker
 def test_timeout_of_a_builtin_loop_keeps_the_shell(sb):
     sb.run("N=5")
     r = sb.run("while :; do :; done", timeout=0.5)
@@ -146,6 +152,7 @@ def test_timeout_of_a_builtin_loop_keeps_the_shell(sb):
     assert sb.run("echo $N").output == "5\n"
 
 
+@pytest.mark.docker
 def test_output_flood_is_capped_with_flat_host_memory(sb):
     before = _rss_mib()
     peak = [before]
@@ -172,6 +179,7 @@ def test_output_flood_is_capped_with_flat_host_memory(sb):
     print(f"\n1 GB flood: {r.duration_s:.1f} s, host RSS {before:.0f} -> peak {peak[0]:.0f} MiB")
 
 
+@pytest.mark.docker
 def test_fork_bomb_is_contained_by_the_pids_limit(image):
     with DockerSandbox(image, run_id=RUN_ID, pids=64, interrupt_grace_s=0.5) as box:
         box.run(":(){ :|:& };:", timeout=5)
@@ -189,6 +197,7 @@ def test_fork_bomb_is_contained_by_the_pids_limit(image):
         assert r.exit_code == 0 and int(r.output) <= 5, r.output
 
 
+@pytest.mark.docker
 def test_memory_bomb_is_reported_as_oom(image):
     with DockerSandbox(image, run_id=RUN_ID, memory="128m") as box:
         r = box.run("python3 -c 'b = bytearray(1024 * 2**20)'", timeout=60)
@@ -197,6 +206,7 @@ def test_memory_bomb_is_reported_as_oom(image):
         assert box.run("echo alive").output == "alive\n"
 
 
+@pytest.mark.docker
 def test_container_killed_mid_command_raises_quickly(sb, api):
     threading.Timer(0.5, api.kill, args=(sb.id,)).start()
     t0 = time.monotonic()
@@ -205,6 +215,7 @@ def test_container_killed_mid_command_raises_quickly(sb, api):
     assert time.monotonic() - t0 < 10.0
 
 
+@pytest.mark.docker
 def test_no_network_by_default_and_locked_down(sb, api):
     assert sb.run("ls /sys/class/net").output.split() == ["lo"]
     r = sb.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"")
@@ -218,6 +229,7 @@ def test_no_network_by_default_and_locked_down(sb, api):
     assert sb.run("mknod /tmp/dev c 1 3").exit_code != 0  # CAP_MKNOD dropped
 
 
+@pytest.mark.docker
 def test_sixteen_sandboxes_in_parallel(image):
     def episode(i: int) -> list[str]:
         with DockerSandbox(image, run_id=RUN_ID, memory="256m") as box:
@@ -229,6 +241,7 @@ def test_sixteen_sandboxes_in_parallel(image):
     assert results == [[f"{i}-{k}\n" for k in range(25)] for i in range(16)]
 
 
+@pytest.mark.docker
 def test_files_round_trip(sb, tmp_path):
     payload = bytes(range(256)) * 100
     sb.write_file("/data/new/dir/blob.bin", payload)
@@ -250,6 +263,7 @@ def test_files_round_trip(sb, tmp_path):
     assert sb.run("cat /tests/a.txt; python3 /tests/sub/b.py; stat -c %U /tests/a.txt").output == "AB\nroot\n"
 
 
+@pytest.mark.docker
 def test_kill_all_processes_spares_the_shell(sb, api):
     sb.run("S=1; sleep 700 & python3 -c 'import time; time.sleep(700)' &")
     sb.kill_all_processes()
@@ -258,6 +272,7 @@ def test_kill_all_processes_spares_the_shell(sb, api):
     assert sb.run("echo $S").output == "1\n"
 
 
+@pytest.mark.docker
 def test_kill_all_processes_succeeds_while_processes_churn(sb, api):
     # Killed processes that hold memory take a while to exit, and short-lived ones come and go during the sweep:
     # it must wait for the exits (not give up after a fixed number of quick passes) and report success.
@@ -270,11 +285,13 @@ def test_kill_all_processes_succeeds_while_processes_churn(sb, api):
         assert not [p for p in procs if "700" in p or "sleep 0.0" in p], procs
 
 
+@pytest.mark.docker
 def test_unknown_image(api):
     with pytest.raises(ImageNotFound):
         DockerSandbox("t1-no-such-image:nope", run_id=RUN_ID)
 
 
+@pytest.mark.docker
 def test_pool_hands_out_fresh_sandboxes(image, api):
     with SandboxPool(image, size=2, run_id=RUN_ID) as pool:
         a = pool.acquire(timeout=60)
@@ -296,6 +313,7 @@ def test_pool_hands_out_fresh_sandboxes(image, api):
     assert not api.containers(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"})
 
 
+@pytest.mark.docker
 def test_pool_with_a_demand_starts_no_spare_and_replaces_a_dead_one(image, api):
     """Told it will be asked for 2 sandboxes, a pool starts exactly 2 container lives, plus one for a sandbox
     that died before it was handed out (before the bound, every acquire started a spare that the close removed)."""
@@ -332,6 +350,7 @@ def test_pool_start_failing_with_any_exception_raises_at_acquire_instead_of_hang
             pool.acquire(timeout=30)
 
 
+@pytest.mark.docker
 def test_reap_removes_containers_of_a_killed_process(image, api):
     child = ("import sys, time\nfrom sandbox import DockerSandbox\n"
              f"boxes = [DockerSandbox({image!r}, run_id='{RUN_ID}') for _ in range(2)]\n"
@@ -349,6 +368,7 @@ def test_reap_removes_containers_of_a_killed_process(image, api):
         assert mine.run("echo still here").output == "still here\n"
 
 
+@pytest.mark.docker
 def test_base_image_is_idempotent(image, api):
     t0 = time.monotonic()
     assert ensure_base_image() == image

@@ -79,6 +79,7 @@ def test_suite_size_and_categories() -> None:
     assert all(t.solution_script is not None and t.test_script is not None for t in tasks)
 
 
+@pytest.mark.docker
 def test_reference_solutions_pass_every_verifier(baseline) -> None:
     bad = {name: (sol.passed, sol.total, sol.error, [k for k, ok in sol.per_test.items() if not ok])
            for name, (_, sol, _) in baseline.items() if not sol.outcome}
@@ -86,6 +87,7 @@ def test_reference_solutions_pass_every_verifier(baseline) -> None:
     assert all(sol.total >= max(3, task.num_static_tests) for task, sol, _ in baseline.values())
 
 
+@pytest.mark.docker
 def test_doing_nothing_passes_fewer_than_half(baseline) -> None:
     bad = {name: (noop.passed, noop.total) for name, (_, _, noop) in baseline.items()
            if not 2 * noop.passed < noop.total or noop.timed_out}
@@ -94,6 +96,7 @@ def test_doing_nothing_passes_fewer_than_half(baseline) -> None:
     assert all(sol.passed > noop.passed for _, sol, noop in baseline.values())
 
 
+@pytest.mark.docker
 def test_tb1_layout_loads_and_runs(baseline) -> None:
     task, sol, noop = baseline["tb1-example"]
     assert task.layout == "tb1" and task.agent_timeout_s == 180 and task.verifier_timeout_s == 30
@@ -176,6 +179,7 @@ def spoof_results(overrides: dict[str, str], family_dir: Path) -> tuple[Task, Ve
     return task, results.pop("noop"), results
 
 
+@pytest.mark.docker
 @pytest.mark.parametrize("attack", ["printed_results", "planted_conftest", "planted_results", "edited_tests_dir",
                                     "late_background_job", "planted_bytecode"])
 def test_spoofing_scores_no_more_than_doing_nothing(spoof_results, attack: str) -> None:
@@ -185,6 +189,7 @@ def test_spoofing_scores_no_more_than_doing_nothing(spoof_results, attack: str) 
     assert result.passed == noop.passed and result.per_test == noop.per_test, (result.error, result.output[-800:])
 
 
+@pytest.mark.docker
 def test_tampering_with_python_scores_zero(spoof_results) -> None:
     _, noop, results = spoof_results
     planted, destroyed = results["planted_sitecustomize"], results["destroyed_tools"]
@@ -211,6 +216,7 @@ _CHANGE_SCRIPTS = {
 }
 
 
+@pytest.mark.docker
 def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]) -> None:
     from sandbox.verify import _inspect_changes, _upper_dir_changes
 
@@ -237,6 +243,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
         assert results[name][0][0], name
 
 
+@pytest.mark.docker
 def test_poisoned_shell_cannot_run_code_at_verification(overrides: dict[str, str], spoof_results) -> None:
     """Functions shadowing tools and the runtime's sweep, and traps, in the agent's persistent shell."""
     task, noop, _ = spoof_results
@@ -270,6 +277,7 @@ def _harbor_task(root: Path, name: str, *, tests: dict[str, str], verifier_timeo
     return load_task(d)
 
 
+@pytest.mark.docker
 def test_hanging_verifier_is_cut_and_unfinished_tests_fail(tmp_path: Path, overrides: dict[str, str]) -> None:
     task = _harbor_task(tmp_path, "hangs", verifier_timeout=3, tests={"test_hang.py": """
         import subprocess
@@ -292,6 +300,7 @@ def test_hanging_verifier_is_cut_and_unfinished_tests_fail(tmp_path: Path, overr
     assert result.duration_s < 3 + 5 + 20  # timeout + kill grace + verifier overhead on a loaded machine
 
 
+@pytest.mark.docker
 def test_tests_arrive_byte_for_byte_inline_or_uploaded(tmp_path: Path, overrides: dict[str, str]) -> None:
     """Small test directories are written by the verifier's own exec, large ones uploaded: the same files,
     bytes and modes either way; and nothing a test prints can pose as the verifier's status line or XML."""
@@ -333,6 +342,7 @@ def test_tests_arrive_byte_for_byte_inline_or_uploaded(tmp_path: Path, overrides
         assert "t1-exit 0 40" in result.output  # the printed fake stayed in the log, where it belongs
 
 
+@pytest.mark.docker
 def test_script_verifier_reads_reward_files_and_ignores_planted_ones(tmp_path: Path,
                                                                      overrides: dict[str, str]) -> None:
     task = _harbor_task(tmp_path, "script-json", tests={"test.sh": """\
@@ -408,6 +418,7 @@ def test_malformed_tasks_name_file_and_field(tmp_path: Path) -> None:
         assert file in str(info.value) and repr(field) in str(info.value)
 
 
+@pytest.mark.docker
 def test_missing_base_image_is_a_clear_error(tmp_path: Path) -> None:
     task = _harbor_task(tmp_path, "no-base", tests={"test_x.py": "def test_a():\n    pass\n"},
                         dockerfile="FROM ghcr.io/nobody/t1-no-such-image:1.0\nRUN true\n")
@@ -425,6 +436,7 @@ def test_override_globs() -> None:
     assert _resolve_override("ghcr.io/x/debian:1", table) == "ghcr.io/x/debian:1"
 
 
+@pytest.mark.docker
 def test_images_cached_by_content(tmp_path: Path, overrides: dict[str, str]) -> None:
     task = load_task(_broken_copy(tmp_path, "cache-a", "fixed/text-dedupe-emails"))
     same = load_task(_broken_copy(tmp_path, "cache-b", "fixed/text-dedupe-emails"))
@@ -471,6 +483,7 @@ def _copy_context(root: Path, dockerfile: str) -> Task:
     return task
 
 
+@pytest.mark.docker
 def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_path: Path,
                                                                           overrides: dict[str, str]) -> None:
     """No image is built, and the sandbox sees what `docker build` would have put there: paths, kinds, modes,
@@ -498,6 +511,7 @@ def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_pa
 _STRICT_LISTING = "find /app /opt -printf '%p %y %m %u:%g %s %l %T@ %A@\\n' | sort"
 
 
+@pytest.mark.docker
 def test_preload_written_into_the_upper_dir_equals_the_daemons_archive(tmp_path: Path, overrides: dict[str, str],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path (files written into the created container's overlay2 upper directory) and the daemon's
@@ -550,6 +564,7 @@ def test_only_tars_built_from_their_own_directories_skip_the_archive_api(entries
     assert (preload.direct_plan(_tar_of(*entries)) is not None) == direct
 
 
+@pytest.mark.docker
 def test_preloaded_sandboxes_look_the_same_whenever_they_start(tmp_path: Path, overrides: dict[str, str]) -> None:
     """Directories the preload creates (WORKDIR, COPY destinations) do not carry the container's start time."""
     copying = _copy_context(tmp_path, _COPY_ONLY)
@@ -568,6 +583,7 @@ def test_preloaded_sandboxes_look_the_same_whenever_they_start(tmp_path: Path, o
         assert task.workdir in listings[0]
 
 
+@pytest.mark.docker
 def test_base_listing_container_carries_owner_labels(tmp_path: Path, overrides: dict[str, str],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The one container build_task_image starts itself (listing the base's directories) is reapable."""
@@ -588,6 +604,7 @@ def test_base_listing_container_carries_owner_labels(tmp_path: Path, overrides: 
     assert seen[0][LABEL_RUN] and seen[0]["t1.owner_pid"] == str(os.getpid())
 
 
+@pytest.mark.docker
 @pytest.mark.parametrize("dockerfile", [
     "FROM debian:bookworm\nCOPY app/ /app/\nRUN true\n",             # a RUN step
     "FROM debian:bookworm\nCOPY --chown=1000:1000 app/ /app/\n",            # a flag
@@ -604,6 +621,7 @@ def test_dockerfiles_a_preload_cannot_reproduce_are_built(tmp_path: Path, overri
     assert image.ref.startswith("t1-task:") and not image.preload
 
 
+@pytest.mark.docker
 def test_cli_runs_a_task_and_reports_json(tmp_path: Path, overrides: dict[str, str]) -> None:
     cmd = [sys.executable, "-m", "sandbox.run_task", str(REPO / "tasks" / "tb1-example"), "--solution", "--json",
            "--base-image", f"python:3.13-*={overrides['debian:*']}"]
@@ -715,6 +733,7 @@ def test_reference_solution_for_sft(tmp_path: Path) -> None:
             suite.reference_turns(csv)
 
 
+@pytest.mark.docker
 def test_no_containers_left_behind(baseline, spoof_results) -> None:
     left = docker_client().containers(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"})
     assert not left, [c["Names"] for c in left]

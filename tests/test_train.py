@@ -63,6 +63,7 @@ def _state(run_dir: Path) -> dict[str, torch.Tensor]:
             **{f"critic.{k}": v for k, v in ckpt["critic"].items()}}
 
 
+@pytest.mark.docker
 @needs_docker
 def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path, capsys) -> None:
     # Extending run.steps on resume would move the end of the decayed RL rate (optim.actor_lr_decay): constant here;
@@ -97,6 +98,7 @@ def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path, capsys) ->
         (straight / "final" / "model.safetensors").read_bytes()
 
 
+@pytest.mark.docker
 @needs_docker
 def test_concurrent_episodes_are_bit_for_bit_with_the_batch_invariant_engine(tmp_path: Path, task_dir: Path) -> None:
     """Two runs with 4 episodes in flight at once: which rows the engine batches together depends on sandbox
@@ -121,6 +123,7 @@ class _Crash(RuntimeError):
     pass
 
 
+@pytest.mark.docker
 @needs_docker
 def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Path, monkeypatch) -> None:
     """A run killed after its step-2 checkpoint and resumed as it was (defaults: decayed RL rate) ends where a
@@ -151,6 +154,7 @@ def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Pa
     assert drawn[0] == drawn[1] and len(drawn[0]) == 8
 
 
+@pytest.mark.docker
 @needs_docker
 def test_a_step_of_flat_groups_leaves_the_actor_alone(tmp_path: Path, task_dir: Path, monkeypatch) -> None:
     """Rewards forced to [1, 1, 2, 2]: two instances, each sampled twice, each group scoring alike. The step is not
@@ -184,6 +188,7 @@ def _warm_final_frozen(run_dir: Path) -> tuple[dict, dict, list[str]]:
     return warm, final, [k for k in final if k == "lm_head.weight" or ".mlp.gate." in k]
 
 
+@pytest.mark.docker
 @needs_docker
 def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: Path) -> None:
     """optim.actor_frozen: SFT still trains the LM head and the routers, RL leaves them bit for bit as the warm
@@ -354,6 +359,8 @@ def _torchrun(args: list[str]) -> None:
     assert "data-parallel: 2 ranks" in proc.stdout
 
 
+@pytest.mark.torchrun
+@pytest.mark.docker
 @needs_docker
 def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -> None:
     """Under torchrun: 4 steps straight and 2 + `--resume` + 2 end with the same sharded-then-gathered policy,
@@ -380,6 +387,8 @@ def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -
         assert (straight / name).exists(), name
 
 
+@pytest.mark.torchrun
+@pytest.mark.docker
 @needs_docker
 def test_data_parallel_run_keeps_frozen_parameters(tmp_path: Path, task_dir: Path) -> None:
     """optim.actor_frozen under two FSDP2 ranks: the frozen tensors (sharded DTensors with requires_grad off) stay
@@ -392,6 +401,8 @@ def test_data_parallel_run_keeps_frozen_parameters(tmp_path: Path, task_dir: Pat
     assert not torch.equal(final["model.embed_tokens.weight"], warm["model.embed_tokens.weight"])
 
 
+@pytest.mark.torchrun
+@pytest.mark.docker
 @needs_docker
 def test_data_parallel_rollouts_equal_a_single_process(tmp_path: Path, task_dir: Path) -> None:
     """Two ranks each run half of a step's episodes on their own engine: with the batch-invariant engine the
@@ -414,6 +425,8 @@ def test_data_parallel_rollouts_equal_a_single_process(tmp_path: Path, task_dir:
             assert x.reward == y.reward
 
 
+@pytest.mark.torchrun
+@pytest.mark.docker
 @needs_docker
 def test_data_parallel_sft_transcripts_equal_a_single_process(tmp_path: Path) -> None:
     """Each rank runs every other task's reference solution (3 tasks: 2 on rank 0, 1 on rank 1); the gathered
