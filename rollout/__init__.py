@@ -1,1 +1,1 @@
-import t1core  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads OpenMP; see t1core/__init__.py)
+"""Generation engines, the multi-turn agent loop and token-native trajectories."""

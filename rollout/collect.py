@@ -11,6 +11,7 @@ printed is the output directory.
 
 from __future__ import annotations
 
+import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
 import json
 import sys

@@ -14,6 +14,7 @@ the updates are data-parallel over FSDP2-sharded models, and rank 0 writes the f
 
 from __future__ import annotations
 
+import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
 import copy
 import dataclasses

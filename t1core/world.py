@@ -20,6 +20,7 @@ from sandbox.image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core.config import RunConfig
+from t1core.distributed import check_device
 from t1core.model import PRESETS, MoEModel, ValueModel
 from t1core.tokenizer import ChatTokenizer
 
@@ -98,6 +99,7 @@ def _is_preset(name: str) -> bool:
 def check_config(cfg: RunConfig) -> None:
     """What the config names exists and fits together (ValueError naming the key otherwise): checked before
     anything is built, so that bad input costs no image build and prints no traceback."""
+    check_device(torch.device(cfg.run.device))
     name = cfg.model.name
     if Path(name).is_dir():
         if not (Path(name) / "config.json").is_file():

@@ -12,6 +12,7 @@ command per family, and the total.
 
 from __future__ import annotations
 
+import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 from collections import Counter
 
 import torch

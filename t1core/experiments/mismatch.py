@@ -31,6 +31,7 @@ SFT), so replies look like tool calls; `--sft-epochs 0` samples from the raw ini
 
 from __future__ import annotations
 
+import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
 import contextlib
 import copy
