@@ -129,6 +129,11 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine | VLLMEngine:
 
 def _make_vllm_engine(policy: MoEModel, cfg: RunConfig) -> VLLMEngine:
     r, v = cfg.rollout, cfg.vllm
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # Each trainer rank builds its own engine, and vLLM's IPC/NCCL senders gather over the default group:
+        # one vLLM instance per process is all this wiring does.
+        raise ValueError("rollout.engine='vllm' runs in a single trainer process; with torchrun ranks > 1 use "
+                         "rollout.engine='torch'")
     max_len = v.max_model_len or r.max_tokens + r.max_new_tokens_per_turn + 8
     nccl = None
     if v.placement == "disaggregated":  # the trainer is NCCL rank 0, vLLM's workers the others

@@ -371,3 +371,18 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
             assert traj.routing is not None and torch.equal(traj.routing, comp.prompt_routing)
             versions.append(traj.policy_version)
     assert len(versions) == 4 and versions[0] == versions[1] < versions[2] == versions[3]  # synced between steps
+
+
+def test_gpu_check_script_runs_on_the_fake() -> None:
+    """bench/gpu_check_vllm.py --fake: the checks prepared for a GPU with vLLM, run here so they do not rot."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "bench/gpu_check_vllm.py", "--fake"], cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for check in ("tito echo and stop/length", "log-probs vs trainer (R3) T=0.7", "routing agreement",
+                  "prefix cache keeps turn 1's routing", "greedy after update_weights == fresh engine",
+                  "ALL CHECKS PASSED"):
+        assert check in proc.stdout, proc.stdout[-3000:]
