@@ -112,3 +112,18 @@ def engine_args(*, model_dir: str, dtype: torch.dtype, seed: int, tensor_paralle
             "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
             "enforce_eager": enforce_eager, "enable_sleep_mode": colocated, "disable_log_stats": True,
             "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"}}
+
+
+def check_trainer_device(device: torch.device, *, placement: str, tensor_parallel_size: int) -> None:
+    """ValueError when the trainer's device cannot feed vLLM: vLLM runs on CUDA, and its workers take the visible
+    GPUs 0 .. tensor_parallel_size - 1, so a disaggregated trainer must sit above them (a colocated one shares
+    GPU 0 and sends CUDA IPC handles of it)."""
+    if device.type != "cuda":
+        raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(device)!r}")
+    index = device.index or 0
+    if placement == "disaggregated" and index < tensor_parallel_size:
+        raise ValueError(f"run.device={str(device)!r}: with vllm.placement='disaggregated' the trainer needs a GPU "
+                         f"vLLM does not use, cuda:{tensor_parallel_size} or above")
+    if placement == "colocated" and index != 0:
+        raise ValueError(f"run.device={str(device)!r}: with vllm.placement='colocated' vLLM shares the trainer's GPU "
+                         "and takes GPU 0: use run.device='cuda:0'")

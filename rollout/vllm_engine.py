@@ -117,10 +117,14 @@ class VLLMEngine:
     @classmethod
     def from_model(cls, model: MoEModel, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                    max_model_len: int = 4096, enforce_eager: bool = False, placement: Placement = "colocated",
-                   dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                   nccl_init: dict[str, Any] | None = None) -> VLLMEngine:
-        """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`)."""
+                   dtype: torch.dtype = torch.bfloat16, seed: int = 0, nccl_init: dict[str, Any] | None = None,
+                   trainer_device: str | torch.device | None = None) -> VLLMEngine:
+        """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`).
+        `trainer_device`: where the trainer streams weights from (checked against the placement)."""
         api = vllm_api.load_vllm()  # module attribute: the seam tests replace
+        if api.wire_device == "cuda" and trainer_device is not None:
+            vllm_api.check_trainer_device(torch.device(trainer_device), placement=placement,
+                                          tensor_parallel_size=tensor_parallel_size)
         model_dir = tempfile.mkdtemp(prefix="t1-vllm-model-")
         try:
             model.save_pretrained(model_dir)
@@ -253,8 +257,8 @@ class VLLMEngine:
         if params.return_routing:
             rows = self._moe_rows(out.routed_experts, rid)
             last = await self._last_row(prompt + tokens, version)
-            prompt_routing, routing = split_routing(rows, prompt_len=len(prompt), routed_from=params.prompt_routing_from,
-                                                    num_new=len(tokens), last_row_LK=last)
+            prompt_routing, routing = split_routing(rows, prompt_len=len(prompt), num_new=len(tokens),
+                                                    routed_from=params.prompt_routing_from, last_row_LK=last)
         cached = int(final.num_cached_tokens or 0)
         self.stats["requests"] += 1
         self.stats["prompt_tokens"] += len(prompt)

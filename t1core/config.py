@@ -222,6 +222,9 @@ class VllmSection:
     def __post_init__(self) -> None:
         _check_types(self)
         _check(self.tensor_parallel_size >= 1, "vllm.tensor_parallel_size", ">= 1", self.tensor_parallel_size)
+        # CUDA IPC hands vLLM handles to the trainer's one GPU: every vLLM worker must live on it.
+        _check(self.placement == "disaggregated" or self.tensor_parallel_size == 1, "vllm.tensor_parallel_size",
+               "1 with vllm.placement='colocated' (more GPUs: placement='disaggregated')", self.tensor_parallel_size)
         _check(0 < self.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization", "in (0, 1]",
                self.gpu_memory_utilization)
         _check(self.max_model_len is None or self.max_model_len >= 3, "vllm.max_model_len", ">= 3 or none",

@@ -141,7 +141,7 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig) -> VLLMEngine:
     return VLLMEngine.from_model(policy, tensor_parallel_size=v.tensor_parallel_size,
                                  gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len,
                                  enforce_eager=v.enforce_eager, placement=v.placement, dtype=_DTYPES[v.dtype],
-                                 seed=cfg.run.seed, nccl_init=nccl)
+                                 seed=cfg.run.seed, nccl_init=nccl, trainer_device=cfg.run.device)
 
 
 def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:

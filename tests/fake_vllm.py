@@ -338,8 +338,10 @@ class FakeAsyncLLM:
             e = int(e)
             if proj == "down_proj":
                 params[f"{prefix}.w2"][e].copy_(t)
+            elif proj == "gate_proj":
+                params[f"{prefix}.w13"][e, :f].copy_(t)
             else:
-                params[f"{prefix}.w13"][e, :f].copy_(t) if proj == "gate_proj" else params[f"{prefix}.w13"][e, f:].copy_(t)
+                params[f"{prefix}.w13"][e, f:].copy_(t)
         else:
             params[name].copy_(t)
 

@@ -6,7 +6,10 @@ draws in batch-invariant mode). What was run against a real vLLM: nothing here; 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
+import types
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -96,6 +99,11 @@ def test_moe_routing_drops_dense_layers_and_refuses_bad_ids() -> None:
         moe_routing(np.zeros((2, 3, 2), np.uint8), **kw)
     with pytest.raises(ValueError, match="every hidden layer"):
         moe_routing(rows[:, :2], **kw)
+    wide = rows.astype(np.uint16)  # vLLM's dtype past 256 experts; T1's is int16
+    wide[:, [0, 2], 0] += 280
+    got = moe_routing(wide, **{**kw, "num_experts": 300, "dtype": torch.int16})
+    assert got.dtype == torch.int16 and int(got.max()) >= 280
+    assert torch.equal(got[:, :, 1], torch.from_numpy(moe[:, :, 1].astype(np.int16)))
 
 
 def test_split_routing_appends_the_last_row() -> None:
@@ -145,11 +153,12 @@ def test_version_and_missing_vllm_are_clear_errors(monkeypatch: pytest.MonkeyPat
         with pytest.raises(RuntimeError, match=r"needs vLLM >= 0.33 and < 0.34"):
             vllm_api.check_version(old)
     monkeypatch.undo()  # the real loader
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:
         with pytest.raises(RuntimeError, match="vLLM is not importable"):
             vllm_api.load_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.20.1"))  # an installed old one
+    with pytest.raises(RuntimeError, match="found 0.20.1"):
+        vllm_api.load_vllm()
 
 
 # ---- the adapter over the fake AsyncLLM ----
@@ -376,7 +385,6 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
 def test_gpu_check_script_runs_on_the_fake() -> None:
     """bench/gpu_check_vllm.py --fake: the checks prepared for a GPU with vLLM, run here so they do not rot."""
     import subprocess
-    import sys
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "bench/gpu_check_vllm.py", "--fake"], cwd=root, capture_output=True,
@@ -386,3 +394,22 @@ def test_gpu_check_script_runs_on_the_fake() -> None:
                   "prefix cache keeps turn 1's routing", "greedy after update_weights == fresh engine",
                   "ALL CHECKS PASSED"):
         assert check in proc.stdout, proc.stdout[-3000:]
+
+
+def test_placement_checks() -> None:
+    from t1core.config import load_config
+
+    with pytest.raises(ValueError, match="placement='colocated'"):
+        load_config(None, ["--rollout.engine=vllm", "--vllm.tensor_parallel_size=2"])
+    with pytest.raises(ValueError, match="top_p"):
+        load_config(None, ["--rollout.engine=vllm", "--rollout.top_p=0.95"])
+    cfg = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated",
+                             "--vllm.tensor_parallel_size=2"])
+    assert (cfg.vllm.placement, cfg.vllm.tensor_parallel_size) == ("disaggregated", 2)
+    check = vllm_api.check_trainer_device
+    check(torch.device("cuda:2"), placement="disaggregated", tensor_parallel_size=2)
+    check(torch.device("cuda"), placement="colocated", tensor_parallel_size=1)
+    for device, placement, match in (("cpu", "colocated", "needs run.device"), ("cuda:1", "disaggregated", "cuda:2"),
+                                     ("cuda:1", "colocated", "cuda:0")):
+        with pytest.raises(ValueError, match=match):
+            check(torch.device(device), placement=placement, tensor_parallel_size=2)
