@@ -38,6 +38,7 @@ tensor parallel, NCCL transfer from the trainer).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import shutil
 import tempfile
@@ -84,17 +85,22 @@ class _LoopClient:
 
 
 class VLLMEngine:
-    """Continuous-batching engine over vLLM (module docstring). Build it with `from_model` (or hand it an
-    `AsyncLLM`-like object); use as a context manager or call `close()`."""
+    """Continuous-batching engine over vLLM (module docstring). Build it with `from_model`, or from a `VllmApi`
+    and engine arguments (`rollout.vllm_api`); use as a context manager or call `close()`.
+
+    `wire_device`: where streamed weights are staged for vLLM's transport (default: the api's, i.e. the current
+    CUDA device; the trainer's GPU when it is not cuda:0)."""
 
     def __init__(self, model_config: ModelConfig, *, api: vllm_api.VllmApi, engine_args: dict[str, Any],
                  placement: Placement = "colocated", nccl_init: dict[str, Any] | None = None,
-                 weight_dtype: torch.dtype = torch.bfloat16, owned_dir: str | None = None) -> None:
+                 weight_dtype: torch.dtype = torch.bfloat16, owned_dir: str | None = None,
+                 wire_device: str | torch.device | None = None) -> None:
         if placement not in ("colocated", "disaggregated"):
             raise ValueError(f"placement: expected 'colocated' or 'disaggregated', got {placement!r}")
         self.config, self.placement = model_config, placement
         self.max_model_len = int(engine_args["max_model_len"])
         self._api, self._owned_dir = api, owned_dir
+        self._wire_device = torch.device(wire_device if wire_device is not None else api.wire_device)
         self._expected = expected_hf_params(model_config)
         self._weight_dtype = weight_dtype
         self._transport = api.make_transport(backend="ipc" if placement == "colocated" else "nccl",
@@ -122,9 +128,10 @@ class VLLMEngine:
         """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`).
         `trainer_device`: where the trainer streams weights from (checked against the placement)."""
         api = vllm_api.load_vllm()  # module attribute: the seam tests replace
+        wire = None
         if api.wire_device == "cuda" and trainer_device is not None:
-            vllm_api.check_trainer_device(torch.device(trainer_device), placement=placement,
-                                          tensor_parallel_size=tensor_parallel_size)
+            wire = torch.device(trainer_device)
+            vllm_api.check_trainer_device(wire, placement=placement, tensor_parallel_size=tensor_parallel_size)
         model_dir = tempfile.mkdtemp(prefix="t1-vllm-model-")
         try:
             model.save_pretrained(model_dir)
@@ -133,7 +140,7 @@ class VLLMEngine:
                                         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                         enforce_eager=enforce_eager, colocated=placement == "colocated")
             return cls(model.config, api=api, engine_args=args, placement=placement, nccl_init=nccl_init,
-                       weight_dtype=dtype, owned_dir=model_dir)
+                       weight_dtype=dtype, owned_dir=model_dir, wire_device=wire)
         except BaseException:
             shutil.rmtree(model_dir, ignore_errors=True)
             raise
@@ -169,11 +176,14 @@ class VLLMEngine:
             raise RuntimeError("engine is closed")
         with self._update_lock:
             version = self._version + 1
-            stream = ValidatedStream(named_tensors, self._expected, dtype=self._weight_dtype,
-                                     device=self._api.wire_device)
+            stream = ValidatedStream(named_tensors, self._expected, dtype=self._weight_dtype, device=self._wire_device)
+            # vLLM's senders read the current CUDA device (IPC handles' GPU, the NCCL communicator's device).
+            on_device = (torch.cuda.device(self._wire_device) if self._wire_device.type == "cuda"
+                         else contextlib.nullcontext())
             try:
                 woke = self._run(self._begin_update())
-                self._transport.send(stream, _LoopClient(self, version))
+                with on_device:
+                    self._transport.send(stream, _LoopClient(self, version))
                 self._run(self._end_update(version, woke))
             except BaseException as e:
                 self._run(self._refuse(f"the weight update to version {version} failed after {stream.count} "
