@@ -331,9 +331,8 @@ class VLLMEngine:
         return woke
 
     async def _end_update(self, version: int, woke: bool) -> None:
-        if woke:
+        if woke:  # sleep() emptied the prefix cache; vLLM resumes scheduling once fully awake
             await self._llm.wake_up(tags=["kv_cache"])
-            await self._llm.reset_prefix_cache()
         await self._llm.resume_generation()
         async with self._cond:
             self._version, self._broken, self._sleeping, self._updating = version, None, False, False
@@ -341,8 +340,7 @@ class VLLMEngine:
 
     async def _sleep(self) -> None:
         await self._drain()
-        await self._llm.pause_generation(mode="wait", clear_cache=True)
-        await self._llm.sleep(level=2)
+        await self._llm.sleep(level=2, mode="wait")  # pauses scheduling and clears the prefix cache itself
         async with self._cond:
             self._sleeping, self._updating = True, False
             self._cond.notify_all()

@@ -15,8 +15,8 @@ distributed/weight_transfer/):
 - Log-probs are `processed_logprobs`: log_softmax(logits / T) (T = 0: greedy, log_softmax(logits)).
 - Only `stop_token_ids` stop when `ignore_eos`; a request may not run past `max_model_len`.
 - `pause_generation(mode="wait", clear_cache=True)` waits for running requests and empties the prefix cache;
-  while paused, new requests are rejected. `sleep(level=2)` discards the weights (here: NaN) and the cache;
-  `wake_up(tags)`. Weight transfer: `init_weight_transfer_engine`, `start_weight_update`, `update_weights`
+  while paused, new requests are rejected. `sleep(level=2, mode)` pauses, then discards the weights (here: NaN)
+  and the cache; `wake_up(tags)` resumes scheduling once weights and KV cache are both awake. Weight transfer: `init_weight_transfer_engine`, `start_weight_update`, `update_weights`
   (per-expert HF names loaded in place, as vLLM's load_weights does), `finish_weight_update(weight_version)`.
 Sampling uses T1's counter-based draws (`rollout.sampling`), and the forward runs in batch-invariant mode, so
 the fake's tokens and routing equal `TorchEngine`'s for the same weights and seeds. What is NOT reproduced:
@@ -286,9 +286,11 @@ class FakeAsyncLLM:
         return True
 
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Pauses scheduling first (clearing the prefix cache), as EngineCore.sleep does."""
         self.calls.append(("sleep", level))
         if not self.args.get("enable_sleep_mode"):
             raise ValueError("sleep mode is not enabled (enable_sleep_mode=False)")
+        await self.pause_generation(mode=mode, clear_cache=True)
         if level == 2:  # weights discarded: anything served before new weights arrive is garbage
             with torch.no_grad():
                 for p in self.model.parameters():
@@ -299,6 +301,8 @@ class FakeAsyncLLM:
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         self.calls.append(("wake_up", tags))
         self.asleep -= set(tags or ("weights", "kv_cache"))
+        if not self.asleep:  # EngineCore.wake_up resumes scheduling once all memory is resident again
+            self.paused = False
         return not self.asleep
 
     async def update_weight_version(self, new_version: str) -> None:
