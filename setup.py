@@ -25,7 +25,9 @@ setup(
     ],
     extras_require={
         "triton": ["triton>=3.0"],
-        "gpu": ["triton>=3.0", "vllm>=0.10", "flash-attn>=2.6", "nvidia-ml-py>=12.0"],
+        # vllm: rollout/vllm_engine.py was written against 0.33 (routed_experts_prompt_start, trainer-side
+        # weight-transfer engines); rollout.vllm_api.SUPPORTED holds the same range.
+        "gpu": ["triton>=3.0", "vllm>=0.33,<0.34", "flash-attn>=2.6", "nvidia-ml-py>=12.0"],
         "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51"],
     },
 )

@@ -50,12 +50,12 @@ def _check_types(section: Any) -> None:
 
 def _matches(value: Any, tp: Any) -> bool:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return value in args
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, a) for a in args)
     if tp is type(None):
         return value is None
-    if origin is Literal:
-        return value in args
     if origin is tuple:
         if not isinstance(value, tuple):
             return False
@@ -171,6 +171,9 @@ class RolloutSection:
         True, "CPU engine: each token's sample, log-prob and routing independent of what the engine batched beside "
         "it, so a seeded run at any concurrency is bit for bit (kernels.rows); costs decode speed; false = plain "
         "products")
+    engine: Literal["torch", "vllm"] = _field(
+        "torch", "rollout engine: 'torch' (the built-in TorchEngine, any device) or 'vllm' (vLLM's AsyncLLM on "
+        "CUDA with routed-experts capture; settings in [vllm]; needs pip install -e '.[gpu]')")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -183,6 +186,39 @@ class RolloutSection:
         _check(self.wall_clock_limit_s > 0, "rollout.wall_clock_limit_s", "> 0", self.wall_clock_limit_s)
         _check(self.temperature > 0, "rollout.temperature", "> 0", self.temperature)
         _check(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
+        _check(self.engine != "vllm" or self.top_p == 1, "rollout.top_p",
+               "1.0 with rollout.engine='vllm' (vLLM's log-prob of a top-p sample is renormalised, T1's is not)",
+               self.top_p)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmSection:
+    """Settings of the vLLM rollout engine (read only with rollout.engine='vllm')."""
+
+    placement: Literal["colocated", "disaggregated"] = _field(
+        "colocated", "'colocated': vLLM shares the trainer's GPUs (CUDA IPC weight transfer, sleep mode); "
+        "'disaggregated': vLLM on GPUs of its own (NCCL weight transfer from the trainer)")
+    tensor_parallel_size: int = _field(1, "GPUs one vLLM instance spreads the model over (tensor parallel)")
+    gpu_memory_utilization: float = _field(
+        0.5, "fraction of each GPU vLLM may take for weights and KV cache (colocated: leave the trainer its share)")
+    max_model_len: int | None = _field(
+        None, "longest sequence vLLM serves; none = rollout.max_tokens + rollout.max_new_tokens_per_turn + 8")
+    enforce_eager: bool = _field(False, "no CUDA graphs (faster start, slower decode)")
+    dtype: Literal["bfloat16", "float16", "float32"] = _field("bfloat16", "vLLM's weight dtype")
+    nccl_address: str = _field("127.0.0.1", "disaggregated: address of the trainer-vLLM NCCL rendezvous")
+    nccl_port: int = _field(29650, "disaggregated: port of the trainer-vLLM NCCL rendezvous")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.tensor_parallel_size >= 1, "vllm.tensor_parallel_size", ">= 1", self.tensor_parallel_size)
+        # CUDA IPC hands vLLM handles to the trainer's one GPU: every vLLM worker must live on it.
+        _check(self.placement == "disaggregated" or self.tensor_parallel_size == 1, "vllm.tensor_parallel_size",
+               "1 with vllm.placement='colocated' (more GPUs: placement='disaggregated')", self.tensor_parallel_size)
+        _check(0 < self.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization", "in (0, 1]",
+               self.gpu_memory_utilization)
+        _check(self.max_model_len is None or self.max_model_len >= 3, "vllm.max_model_len", ">= 3 or none",
+               self.max_model_len)
+        _check(1 <= self.nccl_port < 65536, "vllm.nccl_port", "in [1, 65535]", self.nccl_port)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,6 +374,7 @@ class RunConfig:
     tasks: TasksSection = field(default_factory=TasksSection)
     sandbox: SandboxSection = field(default_factory=SandboxSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    vllm: VllmSection = field(default_factory=VllmSection)
     algo: AlgoSection = field(default_factory=AlgoSection)
     warmstart: WarmstartSection = field(default_factory=WarmstartSection)
     optim: OptimSection = field(default_factory=OptimSection)
@@ -366,13 +403,13 @@ def _sections() -> dict[str, type]:
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """A TOML value (or a string from the command line) converted to the field type `tp`."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return value.strip() if isinstance(value, str) else value  # membership is checked by __post_init__
     if origin in (typing.Union, types.UnionType):
         if isinstance(value, str) and value.strip().lower() == "none":
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _coerce(value, inner, where)
-    if origin is Literal:
-        return value  # a choice is checked against its values by the section's __post_init__
     if origin is tuple:
         if isinstance(value, str):
             text = value.strip().strip("[]()").strip()

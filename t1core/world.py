@@ -15,6 +15,7 @@ import torch
 
 from rollout.agent import AgentConfig, SandboxLimits
 from rollout.torch_engine import EngineConfig, TorchEngine
+from rollout.vllm_engine import VLLMEngine
 from sandbox.images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
@@ -131,12 +132,32 @@ def load_tokenizer(cfg: RunConfig) -> ChatTokenizer:
     return ChatTokenizer.from_pretrained(name) if Path(name).is_dir() else ChatTokenizer.builtin()
 
 
-def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine:
-    """The rollout engine over its own copy of the policy (synced after every update)."""
+def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine | VLLMEngine:
+    """The rollout engine over its own copy of the policy (synced after every update): rollout.engine picks
+    TorchEngine or VLLMEngine (vLLM loads the policy from a HF checkpoint it is handed)."""
     r = cfg.rollout
+    if r.engine == "vllm":
+        return _make_vllm_engine(policy, cfg)
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
                         max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
     return TorchEngine(copy.deepcopy(policy).eval().requires_grad_(False), ecfg)
+
+
+def _make_vllm_engine(policy: MoEModel, cfg: RunConfig) -> VLLMEngine:
+    r, v = cfg.rollout, cfg.vllm
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        # Each trainer rank builds its own engine, and vLLM's IPC/NCCL senders gather over the default group:
+        # one vLLM instance per process is all this wiring does.
+        raise ValueError("rollout.engine='vllm' runs in a single trainer process; with torchrun ranks > 1 use "
+                         "rollout.engine='torch'")
+    max_len = v.max_model_len or r.max_tokens + r.max_new_tokens_per_turn + 8
+    nccl = None
+    if v.placement == "disaggregated":  # the trainer is NCCL rank 0, vLLM's workers the others
+        nccl = {"master_address": v.nccl_address, "master_port": v.nccl_port, "world_size": 1 + v.tensor_parallel_size}
+    return VLLMEngine.from_model(policy, tensor_parallel_size=v.tensor_parallel_size,
+                                 gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len,
+                                 enforce_eager=v.enforce_eager, placement=v.placement, dtype=_DTYPES[v.dtype],
+                                 seed=cfg.run.seed, nccl_init=nccl, trainer_device=cfg.run.device)
 
 
 def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:

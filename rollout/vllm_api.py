@@ -1,0 +1,129 @@
+"""The slice of vLLM that `rollout.vllm_engine` uses, loaded and checked in one place.
+
+`load_vllm()` imports vLLM, checks that it is a version this adapter was written against (0.33.x: routed-experts
+capture with `routed_experts_prompt_start`, the weight-transfer API with trainer-side engines, sleep mode) and
+returns a `VllmApi`: the request types, a constructor of `AsyncLLM` from engine arguments, and the weight
+transport. It is the one seam a test replaces (tests/fake_vllm.py) to drive the adapter without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rollout.vllm_weights import Transport, VllmTransport
+
+SUPPORTED = ((0, 33), (0, 34))
+"""[lowest, first unsupported) (major, minor) of vLLM; keep in step with setup.py's `gpu` extra."""
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    """What the adapter needs from vLLM (or from a stand-in with the same behaviour)."""
+
+    version: str
+    SamplingParams: Any
+    """`vllm.SamplingParams`."""
+    TokensPrompt: Any
+    """`vllm.inputs.TokensPrompt` (a TypedDict: `{"prompt_token_ids": [...]}`)."""
+    final_only: Any
+    """`vllm.sampling_params.RequestOutputKind.FINAL_ONLY`: one RequestOutput per request, at the end (streamed
+    deltas misalign routing rows)."""
+    WeightTransferInitRequest: Any
+    WeightTransferUpdateRequest: Any
+    make_llm: Callable[[dict[str, Any]], Any]
+    """Engine arguments (`AsyncEngineArgs` fields) -> a started `AsyncLLM`."""
+    make_transport: Callable[..., Transport]
+    """(backend=, expected=, dtype=, nccl_init=) -> the transport that moves one weight stream."""
+    wire_device: str
+    """Where streamed tensors are staged before vLLM takes them ('cuda': IPC handles and NCCL need GPU memory)."""
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """'0.33.0' / '0.33.1rc2' / '0.34.0.dev3+g12ab' -> (0, 33)."""
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or "x")
+    except (IndexError, ValueError):
+        raise ValueError(f"cannot read vLLM's version from {text!r}") from None
+
+
+def check_version(text: str) -> None:
+    """RuntimeError unless vLLM `text` is within `SUPPORTED`."""
+    low, high = SUPPORTED
+    if not low <= parse_version(text) < high:
+        raise RuntimeError(f"rollout.engine='vllm' needs vLLM >= {low[0]}.{low[1]} and < {high[0]}.{high[1]} "
+                           f"(routed-experts capture with routed_experts_prompt_start, the weight-transfer API), "
+                           f"found {text}: pip install -e '.[gpu]'")
+
+
+def load_vllm() -> VllmApi:
+    """Import vLLM and check it; RuntimeError naming what is missing (not installed, too old, no R3 support)."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise RuntimeError("rollout.engine='vllm' but vLLM is not importable here (it needs a CUDA machine): "
+                           f"pip install -e '.[gpu]' ({e})") from e
+    check_version(vllm.__version__)
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.config import WeightTransferConfig
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    missing = [f for f, cls in (("enable_return_routed_experts", AsyncEngineArgs),
+                                ("routed_experts_prompt_start", SamplingParams)) if f not in _field_names(cls)]
+    if missing:
+        raise RuntimeError(f"vLLM {vllm.__version__} lacks routed-experts capture ({missing}): pip install -e '.[gpu]'")
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "1") in ("0", "false", "False"):
+        raise RuntimeError("VLLM_USE_V2_MODEL_RUNNER is off, but vLLM returns routed experts only from the V2 runner")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # read by the engine processes vLLM is about to start
+
+    def make_llm(kwargs: dict[str, Any]) -> Any:
+        kwargs = dict(kwargs)
+        kwargs["weight_transfer_config"] = WeightTransferConfig(**kwargs["weight_transfer_config"])
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+    return VllmApi(version=vllm.__version__, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
+                   final_only=RequestOutputKind.FINAL_ONLY, WeightTransferInitRequest=WeightTransferInitRequest,
+                   WeightTransferUpdateRequest=WeightTransferUpdateRequest, make_llm=make_llm,
+                   make_transport=VllmTransport, wire_device="cuda")
+
+
+def _field_names(cls: Any) -> set[str]:
+    fields = getattr(cls, "__struct_fields__", None) or getattr(cls, "__dataclass_fields__", None) or {}
+    return set(fields)
+
+
+def engine_args(*, model_dir: str, dtype: torch.dtype, seed: int, tensor_parallel_size: int,
+                gpu_memory_utilization: float, max_model_len: int, enforce_eager: bool, colocated: bool,
+                ) -> dict[str, Any]:
+    """`AsyncEngineArgs` for T1's rollouts: token ids in and out (no tokenizer), R3 capture (needs prefix caching
+    on), post-temperature log-probs, sleep mode when the engine shares GPUs with the trainer, and the weight
+    transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones)."""
+    return {"model": model_dir, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
+            "skip_tokenizer_init": True, "enable_prefix_caching": True, "enable_return_routed_experts": True,
+            "logprobs_mode": "processed_logprobs", "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
+            "enforce_eager": enforce_eager, "enable_sleep_mode": colocated, "disable_log_stats": True,
+            "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"}}
+
+
+def check_trainer_device(device: torch.device, *, placement: str, tensor_parallel_size: int) -> None:
+    """ValueError when the trainer's device cannot feed vLLM: vLLM runs on CUDA, and its workers take the visible
+    GPUs 0 .. tensor_parallel_size - 1, so a disaggregated trainer must sit above them (a colocated one shares
+    GPU 0 and sends CUDA IPC handles of it)."""
+    if device.type != "cuda":
+        raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(device)!r}")
+    index = device.index or 0
+    if placement == "disaggregated" and index < tensor_parallel_size:
+        raise ValueError(f"run.device={str(device)!r}: with vllm.placement='disaggregated' the trainer needs a GPU "
+                         f"vLLM does not use, cuda:{tensor_parallel_size} or above")
+    if placement == "colocated" and index != 0:
+        raise ValueError(f"run.device={str(device)!r}: with vllm.placement='colocated' vLLM shares the trainer's GPU "
+                         "and takes GPU 0: use run.device='cuda:0'")

@@ -1,0 +1,369 @@
+"""`VLLMEngine`: the `rollout.engine.Engine` protocol over vLLM's `AsyncLLM`, run on an event loop of its own.
+
+Legend: n sampled tokens, P prompt tokens, L_moe MoE layers, K top-k.
+
+One daemon thread runs an asyncio loop that owns the `AsyncLLM`; `submit` (any thread) schedules a coroutine
+there and returns its future. Prompts go in as token ids and completions come back as token ids (TITO): no
+tokenizer is loaded, nothing is decoded or re-encoded. Every request is `output_kind=FINAL_ONLY`.
+
+Per completion (see `rollout.vllm_convert` for vLLM's output format):
+- token ids exactly as sampled (the stop token included), finish reason "stop" or "length";
+- fp32 log-probs of the sampled tokens under log_softmax(logits / T) (`logprobs_mode="processed_logprobs"`,
+  top-p refused, top-k off), T1's definition (`rollout.sampling`);
+- R3 routing `[n, L_moe, K]` and prompt routing from `prompt_routing_from`, dense layers' zero rows dropped by
+  the model config's MoE layer ids, ids checked against [0, E).
+
+The last routing row. vLLM returns rows only for positions the model ran, `[routed_experts_prompt_start,
+P + n - 1)`: the last sampled token never ran. `TorchEngine` runs it in a "flush" feed, so its
+`Completion.routing` covers all n sampled tokens, and `TitoBuilder` relies on that: the next turn's prompt
+routing starts after the reply, and an episode's final reply has no next turn at all. This engine does the
+same with vLLM: once a request finishes, a one-token *flush request* is sent with prompt = prompt + reply and
+`routed_experts_prompt_start = P + n - 1`; its single returned row is the routing of the last sampled token
+(the other positions are prefix-cache hits, so the flush costs one forward of at most one KV block). It runs
+under the same weight version (an update waits for every in-flight request, flush included) and its sampled
+token is discarded. Replies are capped at `max_model_len - P - 1` tokens so that the flush always fits.
+
+Weights (`update_weights`): chunks of `(HF name, whole tensor)` in `t1core.checkpoint.hf_state_dict` order,
+consumed lazily through vLLM's weight-transfer API (`rollout.vllm_weights`). New requests wait, in-flight
+requests finish on the weights they started with, then `pause_generation(mode="wait", clear_cache=True)`
+(no KV or prefix-cache entry of the old weights survives), `start_weight_update` / `update_weights` /
+`finish_weight_update(version)`, `resume_generation`. A stream that fails after the transfer began leaves
+vLLM half-updated: generation stays paused and every request is refused until an update completes.
+
+Placement: "colocated" (vLLM shares the trainer's GPUs, CUDA IPC transfer; `sleep()` frees vLLM's GPU memory
+while the trainer works and the next `update_weights` wakes it) or "disaggregated" (vLLM on GPUs of its own,
+tensor parallel, NCCL transfer from the trainer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import Future
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from rollout import vllm_api
+from rollout.engine import Completion, SamplingParams, generate_via_submit
+from rollout.vllm_convert import (finish_reason, flush_sampling_kwargs, max_new_tokens, moe_routing, sampled_logprobs,
+                                  split_routing, vllm_sampling_kwargs)
+from rollout.vllm_weights import ValidatedStream, expected_hf_params
+from t1core.model import ModelConfig, MoEModel
+
+Placement = Literal["colocated", "disaggregated"]
+_T = TypeVar("_T")
+
+
+class _LoopClient:
+    """vLLM's `VLLMWeightSyncClient` over the engine's loop: each call runs the `AsyncLLM` method there and waits
+    (called from the trainer's thread, or from the NCCL transport's helper thread)."""
+
+    def __init__(self, engine: VLLMEngine, version: int) -> None:
+        self._engine, self._version = engine, version
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        e = self._engine
+        e._run(e._llm.init_weight_transfer_engine(e._api.WeightTransferInitRequest(init_info=init_info)))
+
+    def start_weight_update(self) -> None:
+        self._engine._run(self._engine._llm.start_weight_update())
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        e = self._engine
+        e._run(e._llm.update_weights(e._api.WeightTransferUpdateRequest(update_info=update_info)))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        # The label is always the engine's next policy_version (completions report the spans of it).
+        self._engine._run(self._engine._llm.finish_weight_update(weight_version=str(self._version)))
+
+
+class VLLMEngine:
+    """Continuous-batching engine over vLLM (module docstring). Build it with `from_model`, or from a `VllmApi`
+    and engine arguments (`rollout.vllm_api`); use as a context manager or call `close()`.
+
+    `wire_device`: where streamed weights are staged for vLLM's transport (default: the api's, i.e. the current
+    CUDA device; the trainer's GPU when it is not cuda:0)."""
+
+    def __init__(self, model_config: ModelConfig, *, api: vllm_api.VllmApi, engine_args: dict[str, Any],
+                 placement: Placement = "colocated", nccl_init: dict[str, Any] | None = None,
+                 weight_dtype: torch.dtype = torch.bfloat16, owned_dir: str | None = None,
+                 wire_device: str | torch.device | None = None) -> None:
+        if placement not in ("colocated", "disaggregated"):
+            raise ValueError(f"placement: expected 'colocated' or 'disaggregated', got {placement!r}")
+        self.config, self.placement = model_config, placement
+        self.max_model_len = int(engine_args["max_model_len"])
+        self._api, self._owned_dir = api, owned_dir
+        self._wire_device = torch.device(wire_device if wire_device is not None else api.wire_device)
+        self._expected = expected_hf_params(model_config)
+        self._weight_dtype = weight_dtype
+        self._transport = api.make_transport(backend="ipc" if placement == "colocated" else "nccl",
+                                             expected=self._expected, dtype=weight_dtype, nccl_init=nccl_init)
+        self._version, self._inflight, self._ids = 0, 0, itertools.count()
+        self._updating = self._sleeping = self._closed = False
+        self._broken: str | None = None
+        self._update_lock = threading.Lock()
+        self.stats = {"requests": 0, "flush_requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                      "sampled_tokens": 0, "weight_updates": 0}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="t1-vllm-loop", daemon=True)
+        self._thread.start()
+        try:
+            self._llm = self._run(self._start(engine_args))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @classmethod
+    def from_model(cls, model: MoEModel, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                   max_model_len: int = 4096, enforce_eager: bool = False, placement: Placement = "colocated",
+                   dtype: torch.dtype = torch.bfloat16, seed: int = 0, nccl_init: dict[str, Any] | None = None,
+                   trainer_device: str | torch.device | None = None) -> VLLMEngine:
+        """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`).
+        `trainer_device`: where the trainer streams weights from (checked against the placement)."""
+        api = vllm_api.load_vllm()  # module attribute: the seam tests replace
+        wire = None
+        if api.wire_device == "cuda" and trainer_device is not None:
+            wire = torch.device(trainer_device)
+            vllm_api.check_trainer_device(wire, placement=placement, tensor_parallel_size=tensor_parallel_size)
+        model_dir = tempfile.mkdtemp(prefix="t1-vllm-model-")
+        try:
+            model.save_pretrained(model_dir)
+            args = vllm_api.engine_args(model_dir=model_dir, dtype=dtype, seed=seed,
+                                        tensor_parallel_size=tensor_parallel_size,
+                                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                        enforce_eager=enforce_eager, colocated=placement == "colocated")
+            return cls(model.config, api=api, engine_args=args, placement=placement, nccl_init=nccl_init,
+                       weight_dtype=dtype, owned_dir=model_dir, wire_device=wire)
+        except BaseException:
+            shutil.rmtree(model_dir, ignore_errors=True)
+            raise
+
+    # ---- public API ----
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
+        """Queue one request; thread-safe. ValueError for a prompt or params this engine cannot serve."""
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        vocab = self.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt ids must be in [0, {vocab}), got min {min(prompt)} max {max(prompt)}")
+        if params.prompt_routing_from > len(prompt):
+            raise ValueError(f"params.prompt_routing_from={params.prompt_routing_from} exceeds the prompt length "
+                             f"{len(prompt)}")
+        budget = max_new_tokens(prompt_len=len(prompt), requested=params.max_new_tokens,
+                                max_model_len=self.max_model_len)
+        kwargs = vllm_sampling_kwargs(params, max_tokens=budget)  # ValueError for top_p < 1
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        return asyncio.run_coroutine_threadsafe(self._request(list(prompt), params, kwargs), self._loop)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return generate_via_submit(self, prompts, params)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Stream new policy weights in (module docstring); returns the new policy_version."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        with self._update_lock:
+            version = self._version + 1
+            stream = ValidatedStream(named_tensors, self._expected, dtype=self._weight_dtype, device=self._wire_device)
+            # vLLM's senders read the current CUDA device (IPC handles' GPU, the NCCL communicator's device).
+            on_device = (torch.cuda.device(self._wire_device) if self._wire_device.type == "cuda"
+                         else contextlib.nullcontext())
+            try:
+                woke = self._run(self._begin_update())
+                with on_device:
+                    self._transport.send(stream, _LoopClient(self, version))
+                self._run(self._end_update(version, woke))
+            except BaseException as e:
+                self._run(self._refuse(f"the weight update to version {version} failed after {stream.count} "
+                                       f"tensors ({type(e).__name__}: {e}); vLLM may hold a half-updated model"))
+                raise
+            self.stats["weight_updates"] += 1
+        return version
+
+    def sleep(self) -> None:
+        """Colocated only: wait for in-flight requests, then release vLLM's weights and KV cache from GPU memory
+        (sleep level 2: the next `update_weights` brings new weights anyway). Requests are refused until then."""
+        if self.placement != "colocated":
+            raise RuntimeError("sleep() frees GPUs the trainer shares; this engine is disaggregated")
+        with self._update_lock:
+            try:
+                self._run(self._sleep())
+            except BaseException as e:
+                self._run(self._refuse(f"sleep() failed ({type(e).__name__}: {e})"))
+                raise
+
+    def close(self) -> None:
+        """Stop the engine; requests not finished get a RuntimeError. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run(self._shutdown())
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- loop side ----
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _start(self, engine_args: dict[str, Any]) -> Any:
+        self._cond = asyncio.Condition()  # created on the loop that waits on it
+        llm = self._api.make_llm(engine_args)
+        await llm.update_weight_version(str(self._version))
+        return llm
+
+    async def _request(self, prompt: list[int], params: SamplingParams, kwargs: dict[str, Any]) -> Completion:
+        t0 = time.perf_counter()
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._closed or not self._updating)
+            self._check_servable()
+            self._inflight += 1
+            version = self._version
+        try:
+            return await self._complete(prompt, params, kwargs, version, t0)
+        except asyncio.CancelledError:
+            raise RuntimeError("engine closed before the request finished") from None
+        finally:
+            async with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+
+    def _check_servable(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        if self._broken is not None:
+            raise RuntimeError(f"engine refuses requests: {self._broken}; a complete update_weights restores it")
+        if self._sleeping:
+            raise RuntimeError("engine is asleep (sleep() freed its GPU memory); update_weights wakes it")
+
+    async def _complete(self, prompt: list[int], params: SamplingParams, kwargs: dict[str, Any], version: int,
+                        t0: float) -> Completion:
+        rid = f"t1-{next(self._ids)}"
+        final = await self._final(prompt, kwargs, rid)
+        out = final.outputs[0]
+        tokens = [int(t) for t in out.token_ids]
+        reason = finish_reason(out.finish_reason, request_id=rid)
+        self._check_versions(out, version, rid)
+        logprobs = sampled_logprobs(out.logprobs, tokens)
+        routing = prompt_routing = None
+        if params.return_routing:
+            rows = self._moe_rows(out.routed_experts, rid)
+            last = await self._last_row(prompt + tokens, version)
+            prompt_routing, routing = split_routing(rows, prompt_len=len(prompt), num_new=len(tokens),
+                                                    routed_from=params.prompt_routing_from, last_row_LK=last)
+        cached = int(final.num_cached_tokens or 0)
+        self.stats["requests"] += 1
+        self.stats["prompt_tokens"] += len(prompt)
+        self.stats["cached_tokens"] += cached
+        self.stats["sampled_tokens"] += len(tokens)
+        return Completion(token_ids=tokens, logprobs=logprobs, routing=routing, finish_reason=reason,
+                          prompt_routing=prompt_routing, prompt_routing_start=params.prompt_routing_from,
+                          policy_version=version, num_cached_tokens=cached,
+                          extra={"latency_s": time.perf_counter() - t0})
+
+    async def _final(self, prompt: list[int], kwargs: dict[str, Any], rid: str) -> Any:
+        sp = self._api.SamplingParams(**kwargs, output_kind=self._api.final_only)
+        last = None
+        async for out in self._llm.generate(self._api.TokensPrompt(prompt_token_ids=prompt), sp, rid):
+            last = out
+        if last is None or not last.finished or len(last.outputs) != 1:
+            raise RuntimeError(f"vLLM request {rid} ended without one finished output")
+        return last
+
+    async def _last_row(self, sequence: list[int], version: int) -> torch.Tensor:
+        """Routing of sequence[-1] (the last sampled token): the flush request of the module docstring."""
+        rid = f"t1-{next(self._ids)}-flush"
+        final = await self._final(sequence, flush_sampling_kwargs(routed_from=len(sequence) - 1), rid)
+        self._check_versions(final.outputs[0], version, rid)
+        self.stats["flush_requests"] += 1
+        rows = self._moe_rows(final.outputs[0].routed_experts, rid)
+        if rows.shape[0] != 1:
+            raise ValueError(f"the flush request {rid} returned {rows.shape[0]} routing rows, expected 1")
+        return rows[0]
+
+    def _moe_rows(self, rows: Any, rid: str) -> torch.Tensor:
+        if rows is None:
+            raise RuntimeError(f"vLLM request {rid} returned no routed_experts: the engine must be started with "
+                               "enable_return_routed_experts=True (V2 model runner, prefix caching on)")
+        c = self.config
+        return moe_routing(rows, moe_layer_ids=c.moe_layer_ids, num_hidden_layers=c.num_hidden_layers,
+                           top_k=c.num_experts_per_tok, num_experts=c.num_experts, dtype=c.routing_dtype)
+
+    @staticmethod
+    def _check_versions(out: Any, version: int, rid: str) -> None:
+        spans = getattr(out, "weight_versions", None)
+        if spans and any(s.version != str(version) for s in spans):
+            raise RuntimeError(f"vLLM request {rid} mixed weight versions {[s.version for s in spans]}, expected "
+                               f"only {version}")
+
+    async def _drain(self) -> None:
+        async with self._cond:
+            self._updating = True
+            await self._cond.wait_for(lambda: self._inflight == 0)
+
+    async def _begin_update(self) -> bool:
+        """Stop admitting, drain, pause vLLM (dropping every cache entry); wake the weights of a sleeping engine.
+        Returns whether the engine was asleep (its KV cache wakes after the transfer)."""
+        await self._drain()
+        woke = self._sleeping
+        if woke:
+            await self._llm.wake_up(tags=["weights"])
+        else:
+            await self._llm.pause_generation(mode="wait", clear_cache=True)
+        return woke
+
+    async def _end_update(self, version: int, woke: bool) -> None:
+        if woke:  # sleep() emptied the prefix cache; vLLM resumes scheduling once fully awake
+            await self._llm.wake_up(tags=["kv_cache"])
+        await self._llm.resume_generation()
+        async with self._cond:
+            self._version, self._broken, self._sleeping, self._updating = version, None, False, False
+            self._cond.notify_all()
+
+    async def _sleep(self) -> None:
+        await self._drain()
+        await self._llm.sleep(level=2, mode="wait")  # pauses scheduling and clears the prefix cache itself
+        async with self._cond:
+            self._sleeping, self._updating = True, False
+            self._cond.notify_all()
+
+    async def _refuse(self, why: str) -> None:
+        """After a failed update or sleep: refuse every request (waiting ones too) until an update completes."""
+        async with self._cond:
+            self._broken, self._updating = why, False
+            self._cond.notify_all()
+
+    async def _shutdown(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()  # waiters see _closed and fail
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._llm.shutdown()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
