@@ -50,7 +50,8 @@ def check_routing(routing_TLK: torch.Tensor, *, num_experts: int) -> None:
     if routing_TLK.dim() != 3:
         raise ValueError(f"routing_TLK: expected [T, L_moe, K], got shape {list(routing_TLK.shape)}")
     T, L, K = routing_TLK.shape
-    _check_ids("routing_TLK", routing_TLK.reshape(T * L, K), num_tokens=T * L, top_k=K, num_experts=num_experts)
+    _check_ids("routing_TLK (row = token * L_moe + layer)", routing_TLK.reshape(T * L, K), num_tokens=T * L,
+               top_k=K, num_experts=num_experts)
 
 
 def route(router_logits: torch.Tensor, top_k: int, *, replay_ids: torch.Tensor | None = None,
