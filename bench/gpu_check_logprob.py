@@ -1,7 +1,9 @@
-"""Standalone GPU check of kernels.logprob on CUDA: correctness against a float64 reference, determinism, then
-fwd+bwd throughput and memory at N=8192, D=4096, V=151,936 (bf16) against the plain LM-head matmul.
+"""Standalone GPU check of kernels.logprob on CUDA: correctness against a float64 reference (one case with several
+backward chunks, whose d_hidden accumulates in fp32 inside the GEMM), determinism, then fwd+bwd throughput and
+memory at the production shape (default N=65,536, D=2048, V=151,936, bf16) against the plain LM-head matmul:
+with the entropy gradient, and as the trainer runs it with entropy coefficient 0 (entropy computed, no gradient).
 
-Run from the repository root:  python bench/gpu_check_logprob.py [--quick]
+Run from the repository root:  python bench/gpu_check_logprob.py [--quick] [--N 65536] [--D 2048] [--dry-run]
 Prints one JSON object per line; exits 1 if any correctness check fails (throughput is reported, never gated).
 bench/test_bench_logprob.py reuses `measure_throughput` for its GPU section.
 """
@@ -26,6 +28,7 @@ CHECK_CASES = [
     (300, 512, 151_936, torch.float32, 1.0),
     (1000, 1024, 151_936, torch.bfloat16, 1.3),
     (129, 4096, 32_003, torch.bfloat16, 1.0),
+    (16_384, 1024, 32_003, torch.bfloat16, 1.0),  # 4 backward chunks of the 256 MiB scratch
 ]
 # Value tolerance is relative to 1 + |ref|; gradient tolerance is max-abs error over max-abs reference.
 # bf16 gradients pass through a bf16 dz and bf16 GEMM outputs (8-bit mantissa), hence 2e-2.
@@ -99,6 +102,13 @@ def _peak_extra_bytes(fn: Callable[[], None]) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
+def _with_entropy(hidden, weight, targets, g_N, *, entropy_grad: bool) -> None:
+    """logp and entropy forward; backward through both, or (the trainer at entropy coefficient 0) logp only."""
+    logp, ent = token_logprobs(hidden, weight, targets, return_entropy=True)
+    loss = (logp * g_N).sum()
+    (loss + (ent * g_N).sum() if entropy_grad else loss).backward()
+
+
 def _providers(hidden, weight, targets, g_N, g_NV) -> dict[str, Callable[[], None]]:
     """fwd+bwd closures. Gradients are dropped after each call so memory does not build up."""
     def step(backward: Callable[[], None]) -> Callable[[], None]:
@@ -112,6 +122,8 @@ def _providers(hidden, weight, targets, g_N, g_NV) -> dict[str, Callable[[], Non
         # The baseline: materialised [N, V] logits, backward with a given [N, V] upstream gradient.
         "lm_head_matmul": step(lambda: (hidden @ weight.T).backward(g_NV)),
         "t1_token_logprobs": step(lambda: (token_logprobs(hidden, weight, targets) * g_N).sum().backward()),
+        "t1_logprobs_entropy_grad": step(lambda: _with_entropy(hidden, weight, targets, g_N, entropy_grad=True)),
+        "t1_logprobs_entropy_metric": step(lambda: _with_entropy(hidden, weight, targets, g_N, entropy_grad=False)),
     }
     try:
         from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
@@ -128,7 +140,7 @@ def _providers(hidden, weight, targets, g_N, g_NV) -> dict[str, Callable[[], Non
     return providers
 
 
-def measure_throughput(N: int = 8192, D: int = 4096, V: int = 151_936, dtype: torch.dtype = torch.bfloat16,
+def measure_throughput(N: int = 65_536, D: int = 2048, V: int = 151_936, dtype: torch.dtype = torch.bfloat16,
                        *, iters: int = 5) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     hidden = torch.randn(N, D, generator=g, device="cuda").to(dtype).requires_grad_()
@@ -152,78 +164,42 @@ def measure_throughput(N: int = 8192, D: int = 4096, V: int = 151_936, dtype: to
     return rows
 
 
-# (BLOCK_N, BLOCK_V, BLOCK_D, num_warps, num_stages) for bf16 on the GPU; the first is kernels.logprob_triton's.
-SWEEP = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 4),
-         (128, 256, 128, 8, 2)]
-
-
-def sweep_configs(N: int = 8192, D: int = 4096, V: int = 151_936, *, iters: int = 3) -> list[dict]:
-    """Per tile configuration (bf16): the forward kernel alone, the backward's dz kernel alone (no GEMMs), and
-    token_logprobs fwd+bwd with that tile in both kernels, against the LM-head matmul's FLOPs."""
-    from kernels import logprob_triton
-    g = torch.Generator(device="cuda").manual_seed(0)
-    hidden = torch.randn(N, D, generator=g, device="cuda").to(torch.bfloat16).requires_grad_()
-    weight = (torch.randn(V, D, generator=g, device="cuda") * D**-0.5).to(torch.bfloat16).requires_grad_()
-    targets = torch.randint(0, V, (N,), generator=g, device="cuda")
-    g_N = torch.randn(N, generator=g, device="cuda")
-    flops = 3 * 2 * N * D * V
-    base = logprob_triton._config
-    kw = dict(temperature=1.0, ignore_index=-100)
-    rows = []
-    for bn, bv, bd, warps, stages in SWEEP:
-        cfg = dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_D=bd, DOT_PRECISION="tf32", num_warps=warps, num_stages=stages,
-                   vocab_per_split=8192)
-        logprob_triton._config = lambda dtype, kernel="fwd", cfg=cfg: dict(cfg)
-        try:
-            with torch.no_grad():
-                _, _, lse, mz = logprob_triton.triton_logprob_fwd(hidden, weight, targets, with_entropy=False, **kw)
-
-                def fwd() -> None:
-                    logprob_triton.triton_logprob_fwd(hidden, weight, targets, with_entropy=False, **kw)
-
-                def dz_only(lse=lse, mz=mz) -> None:
-                    logprob_triton.triton_logprob_bwd(hidden, weight, targets, lse, mz, g_N, None,
-                                                      need_hidden=False, need_weight=False, **kw)
-
-                ms_f, ms_dz = _time_ms(fwd, iters=iters), _time_ms(dz_only, iters=iters)
-
-            def fwd_bwd() -> None:
-                hidden.grad = weight.grad = None
-                (token_logprobs(hidden, weight, targets) * g_N).sum().backward()
-                hidden.grad = weight.grad = None
-
-            ms_fb = _time_ms(fwd_bwd, iters=iters)
-            rows.append(dict(check="sweep", config=[bn, bv, bd, warps, stages], fwd_kernel_ms=round(ms_f, 3),
-                             dz_kernel_ms=round(ms_dz, 3), fwd_bwd_ms=round(ms_fb, 3),
-                             lm_head_equiv_tflops=round(flops / ms_fb / 1e9, 1)))
-        except Exception as e:  # a tile that does not fit shared memory / registers: report and go on
-            rows.append(dict(check="sweep", config=[bn, bv, bd, warps, stages],
-                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
-        finally:
-            logprob_triton._config = base
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="correctness only, no throughput")
-    parser.add_argument("--sweep", action="store_true", help="also time a few tile configurations")
+    parser.add_argument("--N", type=int, default=65_536, help="rows of the throughput run")
+    parser.add_argument("--D", type=int, default=2048, help="model dim of the throughput run")
+    parser.add_argument("--V", type=int, default=151_936, help="vocabulary of the throughput run")
+    parser.add_argument("--json-out", help="append every JSON row to this file too")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit (no GPU needed)")
     args = parser.parse_args()
+    if min(args.N, args.D, args.V) < 1:
+        parser.error(f"--N/--D/--V: expected positive ints, got {args.N}/{args.D}/{args.V}")
+    plan = dict(script="logprob", checks=[[N, D, V, str(dt), t] for N, D, V, dt, t in CHECK_CASES],
+                throughput=None if args.quick else dict(N=args.N, D=args.D, V=args.V, dtype="torch.bfloat16",
+                                                        entropy=True))
+    print(json.dumps(plan), flush=True)
+    if args.dry_run:
+        return 0
     if not torch.cuda.is_available():
         print(json.dumps(dict(error="no CUDA device")))
         return 1
     import triton
-    print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                          triton=triton.__version__)))
+    torch.use_deterministic_algorithms(True, warn_only=True)  # as the trainer runs
+
+    def emit(row: dict) -> None:
+        print(json.dumps(row), flush=True)
+        if args.json_out:
+            with open(args.json_out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    emit(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__))
     rows = check_correctness()
     for row in rows:
-        print(json.dumps(row), flush=True)
+        emit(row)
     if not args.quick:
-        for row in measure_throughput():
-            print(json.dumps(row), flush=True)
-        if args.sweep:
-            sweep_configs()
+        for row in measure_throughput(args.N, args.D, args.V):
+            emit(row)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -16,8 +16,13 @@ Run from the repository root on an H100/H200:  python bench/gpu_check_model.py [
   5. speed    training fwd+bwd (hidden -> token_logprobs -> backward) at the Qwen3-30B-A3B layer shape, 4 layers,
               16k packed tokens, bf16: tokens/s, model TFLOP/s, peak memory; Triton kernels vs the torch path,
               with and without replay.
-  6. nvml     t1core.metrics.gpu_stats() through nvidia-ml-py.
-Prints one line per check and a summary; exits 1 when a correctness check fails.
+  6. repeat   bf16 training fwd+bwd twice (flash-attn when installed, deterministic=True under deterministic
+              mode): every gradient bitwise equal; and the host syncs of a replayed forward (the routing is
+              checked once per batch: at most one more sync than without replay).
+  7. nvml     t1core.metrics.gpu_stats() through nvidia-ml-py.
+--deterministic runs everything under torch.use_deterministic_algorithms(True), as the trainer does; --dry-run
+prints the plan as JSON and exits. Prints one line per check and a summary; exits 1 when a correctness check
+fails.
 """
 
 from __future__ import annotations
@@ -312,6 +317,43 @@ def check_speed(device: str, small: bool) -> None:
                f"{T / s:,.0f} tok/s, {flops / s / 1e12:.1f} model TFLOP/s, peak {peak:.1f} GiB")
 
 
+def _count_syncs(fn: Callable[[], object]) -> int:
+    import warnings
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("called a synchronizing" in str(c.message) for c in caught)
+
+
+def check_repeat(device: str, small: bool) -> None:
+    from t1core.attention import uses_flash_attn
+    cfg = _engine_model_cfg(small)
+    model = MoEModel(cfg, seed=0, dtype=torch.bfloat16, device=device)
+    ids, cu = packed_ids([512, 300, 700] if not small else [64, 40], cfg.vocab_size, seed=9, device=device)
+    g_T = torch.randn(ids.shape[0], generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        _, routing = model(ids, cu_seqlens=cu, return_routing=True)
+    runs = [loss_and_grads(model, ids, cu, routing, g_T)[2] for _ in range(2)]
+    same = runs[0].keys() == runs[1].keys() and all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])
+    flash = uses_flash_attn(torch.empty(1, dtype=torch.bfloat16, device=device))
+    record("repeat bf16 fwd+bwd bitwise", same, f"{len(runs[0])} grads, flash-attn {'on' if flash else 'off'}, "
+           f"deterministic mode {torch.are_deterministic_algorithms_enabled()}")
+    if not device.startswith("cuda"):
+        return
+    with torch.no_grad():
+        plain = _count_syncs(lambda: model(ids, cu_seqlens=cu))
+        replay_dev = _count_syncs(lambda: model(ids, cu_seqlens=cu, replay_routing=routing))
+        replay_cpu = _count_syncs(lambda: model(ids, cu_seqlens=cu, replay_routing=routing.cpu()))
+    record("host syncs per forward (replay adds <= 1)", replay_dev - plain <= 1 and replay_cpu - plain <= 1,
+           f"no replay {plain}, replay (device routing) {replay_dev}, replay (host routing) {replay_cpu}, "
+           f"{len(cfg.moe_layer_ids)} MoE layers")
+
+
 def check_nvml() -> None:
     from t1core.metrics import gpu_stats
     stats = gpu_stats()
@@ -319,19 +361,35 @@ def check_nvml() -> None:
            ", ".join(f"{k} {v:.1f}" for k, v in stats.items()) or "(empty)")
 
 
+CHECKS = ("parity", "replay", "decode", "engine", "speed", "repeat", "nvml")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--small", action="store_true", help="small shapes (the CPU smoke run)")
-    ap.add_argument("--only", default="", help="comma-separated subset of: parity,replay,decode,engine,speed,nvml")
+    ap.add_argument("--only", default="", help=f"comma-separated subset of: {','.join(CHECKS)}")
+    ap.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
     args = ap.parse_args()
+    only = [c for c in args.only.split(",") if c]
+    bad = [c for c in only if c not in CHECKS]
+    if bad:
+        ap.error(f"--only: expected names from {list(CHECKS)}, got {bad}")
+    import json
+    print(json.dumps(dict(script="model", device=args.device, small=args.small, deterministic=args.deterministic,
+                          checks=[c for c in CHECKS if not only or c in only])), flush=True)
+    if args.dry_run:
+        return 0
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     if args.device.startswith("cuda"):
         print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     checks: dict[str, Callable[[], None]] = {
         "parity": lambda: check_parity(args.device), "replay": lambda: check_replay(args.device),
         "decode": lambda: check_decode(args.device), "engine": lambda: check_engine_gap(args.device, args.small),
-        "speed": lambda: check_speed(args.device, args.small), "nvml": check_nvml}
-    only = [c for c in args.only.split(",") if c]
+        "speed": lambda: check_speed(args.device, args.small), "repeat": lambda: check_repeat(args.device, args.small),
+        "nvml": check_nvml}
     for name, fn in checks.items():
         if only and name not in only:
             continue

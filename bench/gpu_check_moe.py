@@ -1,30 +1,35 @@
 """Standalone GPU check of the Triton fused MoE (kernels.moe): correctness, no host sync, determinism, speed.
 
-Run on an H100/H200:  python bench/gpu_check_moe.py [--big] [--sweep] [--iters 20]
+Run on an H100/H200 (bench/gpu_run.sh runs it as one part of the device check):
+    python bench/gpu_check_moe.py [--shapes 30b,122b] [--routings uniform,skewed] [--iters 10] [--big]
+        [--json-out FILE] [--dry-run]
   1. fp32 Triton (IEEE dots) vs the fp64 loop reference on awkward shapes: forward and all four gradients.
   2. bf16 Triton vs an fp32 reference (the torch path on fp32 copies of the same bf16 inputs).
-  3. No host synchronisation inside fused_moe(validate=False) forward+backward (torch sync debug mode).
-  4. Determinism: two forward+backward runs give identical bits.
+  3. No host synchronisation inside fused_moe(validate=False) forward+backward (torch sync debug mode), with
+     deterministic mode on (torch.use_deterministic_algorithms: the kernels' scratch skips its NaN fill).
+  4. Determinism: two forward+backward runs give identical bits, also under skewed routing (split weight
+     gradients); recompute=True gives the same bits.
   5. --big: int64 offsets, x with more than 2^31 elements (about 45 GB of GPU memory).
-  6. TFLOP/s at T=8192, D=2048, F=768, E=128, K=8 bf16: Triton, the torch path, vLLM fused_experts if installed;
-     per-kernel times; --sweep tries a few tile configurations.
-Exits 1 when a correctness check fails. FLOPs: forward 6*T*K*D*F, forward+backward 18*T*K*D*F.
+  6. TFLOP/s of forward and forward+backward per production shape (30b: Qwen3-30B-A3B, T=8192, D=2048, F=768,
+     E=128, K=8; 122b: a 122B-class MoE, T=16384, D=4096, F=1536, E=256, K=8) and routing (uniform: random
+     top-k; skewed: every token's K experts among the first 2K, as replayed routing can be), with per-kernel times.
+--dry-run prints the plan (shapes, routings, checks) as JSON without touching a GPU. Exits 1 when a check fails.
+FLOPs: forward 6*T*K*D*F, forward+backward 18*T*K*D*F.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import json
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import moe_triton  # noqa: E402
+from kernels import moe_triton, moe_triton_bwd  # noqa: E402
 from kernels.moe import fused_moe  # noqa: E402
 from kernels.moe_torch import moe_bwd, moe_fwd, moe_loop_reference  # noqa: E402
 
@@ -93,8 +98,9 @@ def check_bf16(T=8192, D=2048, F=768, E=128, K=8) -> None:
         _report(name, g, r, max_rel=5e-2, norm_rel=1e-2)  # bf16 operands and stored intermediates
 
 
-def check_no_sync_and_determinism() -> None:
-    x, w13, w2, ids, w, dy = _problem(4096, 1024, 512, 64, 8, dtype=torch.bfloat16)
+def check_no_sync_and_determinism(mode: str = "random") -> None:
+    print(f"no host sync / determinism / recompute, routing {mode}")
+    x, w13, w2, ids, w, dy = _problem(4096, 1024, 512, 64, 8, dtype=torch.bfloat16, mode=mode)
     _triton_fwd_bwd(x, w13, w2, ids, w, dy)  # compile outside the checked region
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
@@ -154,8 +160,10 @@ def _flops(T, D, F, K) -> int:
     return 6 * T * K * D * F  # forward; the backward counts twice that (recomputing h is not counted)
 
 
-def bench(iters: int, *, T=8192, D=2048, F=768, E=128, K=8, label: str = "") -> dict[str, float]:
-    x, w13, w2, ids, w, dy = _problem(T, D, F, E, K, dtype=torch.bfloat16)
+def bench(iters: int, *, T=8192, D=2048, F=768, E=128, K=8, mode: str = "random", label: str = "",
+          details: bool = True) -> dict[str, float]:
+    """Times and TFLOP/s of one shape and routing; `details` adds per-kernel times and the reference points."""
+    x, w13, w2, ids, w, dy = _problem(T, D, F, E, K, dtype=torch.bfloat16, mode=mode)
     flops = _flops(T, D, F, K)
     leaves = [t.clone().requires_grad_() for t in (x, w13, w2, w)]
 
@@ -175,27 +183,32 @@ def bench(iters: int, *, T=8192, D=2048, F=768, E=128, K=8, label: str = "") -> 
     torch.cuda.reset_peak_memory_stats()
     fwd_bwd(recompute=True)
     peak_r = (torch.cuda.max_memory_allocated() - base) / 2**30
-    print(f"triton{label}: fwd {tf * 1e3:.3f} ms {flops / tf / 1e12:.1f} TFLOP/s | fwd+bwd {tfb * 1e3:.3f} ms "
+    print(f"triton {label}: fwd {tf * 1e3:.3f} ms {flops / tf / 1e12:.1f} TFLOP/s | fwd+bwd {tfb * 1e3:.3f} ms "
           f"{3 * flops / tfb / 1e12:.1f} TFLOP/s (peak extra {peak:.2f} GiB) | bwd alone "
           f"{2 * flops / (tfb - tf) / 1e12:.1f} TFLOP/s | fwd+bwd recompute=True {tfr * 1e3:.3f} ms "
           f"{3 * flops / tfr / 1e12:.1f} TFLOP/s (peak extra {peak_r:.2f} GiB)", flush=True)
-    result = {"fwd_tflops": flops / tf / 1e12, "fwd_bwd_tflops": 3 * flops / tfb / 1e12}
-    if label:
+    result = {"fwd_tflops": flops / tf / 1e12, "fwd_bwd_tflops": 3 * flops / tfb / 1e12,
+              "fwd_bwd_recompute_tflops": 3 * flops / tfr / 1e12, "fwd_ms": tf * 1e3, "fwd_bwd_ms": tfb * 1e3,
+              "peak_extra_gib": peak, "peak_extra_recompute_gib": peak_r}
+    if not details:
         return result
-    cfg = moe_triton.moe_config(x)
+    cfg = moe_triton.moe_config(x.dtype)
     al = moe_triton.align_by_expert(ids, E, cfg.block_m)
     h, act = moe_triton._up(x, w13, al, cfg, store_h=True, store_act=True, fill=None)
     o = moe_triton._rows_gemm(act, w2, w2.stride(), D, w, al, cfg, cfg.down, x.dtype, None)
     saved = moe_triton.MoESavedTriton(al, h)
+    chunks = moe_triton_bwd.dw_chunks(al, cfg)
+    bwd = moe_triton_bwd
     parts = {"align": lambda: moe_triton.align_by_expert(ids, E, cfg.block_m),
              "up+swiglu": lambda: moe_triton._up(x, w13, al, cfg, store_h=False, store_act=True, fill=None),
              "up (h and act)": lambda: moe_triton._up(x, w13, al, cfg, store_h=True, store_act=True, fill=None),
              "down": lambda: moe_triton._rows_gemm(act, w2, w2.stride(), D, w, al, cfg, cfg.down, x.dtype, None),
-             "combine": lambda: moe_triton._combine(o, al, T, x.dtype),
-             "dact": lambda: moe_triton._dact(dy, w2, h, w, al, cfg),
-             "dw2+dw13": lambda: (moe_triton._dw2(dy, h, w, al, cfg, w2), moe_triton._dw13(h, x, al, cfg, w13)),
-             "backward (saved)": lambda: moe_triton.moe_bwd_triton(dy, x, w13, w2, ids, w, saved=saved),
-             "backward (recompute)": lambda: moe_triton.moe_bwd_triton(dy, x, w13, w2, ids, w)}
+             "combine": lambda: moe_triton._combine(o, al, T, x.dtype, cfg),
+             "dact": lambda: bwd._dact(dy, w2, h, w, al, cfg),
+             "dw chunks": lambda: bwd.dw_chunks(al, cfg),
+             "dw2+dw13": lambda: (bwd._dw2(dy, h, w, al, chunks, cfg, w2), bwd._dw13(h, x, al, chunks, cfg, w13)),
+             "backward (saved)": lambda: bwd.moe_bwd_triton(dy, x, w13, w2, ids, w, saved=saved),
+             "backward (recompute)": lambda: bwd.moe_bwd_triton(dy, x, w13, w2, ids, w)}
     print("  per part: " + ", ".join(f"{k} {_seconds(f, iters) * 1e3:.3f} ms" for k, f in parts.items()))
     tt = _seconds(lambda: moe_fwd(x, w13, w2, ids, w), max(3, iters // 4))
     print(f"torch path: fwd {tt * 1e3:.3f} ms {flops / tt / 1e12:.1f} TFLOP/s")
@@ -243,91 +256,65 @@ def grouped_mm_baseline(x, w13, w2, ids, w, dy, iters: int, flops: int) -> None:
         print(f"torch._grouped_mm baseline failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
 
 
-TILE_CANDIDATES = {  # (block_n, block_k, num_warps, num_stages); the first of each is moe_config's default
-    "up": [(256, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4), (256, 32, 8, 4)],
-    "down": [(128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (256, 64, 8, 3)],
-    "dact": [(128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (256, 64, 8, 3)],
-    "dx": [(128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 4), (256, 64, 8, 3)],
-    "dw": [(256, 128, 8, 2), (128, 128, 4, 3), (256, 128, 8, 3), (128, 256, 8, 2), (256, 256, 16, 2)],
-}
-DW_STEPS = (64, 128)
+SHAPES_BENCH = {"30b": dict(T=8192, D=2048, F=768, E=128, K=8), "122b": dict(T=16384, D=4096, F=1536, E=256, K=8)}
+ROUTINGS = {"uniform": "random", "skewed": "skewed"}
 
 
-def _kernel_runs(x, w13, w2, w, dy, al, cfg0) -> dict[str, Callable]:
-    """Per kernel, a call under a given config; the inputs of the backward kernels are computed once here."""
-    D = x.shape[1]
-    h, act = moe_triton._up(x, w13, al, cfg0, store_h=True, store_act=True, fill=None)
-    dh, _ = moe_triton._dact(dy, w2, h, w, al, cfg0)
-    w13_t = (w13.stride(0), w13.stride(2), w13.stride(1))
-    return {
-        "up": lambda c: moe_triton._up(x, w13, al, c, store_h=True, store_act=True, fill=None),
-        "down": lambda c: moe_triton._rows_gemm(act, w2, w2.stride(), D, w, al, c, c.down, x.dtype, None),
-        "dact": lambda c: moe_triton._dact(dy, w2, h, w, al, c),
-        "dx": lambda c: moe_triton._rows_gemm(dh, w13, w13_t, D, None, al, c, c.dx, torch.float32, None),
-        "dw": lambda c: (moe_triton._dw2(dy, h, w, al, c, w2), moe_triton._dw13(dh, x, al, c, w13)),
-    }
+def plan(args: argparse.Namespace) -> dict:
+    """What this run will do (printed by --dry-run, and first in every run's log)."""
+    shapes = _pick(args.shapes, SHAPES_BENCH, "--shapes")
+    routings = _pick(args.routings, ROUTINGS, "--routings")
+    checks = ["fp32 vs fp64 loop reference", "bf16 vs fp32 torch path", "no host sync (deterministic mode)",
+              "determinism uniform", "determinism skewed", "recompute same bits"] + (["int64 offsets"] if args.big
+                                                                                     else [])
+    return {"script": "moe", "checks": checks, "iters": args.iters,
+            "bench": [{"shape": s, "routing": r, **SHAPES_BENCH[s], "gflop_fwd_bwd": 3 * _flops(
+                SHAPES_BENCH[s]["T"], SHAPES_BENCH[s]["D"], SHAPES_BENCH[s]["F"], SHAPES_BENCH[s]["K"]) / 1e9}
+                      for s in shapes for r in routings]}
 
 
-def sweep(iters: int, *, T=8192, D=2048, F=768, E=128, K=8) -> moe_triton.MoEConfig | None:
-    """Time every kernel alone under each candidate tile, for block_m 64 and 128; return the fastest config."""
-    import dataclasses
-    x, w13, w2, ids, w, dy = _problem(T, D, F, E, K, dtype=torch.bfloat16)
-    base = moe_triton.moe_config(x)
-    best_cfg, best_total = None, float("inf")
-    for bm in (64, 128):
-        al = moe_triton.align_by_expert(ids, E, bm)
-        # Inputs of the later kernels come from a tile that fits every block_m (the default up tile needs
-        # more than the 227 KiB of shared memory at block_m 128).
-        cfg0 = dataclasses.replace(base, block_m=bm, up=moe_triton.Tile(128, 64, 8, 3))
-        runs = _kernel_runs(x, w13, w2, w, dy, al, cfg0)
-        chosen = {}
-        for kernel, cands in TILE_CANDIDATES.items():
-            times = []
-            for cand, step in [(c, st) for c in cands for st in (DW_STEPS if kernel == "dw" else (None,))]:
-                tile = moe_triton.Tile(*cand)
-                cfg = dataclasses.replace(cfg0, **{kernel: tile}, **({"dw_step": step} if step else {}))
-                try:
-                    times.append((_seconds(functools.partial(runs[kernel], cfg), iters), tile, step))
-                except Exception as e:  # out of shared memory / registers for this tile: skip it
-                    print(f"  bm={bm} {kernel} {cand}: failed ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
-            times.sort(key=lambda tt: tt[0])
-            print(f"  bm={bm} {kernel}: " + ", ".join(f"{tuple(dataclasses.astuple(t))}{'/' + str(st) if st else ''} "
-                                                   f"{s * 1e3:.3f}" for s, t, st in times) + " ms", flush=True)
-            chosen[kernel] = times[0]
-        total = sum(s for s, _, _ in chosen.values())
-        cfg = dataclasses.replace(cfg0, **{k: t for k, (_, t, _) in chosen.items()}, dw_step=chosen["dw"][2])
-        print(f"  bm={bm}: best kernels sum to {total * 1e3:.3f} ms (fwd+bwd with saved h, without align/combine): "
-              f"{cfg}")
-        if total < best_total:
-            best_cfg, best_total = cfg, total
-    return best_cfg
+def _pick(csv: str, known: dict, flag: str) -> list[str]:
+    names = [n for n in csv.split(",") if n]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise SystemExit(f"{flag}: expected a comma-separated subset of {sorted(known)}, got {csv!r}")
+    return names
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big", action="store_true", help="int64 offset check (about 45 GB of GPU memory)")
-    ap.add_argument("--sweep", action="store_true", help="time a few tile configurations")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--shapes", default="30b,122b", help=f"benchmark shapes, subset of {sorted(SHAPES_BENCH)}")
+    ap.add_argument("--routings", default="uniform,skewed", help=f"benchmark routings, subset of {sorted(ROUTINGS)}")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--json-out", help="append one JSON line per benchmark row to this file")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit (no GPU needed)")
     args = ap.parse_args()
+    if args.iters < 1:
+        ap.error(f"--iters: expected >= 1, got {args.iters}")
+    the_plan = plan(args)
+    print(json.dumps(the_plan), flush=True)
+    if args.dry_run:
+        return
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
+    torch.use_deterministic_algorithms(True, warn_only=True)  # as the trainer runs
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {moe_triton.triton.__version__}")
     check_fp32()
     check_bf16()
-    check_no_sync_and_determinism()
+    check_no_sync_and_determinism("random")
+    check_no_sync_and_determinism("skewed")
     if args.big:
         check_big()
-    bench(args.iters)
-    if args.sweep:
-        best = sweep(args.iters)
-        if best is not None:
-            base = moe_triton.moe_config
-            moe_triton.moe_config = lambda x, cfg=best: cfg if x.dtype == torch.bfloat16 and x.is_cuda else base(x)
-            try:
-                bench(args.iters, label=" (swept best)")
-            finally:
-                moe_triton.moe_config = base
-            print(f"BEST CONFIG: {best}")
+    for row in the_plan["bench"]:
+        r = bench(args.iters, **SHAPES_BENCH[row["shape"]], mode=ROUTINGS[row["routing"]],
+                  label=f"{row['shape']} {row['routing']}", details=(row["shape"], row["routing"]) == ("30b", "uniform"))
+        line = {"op": "fused_moe", "shape": row["shape"], "routing": row["routing"], "device":
+                torch.cuda.get_device_name(), **{k: round(v, 3) for k, v in r.items()}}
+        print("JSON " + json.dumps(line), flush=True)
+        if args.json_out:
+            with open(args.json_out, "a") as f:
+                f.write(json.dumps(line) + "\n")
     print("ALL CHECKS PASSED" if not FAILURES else f"FAILED: {FAILURES}")
     sys.exit(1 if FAILURES else 0)
 

@@ -10,8 +10,11 @@ split width is a constant, not a function of N, so each row's result does not de
 Backward: one vocabulary chunk at a time (width SCRATCH_BYTES / (N * itemsize), at least BLOCK_V), a kernel
 recomputes the logits tiles and writes dz = (g_logp * (onehot - p) + g_ent * p * (E_p[z] - z)) / temperature
 into a bounded scratch [N, chunk]; two plain GEMMs then give d_weight[chunk] = dz.T @ hidden (complete, written
-once) and d_hidden += dz @ weight[chunk] (fp32 accumulator, O(N * D)). No float atomics anywhere: the result is
-deterministic run to run.
+once) and d_hidden += dz @ weight[chunk], accumulated by the GEMM itself into an fp32 [N, D] (bf16/fp16 operands,
+fp32 output: `addmm(..., out_dtype=float32)`), so no chunk's partial product is rounded to bf16 or takes a
+separate add pass. The entropy term is compiled in only when an entropy gradient arrives (HAS_GEN): the trainer
+skips it when the entropy coefficient is 0. No float atomics anywhere: the result is deterministic run to run.
+Scratch is allocated without torch's deterministic NaN fill (`kernels.scratch`): the kernels write every element.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import interpreter_on
+from kernels.scratch import empty_unfilled, scratch
 
 # Backward scratch for dz ([N, chunk] in the input dtype): at most this many bytes unless N * BLOCK_V exceeds it.
 SCRATCH_BYTES = 256 * 2**20
@@ -129,8 +133,10 @@ def _logprob_bwd_dz_kernel(h_ptr, w_ptr, tgt_ptr, lse_ptr, mz_ptr, glp_ptr, gen_
 def _config(dtype: torch.dtype, kernel: str = "fwd") -> dict:
     """Tile sizes and launch options of `kernel` ("fwd" or "dz"); a fresh dict per call (callers pop from it).
 
-    The interpreter gets small tiles (it runs programs one at a time). bf16/fp16 on the GPU: the fastest of a
-    sweep on an H200 at N=8192, D=4096, V=151,936 (bench/gpu_check_logprob.py --sweep).
+    The interpreter gets small tiles (it runs programs one at a time). bf16/fp16 on the GPU: a 128 x 128 logits
+    tile over 8 warps, the largest that ptxas compiles for sm_90a without register spills in both kernels, with
+    and without entropy (`python -m kernels.aot_report`; the 128 x 256 tile of the earlier sweep spilled 0.4-0.5
+    KiB per thread in the forward).
     """
     precision = "ieee" if dtype == torch.float32 else "tf32"  # fp32 must not silently drop to TF32
     if interpreter_on():
@@ -139,7 +145,7 @@ def _config(dtype: torch.dtype, kernel: str = "fwd") -> dict:
     if dtype == torch.float32:
         return dict(BLOCK_N=64, BLOCK_V=64, BLOCK_D=32, DOT_PRECISION=precision, num_warps=4, num_stages=2,
                     vocab_per_split=8192)
-    return dict(BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, DOT_PRECISION=precision, num_warps=8, num_stages=3,
+    return dict(BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, DOT_PRECISION=precision, num_warps=8, num_stages=3,
                 vocab_per_split=8192)
 
 
@@ -162,7 +168,7 @@ def triton_logprob_fwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets
     default_split = cfg.pop("vocab_per_split")
     split = triton.cdiv(vocab_per_split or default_split, cfg["BLOCK_V"]) * cfg["BLOCK_V"]
     S = triton.cdiv(V, split)
-    part_SN = torch.empty(4, S, N, dtype=torch.float32, device=dev)  # m, s, t, z_target
+    part_SN = empty_unfilled((4, S, N), dtype=torch.float32, device=dev)  # m, s, t, z_target: all written
     if N > 0:
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), S)
         _logprob_fwd_kernel[grid](hidden_ND, weight_VD, targets_N.contiguous(), *part_SN.unbind(0), N, V, D,
@@ -204,14 +210,12 @@ def triton_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets
     cfg.pop("vocab_per_split")
     chunk = scratch_columns(N, V, hidden_ND.dtype, scratch_bytes)
     dh_ND = torch.zeros(N, D, dtype=torch.float32, device=dev) if need_hidden else None
-    dw_VD = torch.empty_like(weight_VD) if need_weight else None
+    dw_VD = empty_unfilled(tuple(weight_VD.shape), dtype=weight_VD.dtype, device=dev) if need_weight else None
     if N == 0:
         if dw_VD is not None:
             dw_VD.zero_()
         return (dh_ND.to(hidden_ND.dtype) if dh_ND is not None else None), dw_VD
-    dz_buf = torch.empty(N, chunk, dtype=hidden_ND.dtype, device=dev)
-    if scratch_fill is not None:
-        dz_buf.fill_(scratch_fill)
+    dz_buf = scratch((N, chunk), dtype=hidden_ND.dtype, device=dev, fill=scratch_fill)
     dummy = lse_N  # stands in for an absent gradient pointer (never read: HAS_* is False)
     for v0 in range(0, V, chunk):
         v1 = min(v0 + chunk, V)
@@ -230,8 +234,8 @@ def triton_logprob_bwd(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets
         if dh_ND is not None:
             if hidden_ND.dtype == torch.float32:
                 dh_ND.addmm_(dz_nv, weight_VD[v0:v1])
-            else:
-                dh_ND.add_(torch.mm(dz_nv, weight_VD[v0:v1]))
+            else:  # bf16/fp16 operands, fp32 accumulate and output, added in place (CUDA; meta for aot_report)
+                torch.addmm(dh_ND, dz_nv, weight_VD[v0:v1], out_dtype=torch.float32, out=dh_ND)
     return (dh_ND.to(hidden_ND.dtype) if dh_ND is not None else None), dw_VD
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import select_backend
-from kernels.moe_torch import moe_bwd_saved, moe_fwd_saving
+from kernels.moe_torch import moe_bwd, moe_bwd_saved, moe_fwd, moe_fwd_saving
 
 _ID_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
 
@@ -39,8 +39,23 @@ def _check_ids(name: str, ids_TK: torch.Tensor, *, num_tokens: int, top_k: int, 
                          f"rows (first: row {row} = {ids_TK[row].tolist()})")
 
 
+def check_routing(routing_TLK: torch.Tensor, *, num_experts: int) -> None:
+    """Range and per-row uniqueness of a whole replayed routing [T, L_moe, K], with one host read.
+
+    Meant for the batch before the forward (on the tensor where it lives: a CPU routing costs no device sync),
+    so that the MoE layers can take the ids with `route(..., validate=False)` instead of one sync each.
+    Raises ValueError (as `route`) on a non-integer dtype, a tensor that is not 3-D, ids outside [0, E) or a
+    repeated id within a (token, layer).
+    """
+    if routing_TLK.dim() != 3:
+        raise ValueError(f"routing_TLK: expected [T, L_moe, K], got shape {list(routing_TLK.shape)}")
+    T, L, K = routing_TLK.shape
+    _check_ids("routing_TLK (row = token * L_moe + layer)", routing_TLK.reshape(T * L, K), num_tokens=T * L,
+               top_k=K, num_experts=num_experts)
+
+
 def route(router_logits: torch.Tensor, top_k: int, *, replay_ids: torch.Tensor | None = None,
-          renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+          renormalize: bool = True, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing over softmax(router_logits), or the weights of replayed expert ids (R3).
 
     Args:
@@ -51,6 +66,8 @@ def route(router_logits: torch.Tensor, top_k: int, *, replay_ids: torch.Tensor |
             probabilities, so gradients reach `router_logits` (only at the replayed columns).
         renormalize: divide the K gathered probabilities by their sum (Qwen3-MoE `norm_topk_prob`); computed
             as the softmax over the K chosen logits (equal in exact arithmetic).
+        validate: check replay_ids' range and per-row uniqueness (one host sync). False when the caller checked
+            them already (`check_routing` once per batch); shape, dtype and device are checked either way.
 
     Returns:
         (topk_weights [T, K] float32 (float64 for float64 logits), topk_ids [T, K] int64). Without replay,
@@ -59,7 +76,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, replay_ids: torch.Tensor |
 
     Raises:
         ValueError: bad logits shape/dtype, top_k out of range, or replay_ids with the wrong shape/dtype,
-            ids outside [0, E) or duplicate ids within a row.
+            ids outside [0, E) or duplicate ids within a row (the last two only with validate=True).
     """
     if router_logits.dim() != 2 or not router_logits.is_floating_point():
         raise ValueError(f"router_logits: expected a floating [T, E] tensor, got {router_logits.dtype} "
@@ -75,7 +92,11 @@ def route(router_logits: torch.Tensor, top_k: int, *, replay_ids: torch.Tensor |
     else:
         if replay_ids.device != router_logits.device:
             raise ValueError(f"replay_ids: expected device {router_logits.device}, got {replay_ids.device}")
-        _check_ids("replay_ids", replay_ids, num_tokens=T, top_k=top_k, num_experts=E)
+        if validate:
+            _check_ids("replay_ids", replay_ids, num_tokens=T, top_k=top_k, num_experts=E)
+        elif replay_ids.dtype not in _ID_DTYPES or tuple(replay_ids.shape) != (T, top_k):
+            raise ValueError(f"replay_ids: expected an integer [T, K] = {[T, top_k]} tensor, got "
+                             f"{replay_ids.dtype} {list(replay_ids.shape)}")
         ids_TK = replay_ids.long()
     # Both modes compute the weights by one formula from the trainer's own logits at the chosen ids, so a
     # replay of the own top-k reproduces the same bits. Renormalised top-k probabilities equal a softmax over
@@ -119,9 +140,9 @@ def _check_moe_inputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
 
 
 class FusedMoEFunction(torch.autograd.Function):
-    """Autograd over (x, w13, w2, topk_weights). Triton keeps the expert alignment and pre-activations of a
-    training forward (`moe_triton.MoESavedTriton`), or recomputes both in backward when asked; the torch path
-    keeps its gathered inputs and pre-activations (`moe_torch.MoESaved`)."""
+    """Autograd over (x, w13, w2, topk_weights). With `keep`, Triton keeps the expert alignment and pre-activations
+    of a training forward (`moe_triton.MoESavedTriton`) and the torch path its gathered inputs and pre-activations
+    (`moe_torch.MoESaved`); without it both keep only the inputs and the backward recomputes the rest."""
 
     @staticmethod
     def forward(ctx, x, w13, w2, topk_ids, topk_weights, backend, keep):  # type: ignore[override]
@@ -131,6 +152,10 @@ class FusedMoEFunction(torch.autograd.Function):
             ctx.save_for_backward(x, w13, w2, topk_ids, topk_weights)
             y, ctx.moe_saved = moe_fwd_triton(x, w13, w2, topk_ids, topk_weights, save=keep)
             return y
+        if not keep:
+            ctx.save_for_backward(x, w13, w2, topk_ids, topk_weights)
+            ctx.moe_saved = None
+            return moe_fwd(x, w13, w2, topk_ids, topk_weights)
         y, saved = moe_fwd_saving(x, w13, w2, topk_ids, topk_weights)
         ctx.save_for_backward(w13, w2, topk_weights)
         ctx.moe_saved = saved  # intermediates only (neither inputs nor outputs): safe to hold on ctx
@@ -140,9 +165,12 @@ class FusedMoEFunction(torch.autograd.Function):
     def backward(ctx, dy):  # type: ignore[override]
         dy = dy.contiguous()
         if ctx.backend == "triton":
-            from kernels.moe_triton import moe_bwd_triton
+            from kernels.moe_triton_bwd import moe_bwd_triton
             x, w13, w2, topk_ids, topk_weights = ctx.saved_tensors
             dx, dw13, dw2, dw = moe_bwd_triton(dy, x, w13, w2, topk_ids, topk_weights, saved=ctx.moe_saved)
+        elif ctx.moe_saved is None:
+            x, w13, w2, topk_ids, topk_weights = ctx.saved_tensors
+            dx, dw13, dw2, dw = moe_bwd(dy, x, w13, w2, topk_ids, topk_weights)
         else:
             w13, w2, topk_weights = ctx.saved_tensors
             dx, dw13, dw2, dw = moe_bwd_saved(dy, w13, w2, topk_weights, ctx.moe_saved)
@@ -164,14 +192,15 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
         topk_ids: [T, K] expert ids, uint8/int16/int32/int64, distinct within a row.
         topk_weights: [T, K] floating combine weights (any float dtype; the combine accumulates in fp32).
         validate: check ids for range and duplicates (one host sync); `route` output is already valid.
-        recompute: Triton backend only: keep nothing but the inputs for the backward, which then sorts again and
-            recomputes the up projection (one more [T*K, 2F] GEMM; measured on an H200 at T=8192, D=2048,
-            F=768, E=128, K=8: see bench/gpu_check_moe.py). Default: keep them.
+        recompute: keep nothing but the inputs for the backward, which then sorts again and recomputes the up
+            projection (one more [T*K, 2F] GEMM; the torch path reruns its forward). Saves the [T*K, 2F]
+            pre-activations per layer between forward and backward (~78 GB over the 48 layers of the 30B shape at
+            T = 64k in bf16). Set for a model by `model.moe_recompute`. Default: keep them.
 
     Returns:
         y [T, D] in x's dtype. Differentiable w.r.t. x, w13, w2 and topk_weights. Memory kept for the backward
-        besides the inputs: Triton, the pre-activations [T*K (padded), 2F] and the alignment (nothing with
-        recompute=True, or when no input requires grad); the torch (CPU) path, its gathered inputs and
+        besides the inputs (nothing with recompute=True, or when no input requires grad): Triton, the
+        pre-activations [T*K (padded), 2F] and the alignment; the torch (CPU) path, its gathered inputs and
         pre-activations, O(T*K*(D + 2F)) per layer.
 
     Raises:

@@ -1,4 +1,5 @@
-"""Triton kernels of the fused MoE dispatch: forward and backward, grouped by expert, no host synchronisation.
+"""Triton kernels of the fused MoE dispatch: alignment, forward, and the pieces the backward shares
+(`kernels.moe_triton_bwd`), grouped by expert, no host synchronisation.
 
 Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, P = T*K (token, slot) pairs,
 M = padded row count (pairs sorted by expert, each expert's rows padded to a multiple of BLOCK_M).
@@ -7,14 +8,13 @@ Layout: `align_by_expert` sorts the P pairs by expert on device and gives every 
 segment of a row buffer sized by the upper bound P + min(E, P) * (BLOCK_M - 1), so no count is read on the host.
 Blocks past the last expert's segment exit at once. Each program of the grouped GEMMs handles BLOCK_M rows of a
 single expert. Outputs per pair are written to the sorted rows and reduced over K by a gather-sum kernel
-(fixed order: deterministic, no float atomics). Weight gradients: one program per (expert, tile) loops over
-that expert's rows with an fp32 accumulator (no atomics). A training forward keeps the alignment and the
-pre-activations h [M, 2F] for the backward (no second sort, no recomputed up projection); `fused_moe(...,
-recompute=True)` keeps neither and recomputes both in the backward. Pointer offsets are int64 (packed RL
-batches pass 2^31 elements). fp32 inputs use IEEE dots (PREC="ieee": TF32 would miss fp32 tolerances);
-bf16/fp16 take the default tensor-core path (PREC="tf32", which only affects fp32 operands) and accumulate in
-fp32. E and TOPK are runtime arguments, not constexprs: one compile serves every expert count and top-k (the
-GPU check's eight shapes compiled each kernel once per shape before).
+(fixed order: deterministic, no float atomics). A training forward keeps the alignment and the pre-activations
+h [M, 2F] for the backward (no second sort, no recomputed up projection); `fused_moe(..., recompute=True)` keeps
+neither and the backward recomputes both. Pointer offsets are int64 (packed RL batches pass 2^31 elements). fp32
+inputs use IEEE dots (PREC="ieee": TF32 would miss fp32 tolerances); bf16/fp16 take the default tensor-core path
+(PREC="tf32", which only affects fp32 operands) and accumulate in fp32. Scratch comes from `kernels.scratch`: not
+NaN-filled under deterministic mode, since every element a kernel reads was written by an earlier kernel. E and
+TOPK are runtime arguments, not constexprs: one compile serves every expert count and top-k.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import interpreter_on
+from kernels.scratch import empty_unfilled, scratch
 
 
 @dataclass(frozen=True)
@@ -93,18 +94,6 @@ def _row_block(block_expert_ptr, sorted_pair_ptr, N, TOPK, BLOCK_M: tl.constexpr
     tok = tl.where(valid, pair // TOPK, 0).to(tl.int64)
     offs_n = (pid % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     return e, rows, pair, valid, tok, offs_n
-
-
-@triton.jit
-def _expert_tile(NI, NJ, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
-    """Program -> (expert, offsets [BLOCK_I], offsets [BLOCK_J]) of one tile of a per-expert weight gradient."""
-    pid = tl.program_id(0)
-    num_i = tl.cdiv(NI, BLOCK_I)
-    num_j = tl.cdiv(NJ, BLOCK_J)
-    e = pid // (num_i * num_j)
-    offs_i = ((pid // num_j) % num_i) * BLOCK_I + tl.arange(0, BLOCK_I)
-    offs_j = (pid % num_j) * BLOCK_J + tl.arange(0, BLOCK_J)
-    return e, offs_i, offs_j
 
 
 @triton.jit
@@ -201,93 +190,6 @@ def _moe_combine_kernel(src_ptr, row_of_pair_ptr, out_ptr, T, D, s_sm, s_sd, s_o
     tl.store(out_ptr + offs_t[:, None] * s_ot + offs_d[None, :] * s_od, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _moe_dact_kernel(dy_ptr, w2_ptr, h_ptr, weights_ptr, dh_ptr, dwp_ptr, sorted_pair_ptr, block_expert_ptr,
-                     D, F, s_yt, s_yd, s_we, s_wd, s_wf, s_hm, s_hf, s_pm, s_pn,
-                     E, TOPK,
-                     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows r of expert e: s = w2[e]^T dy[token(r)]; partial dtopk_weights = <s, a> over this F tile;
-    dh = [w s u silu'(g); w s silu(g)] with [g; u] = h[r] and w = topk_weights[pair(r)]."""
-    e, rows, pair, valid, tok, offs_f = _row_block(block_expert_ptr, sorted_pair_ptr, F, TOPK, BLOCK_M, BLOCK_N)
-    if e >= E:
-        return
-    pid_n = tl.program_id(0) % tl.cdiv(F, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    f_ok = offs_f < F
-    dy_ptrs = dy_ptr + tok[:, None] * s_yt + offs_k[None, :] * s_yd  # [BLOCK_M, BLOCK_K]
-    w_ptrs = w2_ptr + e * s_we + offs_k[:, None].to(tl.int64) * s_wd + offs_f[None, :] * s_wf  # [BLOCK_K, BLOCK_N]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        k_ok = offs_k < D - k0
-        dyt = tl.load(dy_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(w_ptrs, mask=k_ok[:, None] & f_ok[None, :], other=0.0)
-        acc = tl.dot(dyt, wt, acc, input_precision=PREC)
-        dy_ptrs += BLOCK_K * s_yd
-        w_ptrs += BLOCK_K * s_wd
-    h_ptrs = h_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf
-    hm = valid[:, None] & f_ok[None, :]
-    g = tl.load(h_ptrs, mask=hm, other=0.0).to(tl.float32)
-    u = tl.load(h_ptrs + F * s_hf, mask=hm, other=0.0).to(tl.float32)
-    sig = _sigmoid(g)
-    silu = g * sig
-    tl.store(dwp_ptr + rows * s_pm + pid_n * s_pn, tl.sum(acc * silu * u, axis=1), mask=valid)
-    da = acc * tl.load(weights_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)[:, None]
-    dh_ptrs = dh_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf
-    tl.store(dh_ptrs, (da * u * sig * (1.0 + g * (1.0 - sig))).to(dh_ptr.dtype.element_ty), mask=hm)
-    tl.store(dh_ptrs + F * s_hf, (da * silu).to(dh_ptr.dtype.element_ty), mask=hm)
-
-
-@triton.jit
-def _moe_dw2_kernel(dy_ptr, h_ptr, weights_ptr, dw2_ptr, sorted_pair_ptr, seg_start_ptr,
-                    D, F, s_yt, s_yd, s_hm, s_hf, s_ge, s_gd, s_gf,
-                    TOPK, PREC: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
-    """dw2[e, d, f] = sum over expert e's rows r of w[pair(r)] dy[token(r), d] * silu(g[r, f]) u[r, f]."""
-    e, offs_d, offs_f = _expert_tile(D, F, BLOCK_I, BLOCK_J)
-    d_ok = offs_d < D
-    f_ok = offs_f < F
-    start = tl.load(seg_start_ptr + e)
-    end = tl.load(seg_start_ptr + e + 1)
-    acc = tl.zeros((BLOCK_I, BLOCK_J), dtype=tl.float32)  # [BLOCK_I (d), BLOCK_J (f)]
-    for r0 in range(start, end, BLOCK_R):
-        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, end, TOPK, BLOCK_R)
-        wt_r = tl.load(weights_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
-        dyt = tl.load(dy_ptr + tok[None, :] * s_yt + offs_d[:, None] * s_yd,
-                      mask=valid[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_R]
-        do_t = (dyt.to(tl.float32) * wt_r[None, :]).to(dyt.dtype)
-        h_ptrs = h_ptr + rows[:, None] * s_hm + offs_f[None, :] * s_hf  # [BLOCK_R, BLOCK_J]
-        hm = valid[:, None] & f_ok[None, :]
-        g = tl.load(h_ptrs, mask=hm, other=0.0).to(tl.float32)
-        u = tl.load(h_ptrs + F * s_hf, mask=hm, other=0.0).to(tl.float32)
-        a = (g * _sigmoid(g) * u).to(dyt.dtype)
-        acc = tl.dot(do_t, a, acc, input_precision=PREC)
-    out = dw2_ptr + e.to(tl.int64) * s_ge + offs_d[:, None].to(tl.int64) * s_gd + offs_f[None, :] * s_gf
-    tl.store(out, acc.to(dw2_ptr.dtype.element_ty), mask=d_ok[:, None] & f_ok[None, :])
-
-
-@triton.jit
-def _moe_dw13_kernel(dh_ptr, x_ptr, dw13_ptr, sorted_pair_ptr, seg_start_ptr,
-                     F2, D, s_hm, s_hf, s_xt, s_xd, s_ge, s_gf, s_gd,
-                     TOPK, PREC: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
-    """dw13[e, j, d] = sum over expert e's rows r of dh[r, j] * x[token(r), d]."""
-    e, offs_f, offs_d = _expert_tile(F2, D, BLOCK_I, BLOCK_J)
-    f_ok = offs_f < F2
-    d_ok = offs_d < D
-    start = tl.load(seg_start_ptr + e)
-    end = tl.load(seg_start_ptr + e + 1)
-    acc = tl.zeros((BLOCK_I, BLOCK_J), dtype=tl.float32)  # [BLOCK_I (2F), BLOCK_J (d)]
-    for r0 in range(start, end, BLOCK_R):
-        rows, pair, valid, tok = _row_slice(sorted_pair_ptr, r0, end, TOPK, BLOCK_R)
-        dht = tl.load(dh_ptr + rows[None, :] * s_hm + offs_f[:, None] * s_hf,
-                      mask=valid[None, :] & f_ok[:, None], other=0.0)  # [BLOCK_I, BLOCK_R]
-        xt = tl.load(x_ptr + tok[:, None] * s_xt + offs_d[None, :] * s_xd,
-                     mask=valid[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_R, BLOCK_J]
-        acc = tl.dot(dht, xt, acc, input_precision=PREC)
-    out = dw13_ptr + e.to(tl.int64) * s_ge + offs_f[:, None].to(tl.int64) * s_gf + offs_d[None, :] * s_gd
-    tl.store(out, acc.to(dw13_ptr.dtype.element_ty), mask=f_ok[:, None] & d_ok[None, :])
-
-
 @dataclass(frozen=True)
 class Tile:
     """Launch settings of one kernel: output tile width, reduction step, warps, pipeline depth."""
@@ -318,36 +220,45 @@ class MoEConfig:
     dx: Tile
     """dh @ w13[e] -> per-row dx (backward)."""
     dw: Tile
-    """dW2 and dW13 tiles, [block_n, block_k] per program, looping over the expert's rows (backward)."""
+    """dW2 and dW13 tiles, [block_n, block_k] per program, looping over one chunk of an expert's rows (backward)."""
     dw_step: int
     """Rows per reduction step of the weight gradients (any power of two: slices are masked at segment ends)."""
+    dw_splits: int
+    """Chunks a weight gradient may split one expert's rows into: chunks hold max(dw_step, M / dw_splits) rows
+    (rounded up to dw_step), so a hot expert gets up to dw_splits times the programs, and the fp32 partials of
+    split experts take at most 2 * dw_splits dW-sized buffers."""
     prec: str
     """tl.dot input precision: "ieee" for fp32 operands; bf16/fp16 ignore it (default "tf32")."""
+    combine_block_d: int
+    """Columns per program of the combine (gather-sum over K)."""
 
 
-def _same(tile: Tile, block_m: int, dw_step: int, prec: str) -> MoEConfig:
-    return MoEConfig(block_m, tile, tile, tile, tile, tile, dw_step, prec)
+def _same(tile: Tile, block_m: int, dw_step: int, prec: str, combine_block_d: int) -> MoEConfig:
+    return MoEConfig(block_m, tile, tile, tile, tile, tile, dw_step, dw_splits=8, prec=prec,
+                     combine_block_d=combine_block_d)
 
 
-def moe_config(x: torch.Tensor) -> MoEConfig:
-    """Tiles for this input. Interpreter: the smallest tiles tl.dot accepts (programs run one by one in numpy),
-    with a weight-gradient step twice the alignment so that the tests cross segment ends. GPU: tiles for the
-    H100/H200 class at Qwen3-MoE widths (D 2048, F 768), each kernel's the fastest of a sweep on an H200
-    (bench/gpu_check_moe.py --sweep, T=8192, E=128, K=8); fp32 runs IEEE dots (slow path, for tests) with
-    smaller tiles to stay inside shared memory."""
-    if interpreter_on() or not x.is_cuda:
-        return _same(Tile(16, 16, num_warps=1, num_stages=1), 16, 32, "ieee")
-    if x.dtype == torch.float32:
-        return _same(Tile(64, 32, num_warps=4, num_stages=2), 64, 64, "ieee")
-    return MoEConfig(64, up=Tile(256, 64, 8, 3), down=Tile(128, 64, 4, 3), dact=Tile(128, 64, 4, 3),
-                     dx=Tile(128, 64, 4, 3), dw=Tile(256, 128, 8, 2), dw_step=64, prec="tf32")
+def moe_config(dtype: torch.dtype) -> MoEConfig:
+    """Tiles for this input dtype. Interpreter: the smallest tiles tl.dot accepts (programs run one by one in
+    numpy), with a weight-gradient step twice the alignment so that the tests cross segment ends. GPU (anything
+    else: CPU tensors only reach the Triton path through the interpreter): tiles for the H100/H200 class at
+    Qwen3-MoE widths, picked from sweeps on an H200 (bench/gpu_check_moe.py --sweep, T=8192, E=128, K=8) among the
+    tiles that ptxas compiles for sm_90a without register spills (`python -m kernels.aot_report`,
+    tests/test_moe.py checks it); fp32 runs IEEE dots (slow path, for tests) with smaller tiles to stay inside
+    shared memory."""
+    if interpreter_on():
+        return _same(Tile(16, 16, num_warps=1, num_stages=1), 16, 32, "ieee", 16)
+    if dtype == torch.float32:
+        return _same(Tile(64, 32, num_warps=4, num_stages=2), 64, 64, "ieee", 64)
+    return MoEConfig(64, up=Tile(256, 64, 8, 3), down=Tile(128, 64, 4, 3), dact=Tile(128, 64, 8, 3),
+                     dx=Tile(128, 64, 4, 3), dw=Tile(256, 128, 8, 2), dw_step=64, dw_splits=8, prec="tf32",
+                     combine_block_d=64)
 
 
 def _new(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype, fill: float | None) -> torch.Tensor:
-    """Scratch buffer; tests pass fill=nan so that a read of a row no kernel wrote shows up."""
-    if fill is None:
-        return torch.empty(shape, dtype=dtype, device=like.device)
-    return torch.full(shape, fill, dtype=dtype, device=like.device)
+    """Scratch buffer on like's device (`kernels.scratch`); tests pass fill=nan so that a read of a row no kernel
+    wrote shows up."""
+    return scratch(shape, dtype=dtype, device=like.device, fill=fill)
 
 
 def _up(x, w13, al: ExpertAlignment, cfg: MoEConfig, *, store_h: bool, store_act: bool,
@@ -382,14 +293,15 @@ def _rows_gemm(a, w, w_strides: tuple[int, int, int], N: int, weights, al: Exper
     return out
 
 
-def _combine(src: torch.Tensor, al: ExpertAlignment, T: int, out_dtype: torch.dtype) -> torch.Tensor:
+def _combine(src: torch.Tensor, al: ExpertAlignment, T: int, out_dtype: torch.dtype, cfg: MoEConfig
+             ) -> torch.Tensor:
+    """out [T, D] = sum over k of src[row(t, k)] (fp32 sum, in index order); the kernel writes every element."""
     D = src.shape[1]
-    out = torch.empty((T, D), dtype=out_dtype, device=src.device)
-    block_d = 64 if src.is_cuda and not interpreter_on() else 16
-    grid = (triton.cdiv(T, 16), triton.cdiv(D, block_d))
+    out = empty_unfilled((T, D), dtype=out_dtype, device=src.device)
+    grid = (triton.cdiv(T, 16), triton.cdiv(D, cfg.combine_block_d))
     _moe_combine_kernel[grid](src, al.row_of_pair_P, out, T, D, src.stride(0), src.stride(1),
                               out.stride(0), out.stride(1), al.top_k,
-                              BLOCK_T=16, BLOCK_D=block_d)
+                              BLOCK_T=16, BLOCK_D=cfg.combine_block_d)
     return out
 
 
@@ -413,77 +325,9 @@ def moe_fwd_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_id
     T, D = x.shape
     if T == 0:
         return x.new_zeros((0, D)), None
-    cfg = moe_config(x)
+    cfg = moe_config(x.dtype)
     al = align_by_expert(topk_ids, w13.shape[0], cfg.block_m)
     h, act = _up(x, w13, al, cfg, store_h=save, store_act=True, fill=scratch_fill)
     o = _rows_gemm(act, w2, (w2.stride(0), w2.stride(1), w2.stride(2)), D, topk_weights, al, cfg, cfg.down,
                    x.dtype, scratch_fill)
-    return _combine(o, al, T, x.dtype), (MoESavedTriton(al, h) if save else None)
-
-
-def moe_bwd_triton(dy: torch.Tensor, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                   topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, saved: MoESavedTriton | None = None,
-                   scratch_fill: float | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dw13, dw2, dtopk_weights). Uses the forward's alignment and h when given (`saved`), else sorts
-    again and recomputes h = w13 x per row. Scratch: [M, 2F] (dh) + [M, D] (+ [M, 2F] when recomputing)."""
-    T, D = x.shape
-    E = w13.shape[0]
-    if T == 0:
-        return x.new_zeros((0, D)), torch.zeros_like(w13), torch.zeros_like(w2), torch.zeros_like(topk_weights)
-    cfg = moe_config(x)
-    if saved is not None:
-        al, h = saved.alignment, saved.h
-    else:
-        al = align_by_expert(topk_ids, E, cfg.block_m)
-        h, _ = _up(x, w13, al, cfg, store_h=True, store_act=False, fill=scratch_fill)
-    dh, dwp = _dact(dy, w2, h, topk_weights, al, cfg, scratch_fill)
-    # Per-pair sum over the F tiles in tile order (deterministic), then back to (token, slot) order.
-    dtopk_w = dwp.sum(dim=1)[al.row_of_pair_P].view(T, al.top_k).to(topk_weights.dtype)
-    # dx rows: W[e, n=d, j] = w13[e, j, d], i.e. w13 read with its last two strides swapped.
-    dxs = _rows_gemm(dh, w13, (w13.stride(0), w13.stride(2), w13.stride(1)), D, None, al, cfg, cfg.dx,
-                     torch.float32, scratch_fill)
-    dx = _combine(dxs, al, T, x.dtype)
-    dw2 = _dw2(dy, h, topk_weights, al, cfg, w2)
-    dw13 = _dw13(dh, x, al, cfg, w13)
-    return dx, dw13, dw2, dtopk_w
-
-
-def _dact(dy, w2, h, topk_weights, al: ExpertAlignment, cfg: MoEConfig, fill: float | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dh [M, 2F], per-row partial combine-weight gradients [M, F / dact.block_n] in fp32)."""
-    E, D, F = w2.shape
-    M, t = al.sorted_pair_M.numel(), cfg.dact
-    dh = _new((M, 2 * F), h, h.dtype, fill)
-    num_fn = triton.cdiv(F, t.block_n)
-    dwp = _new((M, num_fn), h, torch.float32, fill)
-    _moe_dact_kernel[(al.block_expert_B.numel() * num_fn,)](
-        dy, w2, h, topk_weights, dh, dwp, al.sorted_pair_M, al.block_expert_B, D, F,
-        dy.stride(0), dy.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), h.stride(0), h.stride(1),
-        dwp.stride(0), dwp.stride(1), E, al.top_k, PREC=cfg.prec, BLOCK_M=cfg.block_m,
-        BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages)
-    return dh, dwp
-
-
-def _dw2(dy, h, topk_weights, al: ExpertAlignment, cfg: MoEConfig, w2) -> torch.Tensor:
-    E, D, F = w2.shape
-    t = cfg.dw
-    dw2 = torch.empty_like(w2)
-    _moe_dw2_kernel[(E * triton.cdiv(D, t.block_n) * triton.cdiv(F, t.block_k),)](
-        dy, h, topk_weights, dw2, al.sorted_pair_M, al.seg_start_E1, D, F, dy.stride(0), dy.stride(1),
-        h.stride(0), h.stride(1), dw2.stride(0), dw2.stride(1), dw2.stride(2), al.top_k,
-        PREC=cfg.prec, BLOCK_R=cfg.dw_step, BLOCK_I=t.block_n, BLOCK_J=t.block_k, num_warps=t.num_warps,
-        num_stages=t.num_stages)
-    return dw2
-
-
-def _dw13(dh, x, al: ExpertAlignment, cfg: MoEConfig, w13) -> torch.Tensor:
-    E, F2, D = w13.shape
-    t = cfg.dw
-    dw13 = torch.empty_like(w13)
-    _moe_dw13_kernel[(E * triton.cdiv(F2, t.block_n) * triton.cdiv(D, t.block_k),)](
-        dh, x, dw13, al.sorted_pair_M, al.seg_start_E1, F2, D, dh.stride(0), dh.stride(1),
-        x.stride(0), x.stride(1), dw13.stride(0), dw13.stride(1), dw13.stride(2),
-        al.top_k, PREC=cfg.prec, BLOCK_R=cfg.dw_step, BLOCK_I=t.block_n,
-        BLOCK_J=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages)
-    return dw13
+    return _combine(o, al, T, x.dtype, cfg), (MoESavedTriton(al, h) if save else None)

@@ -72,7 +72,10 @@ def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: tor
         flash = _flash_attn_varlen()
         cu_B1 = cu_seqlens_B1.to(device=q_THD.device, dtype=torch.int32)
         max_len = max(doc_lens)
-        return flash(q_THD, k_TKD, v_TKD, cu_B1, cu_B1, max_len, max_len, softmax_scale=scale, causal=True)
+        # flash-attn's backward sums dk/dv over query blocks with atomics unless told otherwise: a deterministic run
+        # (torch.use_deterministic_algorithms, as the trainer sets) asks for its fixed-order backward.
+        return flash(q_THD, k_TKD, v_TKD, cu_B1, cu_B1, max_len, max_len, softmax_scale=scale, causal=True,
+                     deterministic=torch.are_deterministic_algorithms_enabled())
     if len(set(doc_lens)) == 1:
         # Equal lengths (typical for benchmarks and fixed-length packing): one batched call.
         num_docs, n = len(doc_lens), doc_lens[0]

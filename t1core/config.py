@@ -79,7 +79,12 @@ def _type_name(tp: Any) -> str:
 class ModelSection:
     name: str = _field("tiny", "model preset name (e.g. 'tiny') or path to a HF Qwen3-MoE checkpoint directory")
     dtype: Dtype = _field(
-        "float32", "parameter dtype; bfloat16 on GPUs (the MoE and log-prob kernels use tensor cores there)")
+        "float32", "parameter/compute dtype; on CUDA use bfloat16: float32 sends the MoE and log-prob kernels down "
+        "their IEEE fp32 path (no tensor cores), and the run says so in its first lines")
+    moe_recompute: bool = _field(
+        False, "MoE layers keep only their inputs for the backward and recompute the expert pre-activations there "
+        "(one more [T*K, 2F] GEMM per layer) instead of holding [T*K, 2F] per layer from forward to backward "
+        "(~78 GB at the 30B shape and T = 64k in bf16); same numerics")
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -24,11 +24,11 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils import skip_init
 
-from kernels.moe import fused_moe, route
+from kernels.moe import check_routing, fused_moe, route
 from kernels.rows import linear_rows
 from t1core.attention import AttnContext, CachedContext, KVCache, PackedContext
 
-__all__ = ["ModelConfig", "MoEModel", "ValueModel", "KVCache"]
+__all__ = ["ModelConfig", "MoEModel", "ValueModel", "KVCache", "set_moe_recompute"]
 
 _ROUTING_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
 
@@ -366,12 +366,26 @@ class SparseMoE(nn.Module):
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = _linear(cfg.hidden_size, cfg.num_experts, **factory)
         self.experts = Experts(cfg, **factory)
+        self.recompute = False  # keep only the inputs for the backward (`set_moe_recompute`)
 
     def forward(self, x_TD: torch.Tensor, replay_ids_TK: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        weights_TK, ids_TK = route(self.gate(x_TD), self.top_k, replay_ids=replay_ids_TK, renormalize=self.renormalize)
-        # validate=False: route already checked replayed ids (and its own top-k ids are valid by construction).
-        y_TD = fused_moe(x_TD, self.experts.w13, self.experts.w2, ids_TK, weights_TK, validate=False)
+        # validate=False: MoETrunk checked the whole replayed routing once per batch (check_routing), so no layer
+        # pays a host sync of its own; route's own top-k ids are valid by construction.
+        weights_TK, ids_TK = route(self.gate(x_TD), self.top_k, replay_ids=replay_ids_TK,
+                                   renormalize=self.renormalize, validate=False)
+        y_TD = fused_moe(x_TD, self.experts.w13, self.experts.w2, ids_TK, weights_TK, validate=False,
+                         recompute=self.recompute)
         return y_TD, ids_TK
+
+
+def set_moe_recompute(model: nn.Module, on: bool) -> int:
+    """Make every MoE layer of `model` keep only its inputs for the backward and recompute the expert
+    pre-activations there (`fused_moe(recompute=True)`; the run's `model.moe_recompute`). Returns the number of
+    MoE layers set. Numerics are unchanged: the recomputed values are the same bits."""
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    for m in layers:
+        m.recompute = bool(on)
+    return len(layers)
 
 
 class DecoderLayer(nn.Module):
@@ -429,7 +443,9 @@ class MoETrunk(nn.Module):
         if tuple(replay_routing.shape) != want or replay_routing.dtype not in _ROUTING_DTYPES:
             raise ValueError(f"replay_routing: expected an integer tensor of shape [T, L_moe, K] = {list(want)}, got "
                              f"{replay_routing.dtype} {list(replay_routing.shape)}")
-        # Range and duplicate checks happen in kernels.moe.route (ValueError there).
+        # Range and duplicate checks for the whole batch, with one host read, where the routing lives (a CPU
+        # routing costs no device sync at all); the layers then take the ids unchecked.
+        check_routing(replay_routing, num_experts=cfg.num_experts)
         return list(replay_routing.to(self.embed_tokens.weight.device).unbind(1))
 
     def run(self, input_ids_T: torch.Tensor, ctx: AttnContext, positions_T: torch.Tensor,

@@ -435,6 +435,15 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
     return load_config(str(run_dir / "config.toml"), overrides), run_dir
 
 
+def precision_notice(cfg: RunConfig) -> str | None:
+    """The warning a CUDA run with fp32 weights prints before anything else (None otherwise): the kernels then run
+    their IEEE fp32 path, without tensor cores."""
+    if cfg.run.device.startswith("cuda") and cfg.model.dtype == "float32":
+        return ("WARNING: model.dtype=float32 on CUDA: the MoE and log-prob Triton kernels take their IEEE fp32 path "
+                "(no tensor cores, several times slower than bf16); pass --model.dtype=bfloat16 to train at scale")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     with bad_input(_parser()):
         cfg, run_dir = parse_args(argv)
@@ -449,8 +458,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed % 2**32)
+        # This also NaN-fills every torch.empty (fill_uninitialized_memory, left on); the kernels' scratch, which
+        # they write in full, skips that pass (kernels.scratch).
         torch.use_deterministic_algorithms(True, warn_only=True)
         if dp.is_main:
+            notice = precision_notice(cfg)
+            if notice:
+                print(notice, flush=True)
             print(format_config(cfg), flush=True)
             if dp.distributed:
                 print(f"data-parallel: {dp.world_size} ranks, FSDP2-sharded policy and critic", flush=True)

@@ -71,6 +71,19 @@ def _to_rows(x_N: torch.Tensor, rows_N: torch.Tensor, num_rows: int) -> torch.Te
     return x_N.new_zeros(num_rows).index_copy(0, rows_N, x_N)
 
 
+def entropy_term(ent_T: torch.Tensor, mask_T: torch.Tensor, *, coef: float
+                 ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """(coef * entropy loss, or None when coef is 0; the entropy metrics either way).
+
+    With coef 0 the entropy is detached, so no gradient reaches it and the log-prob backward skips the entropy
+    term (the costlier kernel variant) instead of computing a gradient that is then multiplied by 0. Loss and
+    gradients are the same values as adding 0 * entropy loss (signed zeros aside)."""
+    if coef == 0:
+        return None, entropy_bonus(ent_T.detach(), mask_T)[1]
+    ent_loss, metrics = entropy_bonus(ent_T, mask_T)
+    return coef * ent_loss, metrics
+
+
 def critic_values(critic: torch.nn.Module, batch: PackedBatch, *, replay: bool) -> torch.Tensor:
     routing = batch.routing_TLK if replay else None
     return critic(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing).float()
@@ -271,8 +284,9 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
                                                 return_entropy=True)
                 loss, m = ppo_policy_loss(logp_T, s.old_logp_T, b.rollout_logp_T, s.advantages_T, b.loss_mask_T,
                                           clip_eps=algo.clip_eps, tis_cap=algo.tis_cap, icepop=algo.icepop)
-                ent_loss, m_ent = entropy_bonus(ent_T, b.loss_mask_T)
-                loss = loss + algo.entropy_coef * ent_loss
+                ent_term, m_ent = entropy_term(ent_T, b.loss_mask_T, coef=algo.entropy_coef)
+                if ent_term is not None:
+                    loss = loss + ent_term
                 if s.ref_logp_T is not None:
                     kl, m_kl = kl_penalty(logp_T, s.ref_logp_T, b.loss_mask_T)
                     loss, m = loss + algo.kl_coef * kl, {**m, **m_kl}

@@ -22,7 +22,7 @@ from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core.config import RunConfig
 from t1core.distributed import check_device
-from t1core.model import PRESETS, MoEModel, ValueModel
+from t1core.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
 from t1core.tokenizer import ChatTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,7 +89,10 @@ def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueMode
     else:
         raise ValueError(f"model.name: expected a preset {sorted(PRESETS)} or a checkpoint directory, got {name!r}")
     policy = policy.to(device)
-    return policy, ValueModel.from_policy(policy).to(device)
+    critic = ValueModel.from_policy(policy).to(device)
+    for model in (policy, critic):
+        set_moe_recompute(model, cfg.model.moe_recompute)
+    return policy, critic
 
 
 def _is_preset(name: str) -> bool:

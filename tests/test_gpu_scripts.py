@@ -3,15 +3,21 @@
 `bench/gpu_check_model.py --device cpu --small` runs every model-level check (fp64 parity with replayed
 routing, bitwise R3 replay, decode vs full forward, the engine's train/rollout gap with and without R3,
 a training step) on the CPU torch path. On a GPU the same code checks the Triton kernels (bench/gpu_run.sh).
+The device check itself runs here in its dry-run mode (argument parsing, part limits, shape plans) and on its
+failure path (no GPU: the part fails, the script exits 1).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,3 +32,64 @@ def test_gpu_check_model_runs_on_cpu() -> None:
     for check in ("parity fp32 vs fp64", "replay own routing bitwise", "replay other experts",
                   "decode vs full forward (fp32, replayed)", "train/rollout gap", "train fwd+bwd torch path"):
         assert check in out, f"{check!r} missing from:\n{out[-3000:]}"
+
+
+# ---- the device check (bench/gpu_run.sh): its plan, limits and failure path, without a GPU ---------------------
+
+def _gpu_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHON=sys.executable)
+    return subprocess.run(["bash", "bench/gpu_run.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_gpu_run_dry_run_plans_production_shapes_within_the_lease(tmp_path: Path) -> None:
+    proc = _gpu_run(tmp_path, "--dry-run")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    limits = {m.group(1): int(m.group(2)) for m in (re.match(r"PART (\w+) limit_s=(\d+)", x) for x in lines) if m}
+    assert set(limits) == {"env", "moe", "logprob", "model", "pytest"}
+    assert sum(limits.values()) < 8 * 60, limits  # one 10-minute command with room, rerunnable in 15 minutes
+    plans = {p["script"]: p for p in (json.loads(x) for x in lines if x.startswith("{"))}
+    rows = {(r["shape"], r["routing"]): (r["T"], r["D"], r["F"], r["E"], r["K"]) for r in plans["moe"]["bench"]}
+    assert rows == {("30b", "uniform"): (8192, 2048, 768, 128, 8), ("30b", "skewed"): (8192, 2048, 768, 128, 8),
+                    ("122b", "uniform"): (16384, 4096, 1536, 256, 8), ("122b", "skewed"): (16384, 4096, 1536, 256, 8)}
+    assert plans["logprob"]["throughput"] == {"N": 65536, "D": 2048, "V": 151936, "dtype": "torch.bfloat16",
+                                              "entropy": True}
+    assert plans["model"]["deterministic"] and plans["model"]["device"] == "cuda"
+    assert {"parity", "replay", "speed", "repeat"} <= set(plans["model"]["checks"])
+    assert (tmp_path / "out" / "plan.log").read_text().count("PART ") == 5
+    assert "set -u -o pipefail" in (ROOT / "bench" / "gpu_run.sh").read_text()
+
+
+def test_gpu_run_rejects_bad_arguments(tmp_path: Path) -> None:
+    for args in (("--only", "moe,nope"), ("--frobnicate",)):
+        proc = _gpu_run(tmp_path, *args)
+        assert proc.returncode == 2 and "gpu_run.sh:" in proc.stderr, (args, proc.stderr)
+    proc = subprocess.run([sys.executable, "bench/gpu_check_moe.py", "--dry-run", "--shapes", "30b,7b"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--shapes" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path where no GPU is")
+def test_gpu_run_fails_a_part_that_fails(tmp_path: Path) -> None:
+    proc = _gpu_run(tmp_path, "--only", "moe")
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["moe"]["rc"] != 0 and "moe" in summary["failed"]
+    assert "needs a CUDA GPU" in (tmp_path / "out" / "moe.log").read_text()
+
+
+# ---- precision of a CUDA run --------------------------------------------------------------------------------
+
+def test_fp32_on_cuda_is_announced_and_gpu_presets_are_bf16() -> None:
+    from t1core.config import load_config
+    from t1core.train import precision_notice
+    assert "float32 on CUDA" in precision_notice(load_config(None, ["--run.device=cuda", "--model.dtype=float32"]))
+    assert precision_notice(load_config(None, ["--run.device=cuda:1", "--model.dtype=bfloat16"])) is None
+    assert precision_notice(load_config(None, [])) is None  # the CPU default run prints nothing new
+    presets = sorted((ROOT / "t1core" / "configs").glob("*.toml"))
+    assert presets
+    for path in presets:
+        cfg = load_config(str(path), [])
+        if cfg.run.device.startswith("cuda"):
+            assert cfg.model.dtype == "bfloat16", path

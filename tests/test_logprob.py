@@ -237,6 +237,76 @@ def _run_self(*argv: str, env_extra: dict[str, str] | None = None, timeout: floa
     return proc.stdout
 
 
+def _entropy_skip_case() -> dict:
+    """The trainer's entropy term at coefficient 0 (`t1core.update.entropy_term`) against adding 0 * entropy loss
+    (what it did before) and against a log-prob-only call: loss and gradients, and whether a gradient reached the
+    entropy output (a hook on it counts)."""
+    from t1core.losses import entropy_bonus
+    from t1core.update import entropy_term
+    hidden, weight, targets, g_logp, _ = _problem(13, 16, 700, seed=21, ignore_rows=(1, 7), scale=2.0)
+    mask = targets != -100
+
+    def run(mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if mode == "logp_only":
+            logp, ent = token_logprobs(h, w, targets, temperature=0.9), None
+        else:
+            logp, ent = token_logprobs(h, w, targets, temperature=0.9, return_entropy=True)
+        reached = []
+        if ent is not None:
+            ent.register_hook(lambda g: reached.append(g) if g is not None else None)  # None: no gradient
+        loss = (logp * g_logp).sum()
+        if mode == "times_zero":
+            loss = loss + 0.0 * entropy_bonus(ent, mask)[0]
+        elif mode in ("skip", "coef"):
+            term, metrics = entropy_term(ent, mask, coef=0.0 if mode == "skip" else 0.01)
+            assert "policy/entropy" in metrics
+            loss = loss if term is None else loss + term
+        loss.backward()
+        return loss.detach(), h.grad, w.grad, len(reached)
+
+    out = {m: run(m) for m in ("skip", "times_zero", "logp_only", "coef")}
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(out[a][:3], out[b][:3]))  # noqa: E731
+    return dict(skip_eq_times_zero=same("skip", "times_zero"), skip_eq_logp_only=same("skip", "logp_only"),
+                skip_reached=out["skip"][3], times_zero_reached=out["times_zero"][3], coef_reached=out["coef"][3],
+                coef_changes_grad=not torch.equal(out["coef"][1], out["skip"][1]))
+
+
+def _assert_entropy_skip(r: dict) -> None:
+    assert r["skip_reached"] == 0 and r["times_zero_reached"] == 1 and r["coef_reached"] == 1, r
+    assert r["skip_eq_times_zero"] and r["skip_eq_logp_only"] and r["coef_changes_grad"], r
+
+
+def test_zero_entropy_coefficient_skips_the_entropy_gradient(cpu_path: str) -> None:
+    _assert_entropy_skip(_entropy_skip_case())
+
+
+def test_zero_entropy_coefficient_skips_the_entropy_gradient_triton_interpreter() -> None:
+    out = _run_self("--entropy-skip", env_extra={"TRITON_INTERPRET": "1", "T1_KERNEL_BACKEND": "triton"})
+    _assert_entropy_skip(json.loads(out.strip().splitlines()[-1]))
+
+
+def test_logprob_tiles_compile_for_sm90a_without_spills() -> None:
+    """ptxas compiles the log-prob kernels at N = 64k (forward with and without entropy, backward with and without
+    an entropy gradient) for sm_90a without register spills (`python -m kernels.aot_report`)."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "T1_KERNEL_BACKEND")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    probe = subprocess.run([sys.executable, "-c", "from kernels.aot_report import ptxas_can_run; "
+                            "print(ptxas_can_run(90) or '')"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=120)
+    if probe.returncode != 0 or probe.stdout.strip():
+        pytest.skip(f"ptxas cannot run here: {probe.stdout.strip() or probe.stderr[-500:]}")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "kernels.aot_report", "--only", "logprob", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    variants = {(r["kernel"], r["constexprs"].get("WITH_ENTROPY", r["constexprs"].get("HAS_GEN"))) for r in rows}
+    assert variants == {("_logprob_fwd_kernel", False), ("_logprob_fwd_kernel", True),
+                        ("_logprob_bwd_dz_kernel", False), ("_logprob_bwd_dz_kernel", True)}, proc.stderr[-3000:]
+    spilling = [r for r in rows if r["spills"]]
+    assert not spilling and proc.returncode == 0, (spilling, proc.stderr[-2000:])
+
+
 @pytest.mark.interpreter
 def test_triton_interpreter_matches_float64_reference() -> None:
     out = _run_self("--interpreter", env_extra={"TRITON_INTERPRET": "1", "T1_KERNEL_BACKEND": "triton"})
@@ -343,6 +413,8 @@ def _memory_probe(N: int, D: int, V: int, provider: str = "chunked") -> dict:
 if __name__ == "__main__":
     if sys.argv[1] == "--interpreter":
         print(json.dumps(_interpreter_cases()))
+    elif sys.argv[1] == "--entropy-skip":
+        print(json.dumps(_entropy_skip_case()))
     elif sys.argv[1] == "--memory":
         print(json.dumps(_memory_probe(*map(int, sys.argv[2:5]), *sys.argv[5:6])))
     else:

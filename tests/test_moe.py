@@ -11,6 +11,7 @@ over <= 64 terms, fp32 rounding gives ~1e-6 relative).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -247,6 +248,111 @@ def test_backend_switch(monkeypatch):
     assert torch.equal(fused_moe(x, w13, w2, ids, w), moe_fwd(x, w13, w2, ids, w))
 
 
+# ---- model-level: recompute from the config, one routing check per batch, unfilled scratch -------------------
+
+def _tiny_run_models(overrides: list[str]):
+    from t1core import world
+    from t1core.config import load_config
+    cfg = load_config(None, ["--model.name=tiny", *overrides])
+    return world.load_models(cfg, world.load_tokenizer(cfg))
+
+
+def _moe_kept(model, ids_T: torch.Tensor) -> list[object]:
+    """What each MoE layer's autograd node holds between forward and backward (its `moe_saved`)."""
+    from t1core.model import SparseMoE
+    kept: list[object] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: kept.append(out[0].grad_fn.moe_saved))
+             for m in model.modules() if isinstance(m, SparseMoE)]
+    try:
+        model(ids_T).float().pow(2).mean().backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return kept
+
+
+def test_moe_recompute_from_config_keeps_nothing_and_changes_no_bit():
+    from t1core.model import SparseMoE
+    ids_T = torch.randint(0, 4096, (48,), generator=torch.Generator().manual_seed(3))
+    runs = {}
+    for on in (False, True):
+        policy, critic = _tiny_run_models([f"--model.moe_recompute={str(on).lower()}"])
+        layers = [m for model in (policy, critic) for m in model.modules() if isinstance(m, SparseMoE)]
+        assert layers and all(m.recompute is on for m in layers)
+        kept = _moe_kept(policy, ids_T)
+        assert len(kept) == policy.config.num_hidden_layers
+        assert all((k is None) == on for k in kept), kept  # recompute: only the inputs are kept
+        runs[on] = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+    assert runs[False].keys() == runs[True].keys()
+    assert all(torch.equal(runs[False][n], runs[True][n]) for n in runs[False]), "recompute changed a gradient"
+
+
+def test_replayed_routing_is_checked_once_per_batch(monkeypatch):
+    import kernels.moe as moe_mod
+    from t1core.model import ModelConfig, MoEModel
+    cfg = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                      num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      num_experts=8, num_experts_per_tok=2)
+    model = MoEModel(cfg, seed=0)
+    ids_T = torch.randint(0, 101, (20,), generator=torch.Generator().manual_seed(0))
+    _, routing = model(ids_T, return_routing=True)
+    calls = []
+    real = moe_mod._check_ids
+    monkeypatch.setattr(moe_mod, "_check_ids", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    replayed = model(ids_T, replay_routing=routing)
+    assert len(calls) == 1, calls  # one host read for all three MoE layers, not one per layer
+    assert torch.equal(replayed, model(ids_T))  # replaying the own routing: same bits
+    bad = routing.clone()
+    bad[5, 2, 1] = bad[5, 2, 0]
+    with pytest.raises(ValueError, match=r"distinct expert ids .* row 17 "):  # token 5, layer 2: 5 * 3 + 2
+        model(ids_T, replay_routing=bad)
+
+
+def test_route_unvalidated_replay_still_checks_shape_and_dtype():
+    logits = torch.randn(6, 8)
+    with pytest.raises(ValueError, match="replay_ids: expected an integer"):
+        route(logits, 2, replay_ids=torch.zeros(6, 3, dtype=torch.int64), validate=False)
+    with pytest.raises(ValueError, match="replay_ids: expected an integer"):
+        route(logits, 2, replay_ids=torch.zeros(6, 2), validate=False)
+
+
+def test_kernel_scratch_skips_the_deterministic_fill():
+    from kernels.scratch import empty_unfilled, scratch
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        n = 16 * 2**20  # 64 MiB: glibc maps it fresh (zero pages), so an unfilled buffer reads as zeros
+        assert torch.empty(n).isnan().all()  # the fill this mode adds to torch.empty
+        buf = empty_unfilled((n // 1024, 1024), dtype=torch.float32, device=torch.device("cpu"))
+        assert buf.shape == (n // 1024, 1024) and buf.is_contiguous() and not buf.isnan().any()
+        assert scratch((3, 5), dtype=torch.bfloat16, device=torch.device("cpu"), fill=float("nan")).isnan().all()
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def test_production_tiles_compile_for_sm90a_without_spills():
+    """ptxas (shipped in the triton wheel) compiles every MoE kernel at the production shapes for sm_90a; none
+    may spill registers (`python -m kernels.aot_report`)."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "T1_KERNEL_BACKEND")}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    probe = subprocess.run([sys.executable, "-c", "from kernels.aot_report import ptxas_can_run; "
+                            "print(ptxas_can_run(90) or '')"], cwd=root, env=env, capture_output=True, text=True,
+                           timeout=120)
+    if probe.returncode != 0 or probe.stdout.strip():
+        pytest.skip(f"ptxas cannot run here: {probe.stdout.strip() or probe.stderr[-500:]}")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "kernels.aot_report", "--only", "moe", "--json"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    names = {r["kernel"] for r in rows}
+    assert {"_moe_up_kernel", "_moe_rows_gemm_kernel", "_moe_combine_kernel", "_moe_dact_kernel", "_moe_dw2_kernel",
+            "_moe_dw13_kernel", "_moe_dw_reduce_kernel"} <= names, (names, proc.stderr[-3000:])
+    assert all(r["registers"] > 0 for r in rows)
+    spilling = [r for r in rows if r["spills"]]
+    assert not spilling and proc.returncode == 0, (spilling, proc.stderr[-2000:])
+
+
 # ---- Triton kernels in the interpreter (child process) -----------------------------------------------------
 
 @pytest.mark.interpreter
@@ -267,7 +373,8 @@ def test_triton_interpreter_suite():
 @interp
 @pytest.mark.parametrize("T,D,F,E,K,mode", SHAPES)
 def test_interp_triton_matches_reference(T, D, F, E, K, mode):
-    from kernels.moe_triton import moe_bwd_triton, moe_fwd_triton
+    from kernels.moe_triton import moe_fwd_triton
+    from kernels.moe_triton_bwd import moe_bwd_triton
     x, w13, w2, ids, w, dy = _problem(T, D, F, E, K, mode=mode)
     y_ref, grads_ref = _reference(x, w13, w2, ids, w, dy)
     nan = float("nan")  # scratch buffers start as NaN: a read of an unwritten row poisons the result
@@ -328,7 +435,33 @@ def test_interp_alignment_layout():
     assert torch.equal(al.sorted_pair_M[al.row_of_pair_P].long(), torch.arange(8))
 
 
-_NUM_INTERP_TESTS = len(SHAPES) + 2
+@interp
+@pytest.mark.parametrize("T,K,hot", [(130, 1, (2,)), (70, 2, (0, 3))])
+def test_interp_skewed_routing_splits_hot_experts(T, K, hot):
+    """All tokens on K experts: each hot expert's rows span several weight-gradient chunks, whose fp32 partials
+    (NaN-filled scratch: an unwritten slot would show) are summed in a fixed order."""
+    from kernels.moe_triton import align_by_expert, moe_config, moe_fwd_triton
+    from kernels.moe_triton_bwd import dw_chunks, moe_bwd_triton
+    E, D, F = 4, 16, 16
+    x, w13, w2, _, w, dy = _problem(T, D, F, E, K, seed=5)
+    ids = torch.tensor([list(hot)] * T)
+    chunks = dw_chunks(align_by_expert(ids, E, moe_config(x.dtype).block_m), moe_config(x.dtype))
+    assert all(int(chunks.num_chunks_E[e]) >= 3 for e in hot), chunks.num_chunks_E  # more rows than one chunk
+    assert int(chunks.num_chunks_E.sum()) - len(hot) <= chunks.num_slots
+    nan = float("nan")
+    y, saved = moe_fwd_triton(x, w13, w2, ids, w, save=True, scratch_fill=nan)
+    got = moe_bwd_triton(dy, x, w13, w2, ids, w, saved=saved, scratch_fill=nan)
+    y_ref, grads_ref = _reference(x, w13, w2, ids, w, dy)
+    _assert_close(y, y_ref, "y")
+    for name, g, ref in zip(("dx", "dw13", "dw2", "dw"), got, grads_ref):
+        _assert_close(g, ref, name)
+    cold = [e for e in range(E) if e not in hot]
+    assert (got[1][cold] == 0).all() and (got[2][cold] == 0).all()  # unused experts: written zeros
+    again = moe_bwd_triton(dy, x, w13, w2, ids, w, saved=saved, scratch_fill=nan)
+    assert all(torch.equal(p, q) for p, q in zip(got, again))  # fixed reduction order
+
+
+_NUM_INTERP_TESTS = len(SHAPES) + 4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu_check_moe.py checks more)")
