@@ -39,6 +39,7 @@ import io
 import json
 import math
 import os
+import re
 import secrets
 import shlex
 import stat
@@ -188,7 +189,7 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
     setup = _work_dir_script(task, work)
     if setup is None:  # too large for one bash argument: through the daemon's archive API
         _upload_work_dir(sandbox, task, work)
-    env = _clean_env(info, tests, work, pyc_changed=pyc_changed)
+    env = {**dict(task.verifier_env), **_clean_env(info, tests, work, pyc_changed=pyc_changed)}
     code, out, junit_xml = _run_tests(sandbox, task, work, env, setup=setup or "", pyc_changed=pyc_changed)
     timed_out = code in (124, 137)
     error = None
@@ -203,6 +204,8 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
                 error = f"no results (exit code {code}): {out[-300:].strip()}"
         for test_id in task.static_test_ids:
             per_test.setdefault(test_id, False)
+    if not all(per_test.values()):
+        error = _missing_dependency(out) or error
     passed = sum(per_test.values())
     return VerifierResult(passed=passed, failed=len(per_test) - passed, total=len(per_test), per_test=per_test,
                           timed_out=timed_out, error=error, duration_s=time.monotonic() - start, output=out)
@@ -230,7 +233,8 @@ def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str
         assert task.test_script is not None, "script verifiers need tests/test.sh (checked by load_task)"
         cmd = f"/bin/bash {tests}/{task.test_script.name}"
     # $(< file) is bash reading the file itself (no tool to trust); LC_ALL=C makes ${#j} count bytes.
-    run = (f"cd {tests} || exit 1; "
+    # From the container's working directory, as Terminal-Bench and Harbor run them: tests use relative paths.
+    run = (f"cd {shlex.quote(task.workdir)} 2>/dev/null || cd / || exit 1; "
            f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
            f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
            f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; "
@@ -410,6 +414,24 @@ def _is_opaque(directory: str) -> bool:
 
 def _raise(e: OSError) -> None:
     raise e
+
+
+_MISSING_MODULE_RE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([^']+)'")
+_MISSING_HOST_RE = re.compile(r"Could not resolve host: (\S+)|Failed to resolve '([^']+)'|"
+                              r"host='([^']+)'.*(?:NameResolutionError|Name or service not known|Temporary failure)")
+
+
+def _missing_dependency(output: str) -> str | None:
+    """'verifier_error: ...' naming the module or host the tests could not reach, read from their
+    output (for people: the score is never read from text). None when the output names none."""
+    for regex, what in ((_MISSING_MODULE_RE, "the tests import the module {!r}, which the image does not have "
+                         "(a test dependency the task's test script installs at verification time; see "
+                         "sandbox.test_deps)"),
+                        (_MISSING_HOST_RE, "the tests need the host {!r}, which cannot be reached from the sandbox")):
+        m = regex.search(output)
+        if m:
+            return "verifier_error: " + what.format(next(g for g in m.groups() if g))
+    return None
 
 
 def _clean_env(info: dict[str, Any], tests: str, work: str, *, pyc_changed: bool) -> dict[str, str]:
