@@ -158,7 +158,7 @@ def check_tasks(paths: list[Path], *, base_image_overrides: Mapping[str, str], p
         raise ValueError(f"parallel: expected >= 1, got {parallel}")
     pool = ThreadPoolExecutor(parallel)
     with warnings.catch_warnings():
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", UserWarning)  # what loading and building warn about
         warnings.showwarning = _route_warning
         try:
             return list(pool.map(lambda p: check_task(p, base_image_overrides=base_image_overrides, run_id=run_id),

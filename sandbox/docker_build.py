@@ -34,8 +34,7 @@ class BuildFailed(SandboxError):
 def clean_text(raw: str) -> str:
     """Terminal output as a person would read it: ANSI sequences removed, each line as its last `\\r` left it."""
     text = _ANSI_RE.sub("", raw)
-    return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
-                     for line in text.split("\n"))
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
 
 
 def docker_build(context: Path, *, dockerfile: str, tag: str, labels: dict[str, str], timeout_s: float,
@@ -140,7 +139,8 @@ def _failure_message(log: str, *, what: str, timed_out: bool, timeout_s: float, 
                                        else f"failed (exit {rc})")
     if steps:
         text, out, _ = steps[-1]
-        head += f" at step {len(steps)} ({text})"
+        total = next(m.group(2) for m in map(_STEP_RE.match, reversed(log.splitlines())) if m)
+        head += f" at step {len(steps)}/{total} ({text})"
         tail = [line for line in out if line.strip() and line not in errors][-_OUTPUT_LINES:]
     else:
         tail = lines[-_OUTPUT_LINES:]

@@ -50,8 +50,10 @@ from sandbox.test_deps import TestDeps
 
 IMAGE_REPO = "t1-task"
 DirStat = tuple[int, int, int, float]  # mode, uid, gid, mtime
-# Terminal-Bench 1's own base images (Ubuntu or Debian with Python, WORKDIR /app) map onto the base as well.
-DEFAULT_OVERRIDE_PATTERNS = ("debian:*", "ubuntu:*", "python:*", "ghcr.io/laude-institute/t-bench/*")
+# Terminal-Bench 1's generic base images (Ubuntu, or Debian with Python; WORKDIR /app) map onto the base as well;
+# its task-specific ones (t-bench/deveval, ...) hold toolchains the base lacks, so they must be loaded.
+DEFAULT_OVERRIDE_PATTERNS = ("debian:*", "ubuntu:*", "python:*", "ghcr.io/laude-institute/t-bench/python-3-*",
+                             "ghcr.io/laude-institute/t-bench/ubuntu-*")
 _FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 _COPY_FROM_RE = re.compile(r"^\s*COPY\s+(?:--\S+\s+)*?--from=(\S+)", re.IGNORECASE)
 _BUILD_LOCKS: dict[str, threading.Lock] = {}

@@ -20,8 +20,10 @@ import argparse
 import dataclasses
 import json
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -74,7 +76,7 @@ def run_task_report(task: Task, *, script: str | None = None, base_image_overrid
         if upload_solution and task.solution_dir is not None:
             sb.upload_dir(task.solution_dir, SOLUTION_DIR)
         if interactive:
-            subprocess.run(["docker", "exec", "-it", "-w", task.workdir, sb.id, "bash"], check=False)
+            _interactive_shell(sb, task.workdir)
         elif script is not None:
             t0 = time.monotonic()
             r = run_script_result(sb, script, timeout_s=task.agent_timeout_s,
@@ -82,6 +84,18 @@ def run_task_report(task: Task, *, script: str | None = None, base_image_overrid
             ran = ScriptRun(exit_code=r.exit_code, output=r.output, timed_out=r.timed_out,
                             duration_s=time.monotonic() - t0)
         return run_verifiers(sb, task), ran
+
+
+def _interactive_shell(sb: DockerSandbox, workdir: str) -> None:
+    """`docker exec -it ... bash` for a person. Ctrl-C there reaches this process too (one terminal, one
+    foreground group): it is ignored here meanwhile, or it would remove the sandbox under the person's feet."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        subprocess.run(["docker", "exec", "-it", "-w", workdir, sb.id, "bash"], check=False)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def run_script(sb: DockerSandbox, script: str, *, timeout_s: float) -> int:

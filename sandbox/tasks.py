@@ -170,7 +170,10 @@ def _load_harbor(root: Path) -> Task:
     env_dir = root / "environment"
     dockerfile = env_dir / "Dockerfile"
     if not dockerfile.is_file():
-        raise TaskFormatError(dockerfile, "environment", "environment/Dockerfile is missing")
+        prebuilt = env.get("docker_image")
+        raise TaskFormatError(dockerfile, "environment", "environment/Dockerfile is missing" + (
+            f"; the task names the prebuilt image {prebuilt!r} instead, which T1 does not pull (no registry): "
+            f"write a Dockerfile `FROM {prebuilt}` after `docker load`-ing it" if prebuilt else ""))
     tests_dir = root / "tests"
     test_sh = tests_dir / "test.sh"
     kind, ids = _verifier_kind(tests_dir, test_sh if test_sh.is_file() else None)
