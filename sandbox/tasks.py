@@ -235,6 +235,11 @@ def _load_tb1(root: Path) -> Task:
     context, dockerfile = _tb1_build(root)
     tests_dir = root / "tests"
     run_tests = root / "run-tests.sh"
+    if tests_dir.is_dir() and not any(p.is_file() for p in tests_dir.rglob("test_*.py")):
+        parser = cfg.get("parser_name", "pytest")
+        raise TaskFormatError(tests_dir, "tests", f"no tests/test_*.py: the task is graded by scraping what "
+                              f"run-tests.sh prints (parser {parser!r}), which T1 does not do (its verifiers are "
+                              "pytest's own results, or a Harbor reward file)")
     kind, ids = _verifier_kind(tests_dir, None)
     solution = next((p for p in (root / "solution.sh", root / "solution.yaml") if p.is_file()), None)
     return Task(
