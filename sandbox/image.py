@@ -5,8 +5,8 @@ tree with the Docker API (`docker import`). The image carries a content label (h
 suite and this recipe's version); a second call finds it and does nothing. The last line printed is the image
 reference, e.g. `t1-sandbox-base:3f2a9c1b7d4e`; `t1-sandbox-base:latest` is tagged too.
 
-The base has `python` (python-is-python3) and no PEP 668 marker, so the `RUN pip install ...` of a task's
-`python:*` Dockerfile works on it. `--trust-host-ca` (or `T1_TRUST_HOST_CA=1`) adds a thin layer on top that
+The base has `python` (/usr/local/bin/python, as in the python:* images) and no PEP 668 marker, so the
+`RUN pip install ...` of a task's `python:*` Dockerfile works on it. `--trust-host-ca` (or `T1_TRUST_HOST_CA=1`) adds a thin layer on top that
 trusts this host's CA bundle (`T1_HOST_CA_BUNDLE`, else $SSL_CERT_FILE, else Debian's
 /etc/ssl/certs/ca-certificates.crt): for hosts whose HTTPS goes through an intercepting proxy, where pip and
 curl inside a build otherwise fail certificate verification. It is tagged `t1-sandbox-base-ca:<hash>` (hash of
@@ -52,7 +52,7 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # offline), archive and text tools, git, build basics without a compiler.
 PACKAGES: tuple[str, ...] = (
     "bash", "bc", "bzip2", "ca-certificates", "coreutils", "curl", "diffutils", "file", "findutils", "gawk",
-    "git", "grep", "gzip", "jq", "less", "make", "patch", "procps", "psmisc", "python-is-python3", "python3", "python3-pip",
+    "git", "grep", "gzip", "jq", "less", "make", "patch", "procps", "psmisc", "python3", "python3-pip",
     "python3-pytest", "python3-venv", "sed", "sqlite3", "tar", "tree", "unzip", "util-linux", "xz-utils", "zip",
 )
 # Trimmed after debootstrap: caches and docs nobody in a task reads (apt lists are fetched again by
@@ -61,6 +61,9 @@ _TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/sh
 # Debian's PEP 668 marker: with it every `pip install` outside a venv fails, and task Dockerfiles written for
 # the python:* images (which have none) install with pip. Removed; apt's own packages stay in /usr/lib.
 _PEP668_MARKERS = "usr/lib/python3*/EXTERNALLY-MANAGED"
+# `python` as the python:* images have it: /usr/local/bin/python. Not /usr/bin/python (python-is-python3): task
+# Dockerfiles written for Ubuntu bases create that link themselves, and `ln -s` onto an existing one fails.
+_PYTHON_LINK = ("usr/local/bin/python", "/usr/bin/python3")
 _CHANGES = (
     'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
     "ENV LANG=C.UTF-8",
@@ -71,7 +74,7 @@ _CHANGES = (
 def content_hash() -> str:
     """Hash of everything that decides the image's content (not the mirror: it serves the same packages)."""
     recipe = (f"v{RECIPE_VERSION}|{SUITE}|minbase|{','.join(sorted(PACKAGES))}|{'|'.join(_TRIM)}|{_PEP668_MARKERS}|"
-              f"{'|'.join(_CHANGES)}")
+              f"{_PYTHON_LINK}|{'|'.join(_CHANGES)}")
     return hashlib.sha256(recipe.encode()).hexdigest()
 
 
@@ -170,7 +173,8 @@ def _ensure_ca_layer(client: docker.APIClient, base_ref: str, *, log: bool) -> s
             f"FROM {base_ref}\nCOPY certs/ /usr/local/share/ca-certificates/\n"
             "RUN update-ca-certificates >/dev/null\n"
             # Tools with their own store read these: requests, pip (also Debian's), uv, curl, node.
-            "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt "
+            "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt "
+            "REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt "
             "PIP_CERT=/etc/ssl/certs/ca-certificates.crt UV_NATIVE_TLS=1 "
             "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt\n")
         try:
@@ -209,6 +213,7 @@ def _build(client: docker.APIClient, ref: str, *, log: bool) -> None:
                                + "\n".join(proc.stdout.splitlines()[-25:]))
         for marker in root.glob(_PEP668_MARKERS):
             marker.unlink()
+        (root / _PYTHON_LINK[0]).symlink_to(_PYTHON_LINK[1])
         for rel in _TRIM:
             target = root / rel
             if target.is_dir():

@@ -53,7 +53,7 @@ _HARBOR_KEYS = {
     "agent": {"timeout_sec", "env"},
     "solution": {"env"},
     "environment": {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage", "storage_mb",
-                    "gpus", "gpu_types", "allow_internet", "network", "env"},
+                    "gpus", "gpu_types", "allow_internet", "network", "env", "mcp_servers"},
 }
 _MB_PER_UNIT = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "": 1.0}  # a bare number: MiB
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
@@ -396,6 +396,9 @@ def _warn_unknown_keys(cfg: dict[str, Any], file: Path) -> None:
             unknown += [f"{table}.{k}" for k in cfg[table] if k not in _HARBOR_KEYS[table]]
     if unknown:
         warnings.warn(f"{file}: unknown keys ignored: {', '.join(unknown)}", stacklevel=3)
+    if (cfg.get("environment") or {}).get("mcp_servers"):
+        warnings.warn(f"{file}: environment.mcp_servers are not started (T1 runs one container per task)",
+                      stacklevel=3)
     gpus = (cfg.get("environment") or {}).get("gpus", 0)
     if isinstance(gpus, int) and gpus > 0:
         warnings.warn(f"{file}: environment.gpus = {gpus}: T1's sandboxes have no GPU", stacklevel=3)
