@@ -14,8 +14,9 @@ task's image. The working directory is the Dockerfile's last WORKDIR, else the o
 (Terminal-Bench's own base images set /app), else `/`, as in Docker; the verifiers run there too.
 
 How a task is verified (see sandbox.verify): when `tests/` holds `test_*.py` files they are run with pytest
-and every test case is one verifier; otherwise (Harbor only) `tests/test.sh` runs and the reward file it
-writes is read. A malformed task raises `TaskFormatError` naming the file and the field.
+and every test case is one verifier; otherwise Harbor's `tests/test.sh` runs and the reward file it writes is
+read, or TB1's `run-tests.sh` runs and its exit status is the one verifier. A malformed task raises
+`TaskFormatError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -236,11 +237,14 @@ def _load_tb1(root: Path) -> Task:
     tests_dir = root / "tests"
     run_tests = root / "run-tests.sh"
     if tests_dir.is_dir() and not any(p.is_file() for p in tests_dir.rglob("test_*.py")):
+        # Graded by what run-tests.sh prints. With the pytest parser, adapters print a summary line from the
+        # script's own exit status: that status is the one verifier. Other parsers read their tool's output.
         parser = cfg.get("parser_name", "pytest")
-        raise TaskFormatError(tests_dir, "tests", f"no tests/test_*.py: the task is graded by scraping what "
-                              f"run-tests.sh prints (parser {parser!r}), which T1 does not do (its verifiers are "
-                              "pytest's own results, or a Harbor reward file)")
-    kind, ids = _verifier_kind(tests_dir, None)
+        if parser != "pytest" or not run_tests.is_file():
+            raise TaskFormatError(tests_dir, "tests", f"no tests/test_*.py: the task is graded by scraping what "
+                                  f"run-tests.sh prints (parser {parser!r}), which T1 does not do (its verifiers "
+                                  "are pytest's own results, a Harbor reward file, or run-tests.sh's exit status)")
+    kind, ids = _verifier_kind(tests_dir, run_tests if run_tests.is_file() else None)
     solution = next((p for p in (root / "solution.sh", root / "solution.yaml") if p.is_file()), None)
     return Task(
         name=_task_name(root),

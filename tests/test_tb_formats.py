@@ -288,6 +288,23 @@ def test_pip_in_run_python_command_and_test_dependencies(tmp_path: Path, overrid
     assert result.passed == 0 and "module 't1_no_such_package_e7c1'" in (result.error or ""), result
 
 
+def test_tb1_graded_by_run_tests_exit_status(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """No tests/test_*.py and the pytest parser: run-tests.sh's exit status is the one verifier (adapters print
+    their summary line from it); other parsers are refused with a reason."""
+    files = {"Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n", "tests/expected.txt": "ok\n",
+             "run-tests.sh": "#!/bin/bash\ncd /app\ncmp out.txt \"$TEST_DIR/expected.txt\" && echo 'PASSED t' || "
+                             "{ echo 'FAILED t'; exit 1; }\n",
+             "solution.sh": "echo ok > /app/out.txt\n"}
+    task = load_task(_tb1(tmp_path, "exit-status", files))
+    assert task.verifier_kind == "script"
+    solved, _ = run_task_report(task, script=reference_solution(task), base_image_overrides=overrides, run_id=RUN_ID)
+    nothing, _ = run_task_report(task, base_image_overrides=overrides, run_id=RUN_ID)
+    assert (solved.passed, solved.total, nothing.passed, nothing.total) == (1, 1, 0, 1), (solved, nothing)
+    d = _tb1(tmp_path, "swebench", {**files, "task.yaml": "instruction: x\nparser_name: swebench\n"})
+    with pytest.raises(TaskFormatError, match="parser 'swebench'"):
+        load_task(d)
+
+
 def test_build_failure_is_clean_and_leaves_no_images(tmp_path: Path, overrides: dict[str, str]) -> None:
     marker = secrets.token_hex(6)
     d = _harbor(tmp_path, "fails", "", {
