@@ -144,6 +144,7 @@ def _with_test_deps(client: docker.DockerClient, task: Task, image: TaskImage, u
     """`image` plus the packages the task's test script installs (pip, apt), built once per image and package
     list. When they cannot be installed (no such package, no route to the index) the environment image is
     used as it is, with a warning; the verifier then names the module the tests miss (sandbox.verify)."""
+    assert not image.preload, "test dependencies are installed on built images only (preload=False above)"
     deps: TestDeps = task.test_deps
     base_id = client.images.get(image.ref).id
     digest = hashlib.sha256(f"{base_id}|{deps.pip}|{deps.apt}|{user}".encode()).hexdigest()[:20]
@@ -162,8 +163,6 @@ def _with_test_deps(client: docker.DockerClient, task: Task, image: TaskImage, u
         if not _image_exists(client, ref):
             with tempfile.TemporaryDirectory(prefix="t1-deps-") as tmp:
                 Path(tmp, "Dockerfile").write_text("\n".join(lines) + "\n")
-                if image.preload:
-                    raise AssertionError("test dependencies are installed on built images only")
                 try:
                     docker_build(Path(tmp), dockerfile="Dockerfile", tag=ref, labels=_labels(task, "test-deps"),
                                  timeout_s=task.build_timeout_s, what=f"task {task.name}: installing the test "
@@ -456,9 +455,10 @@ def _build(client: docker.DockerClient, task: Task, dockerfile_text: str, ref: s
     with tempfile.TemporaryDirectory(prefix="t1-build-") as tmp:
         ctx = Path(tmp) / "ctx"
         shutil.copytree(task.dockerfile_dir, ctx, symlinks=True)
-        (ctx / task.dockerfile.name).write_text(dockerfile_text)
+        rel = task.dockerfile.relative_to(task.dockerfile_dir).as_posix()  # compose may name docker/Dockerfile
+        (ctx / rel).write_text(dockerfile_text)
         try:
-            docker_build(ctx, dockerfile=task.dockerfile.name, tag=ref, labels=_labels(task, "task-image"),
+            docker_build(ctx, dockerfile=rel, tag=ref, labels=_labels(task, "task-image"),
                          timeout_s=task.build_timeout_s, what=f"task {task.name} ({task.dockerfile})")
         except BuildFailed as e:
             raise TaskImageError(str(e)) from None

@@ -377,8 +377,8 @@ def _tb1_build(root: Path) -> tuple[Path, Path]:
     if isinstance(build, str):
         build = {"context": build}
     context = (root / str(build.get("context", "."))).resolve()
-    file = context / str(build.get("dockerfile", "Dockerfile"))
-    if not context.is_relative_to(root) or not file.is_file():
+    file = (context / str(build.get("dockerfile", "Dockerfile"))).resolve()
+    if not context.is_relative_to(root) or not file.is_relative_to(context) or not file.is_file():
         raise TaskFormatError(compose, f"services.{name}.build", f"Dockerfile {file} is missing or outside "
                               "the task directory")
     others = sorted(set(services) - {name})
