@@ -147,8 +147,10 @@ _SHOW_WARNING = warnings.showwarning
 
 
 def _short(text: str) -> str:
+    """One line; when long, its head and its tail (a build's real cause is usually its last words)."""
     text = " ".join(text.split())
-    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 3] + "..."
+    half = _REASON_CHARS // 2
+    return text if len(text) <= _REASON_CHARS else f"{text[:half - 3]} ... {text[-half + 2:]}"
 
 
 def check_tasks(paths: list[Path], *, base_image_overrides: Mapping[str, str], parallel: int = 2,

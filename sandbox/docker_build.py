@@ -140,7 +140,7 @@ def _failure_message(log: str, *, what: str, timed_out: bool, timeout_s: float, 
     if steps:
         text, out, _ = steps[-1]
         total = next(m.group(2) for m in map(_STEP_RE.match, reversed(log.splitlines())) if m)
-        head += f" at step {len(steps)}/{total} ({text})"
+        head += f" at step {len(steps)}/{total} ({text if len(text) <= 100 else text[:97] + '...'})"
         tail = [line for line in out if line.strip() and line not in errors][-_OUTPUT_LINES:]
     else:
         tail = lines[-_OUTPUT_LINES:]
