@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sandbox.docker_sandbox import DockerSandbox
+from sandbox.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
 from sandbox.images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.signals import exit_on_signals
@@ -79,8 +80,10 @@ def run_task_report(task: Task, *, script: str | None = None, base_image_overrid
             _interactive_shell(sb, task.workdir)
         elif script is not None:
             t0 = time.monotonic()
+            solution = upload_solution and task.solution_dir is not None
             r = run_script_result(sb, script, timeout_s=task.agent_timeout_s,
-                                  path=f"{SOLUTION_DIR}/solve.sh" if upload_solution and task.solution_dir else None)
+                                  path=f"{SOLUTION_DIR}/solve.sh" if solution else None,
+                                  env=dict(task.solution_env) if solution else None)
             ran = ScriptRun(exit_code=r.exit_code, output=r.output, timed_out=r.timed_out,
                             duration_s=time.monotonic() - t0)
         return run_verifiers(sb, task), ran
@@ -103,11 +106,13 @@ def run_script(sb: DockerSandbox, script: str, *, timeout_s: float) -> int:
     return run_script_result(sb, script, timeout_s=timeout_s).exit_code
 
 
-def run_script_result(sb: DockerSandbox, script: str, *, timeout_s: float, path: str | None = None):  # noqa: ANN201
+def run_script_result(sb: DockerSandbox, script: str, *, timeout_s: float, path: str | None = None,
+                      env: dict[str, str] | None = None) -> CommandResult:
     """`run_script` returning the CommandResult. `path`: run that file (already in the sandbox) instead of
-    writing `script` to a temporary one."""
+    writing `script` to a temporary one; `env`: extra environment of that run."""
     if path is not None:
-        return sb.run(f"bash {path}", timeout=timeout_s)
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items() if k.isidentifier())
+        return sb.run(f"{prefix}bash {path}", timeout=timeout_s)
     tmp = f"/tmp/t1-script-{secrets.token_hex(8)}.sh"
     sb.write_file(tmp, script.encode(), mode=0o700)
     return sb.run(f"bash {tmp}; __t1_rc=$?; rm -f {tmp}; (exit $__t1_rc)", timeout=timeout_s)

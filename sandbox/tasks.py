@@ -119,6 +119,8 @@ class Task:
     """Wall-clock limit of the image build."""
     verifier_env: tuple[tuple[str, str], ...] = ()
     """Extra environment of the verifier run (Harbor [verifier] env)."""
+    solution_env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of the reference solution (Harbor [solution] env)."""
     test_deps: TestDeps = TestDeps()
     """Packages the task's test script installs for the tests; baked into the image at build."""
     category: str = ""
@@ -207,6 +209,7 @@ def _load_harbor(root: Path) -> Task:
         build_timeout_s=_number(env, "build_timeout_sec", _HARBOR_BUILD_TIMEOUT_S, toml_path,
                                 "environment.build_timeout_sec"),
         verifier_env=_env_table(verifier, toml_path, "verifier.env"),
+        solution_env=_env_table(_table(cfg, "solution", toml_path), toml_path, "solution.env"),
         test_deps=_test_deps(kind, test_sh if test_sh.is_file() else None),
         category=str(meta.get("category", "")),
         difficulty=str(meta.get("difficulty", "")),

@@ -226,13 +226,16 @@ def test_tb1_compose_context_inherited_workdir_relative_tests_and_solution_yaml(
 
 def test_harbor_memory_solution_folder_and_copy_onto_a_directory(tmp_path: Path,
                                                                  overrides: dict[str, str]) -> None:
-    """memory = "4G" is the container's cgroup limit; solve.sh uses a helper beside it in /solution; `COPY
-    file /app` (an existing directory) puts the file inside /app, preloaded or built alike."""
-    d = _harbor(tmp_path, "memory-helper", '[environment]\nmemory = "4G"\nallow_internet = false\n', {
+    """memory = "4G" is the container's cgroup limit; solve.sh uses a helper beside it in /solution and the
+    [solution] env; `COPY file /app` (an existing directory) puts the file inside /app, preloaded or built
+    alike."""
+    toml = '[environment]\nmemory = "4G"\nallow_internet = false\n[solution]\nenv = { SHOUT = "1" }\n'
+    d = _harbor(tmp_path, "memory-helper", toml, {
         "environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\nCOPY data.txt /app\nCOPY data.txt /opt\n",
         "environment/data.txt": "seven\n",
         "solution/solve.sh": "#!/bin/bash\nset -e\npython3 /solution/helper.py > /app/out.txt\n",
-        "solution/helper.py": "print(open('/app/data.txt').read().strip().upper())\n",
+        "solution/helper.py": "import os\n"
+                              "print(open('/app/data.txt').read().strip().upper() * int(os.environ['SHOUT']))\n",
         "tests/test_outputs.py": """
             from pathlib import Path
 
