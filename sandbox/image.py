@@ -5,12 +5,12 @@ tree with the Docker API (`docker import`). The image carries a content label (h
 suite and this recipe's version); a second call finds it and does nothing. The last line printed is the image
 reference, e.g. `t1-sandbox-base:3f2a9c1b7d4e`; `t1-sandbox-base:latest` is tagged too.
 
-The base has `python` (/usr/local/bin/python, as in the python:* images) and no PEP 668 marker, so the
-`RUN pip install ...` of a task's `python:*` Dockerfile works on it. `--trust-host-ca` (or
-`T1_TRUST_HOST_CA=1`) adds a thin layer on top that trusts this host's CA bundle (`T1_HOST_CA_BUNDLE`, else
-$SSL_CERT_FILE, else Debian's /etc/ssl/certs/ca-certificates.crt): for hosts whose HTTPS goes through an intercepting proxy, where pip and
-curl inside a build otherwise fail certificate verification. It is tagged `t1-sandbox-base-ca:<hash>` (hash of
-the base and the bundle) and takes seconds; the base stays as it is.
+The base has `python` (/usr/local/bin/python, as in the python:* images) and no PEP 668 marker, so the `RUN pip
+install ...` of a task's `python:*` Dockerfile works on it. `--trust-host-ca` (or `T1_TRUST_HOST_CA=1`) adds a
+thin layer on top that trusts this host's CA bundle (`T1_HOST_CA_BUNDLE`, else $SSL_CERT_FILE, else Debian's
+/etc/ssl/certs/ca-certificates.crt): for hosts whose HTTPS goes through an intercepting proxy, where pip and curl
+inside a build otherwise fail certificate verification. It is tagged `t1-sandbox-base-ca:<hash>` (hash of the base
+and the bundle) and takes seconds; the base stays as it is.
 
 `T1_SANDBOX_IMAGE=<ref>` (or `ensure_base_image(override=...)`) points at any other image instead (pulled when
 it is not present locally); nothing is built then.
