@@ -35,7 +35,8 @@ import requests.exceptions
 from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, ImageNotFound,
                             SandboxError, ShellUnresponsive)
 from sandbox import preload
-from sandbox.images import TaskImage
+from sandbox.image_cache import touch_image
+from sandbox.images import IMAGE_REPO, TaskImage
 from sandbox.tarball import RootOwned
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
@@ -197,6 +198,8 @@ class DockerSandbox:
             memswap_limit=self.memory_bytes, nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"],
             cap_add=list(CAPABILITIES), security_opt=["no-new-privileges"], privileged=False)
         name = f"t1-{re.sub(r'[^a-zA-Z0-9_.-]', '-', self.run_id)[:40]}-{secrets.token_hex(4)}"
+        if self.image.startswith(f"{IMAGE_REPO}:"):
+            touch_image(self.image)  # the image cache evicts the least recently used (sandbox.image_cache)
         with docker_errors(f"creating a container from {self.image!r}"):
             self.id = self._api.create_container(
                 self.image, entrypoint=["sleep", "infinity"], command=[], working_dir=self.workdir,
@@ -538,8 +541,9 @@ class DockerSandbox:
 
 
 @atexit.register
-def _close_live_sandboxes() -> None:
-    # A normally exiting process removes its containers; a killed one leaves them to `reap`.
+def close_live_sandboxes() -> None:
+    """Remove every sandbox of this process that is still open. At exit: a normally exiting process removes
+    its containers (a killed one leaves them to `reap`); sandbox.signals calls it on SIGTERM/SIGINT."""
     for sb in list(_LIVE):
         with contextlib.suppress(SandboxError):
             sb.close()

@@ -5,6 +5,13 @@ tree with the Docker API (`docker import`). The image carries a content label (h
 suite and this recipe's version); a second call finds it and does nothing. The last line printed is the image
 reference, e.g. `t1-sandbox-base:3f2a9c1b7d4e`; `t1-sandbox-base:latest` is tagged too.
 
+The base has `python` (/usr/local/bin/python, as in the python:* images) and no PEP 668 marker, so the `RUN pip
+install ...` of a task's `python:*` Dockerfile works on it. `--trust-host-ca` (or `T1_TRUST_HOST_CA=1`) adds a
+thin layer on top that trusts this host's CA bundle (`T1_HOST_CA_BUNDLE`, else $SSL_CERT_FILE, else Debian's
+/etc/ssl/certs/ca-certificates.crt): for hosts whose HTTPS goes through an intercepting proxy, where pip and curl
+inside a build otherwise fail certificate verification. It is tagged `t1-sandbox-base-ca:<hash>` (hash of the base
+and the bundle) and takes seconds; the base stays as it is.
+
 `T1_SANDBOX_IMAGE=<ref>` (or `ensure_base_image(override=...)`) points at any other image instead (pulled when
 it is not present locally); nothing is built then.
 """
@@ -32,7 +39,10 @@ from sandbox.docker_sandbox import docker_client
 REPOSITORY = "t1-sandbox-base"
 SUITE = "bookworm"
 # Bump when the build steps below change in a way that changes the image.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
+CA_REPOSITORY = "t1-sandbox-base-ca"
+ENV_TRUST_HOST_CA = "T1_TRUST_HOST_CA"
+ENV_HOST_CA_BUNDLE = "T1_HOST_CA_BUNDLE"
 CONTENT_LABEL = "t1.image.content"
 ENV_IMAGE = "T1_SANDBOX_IMAGE"
 ENV_MIRROR = "T1_DEBIAN_MIRROR"
@@ -48,6 +58,12 @@ PACKAGES: tuple[str, ...] = (
 # Trimmed after debootstrap: caches and docs nobody in a task reads (apt lists are fetched again by
 # `apt-get update` where a task has network).
 _TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info")
+# Debian's PEP 668 marker: with it every `pip install` outside a venv fails, and task Dockerfiles written for
+# the python:* images (which have none) install with pip. Removed; apt's own packages stay in /usr/lib.
+_PEP668_MARKERS = "usr/lib/python3*/EXTERNALLY-MANAGED"
+# `python` as the python:* images have it: /usr/local/bin/python. Not /usr/bin/python (python-is-python3): task
+# Dockerfiles written for Ubuntu bases create that link themselves, and `ln -s` onto an existing one fails.
+_PYTHON_LINK = ("usr/local/bin/python", "/usr/bin/python3")
 _CHANGES = (
     'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
     "ENV LANG=C.UTF-8",
@@ -57,7 +73,8 @@ _CHANGES = (
 
 def content_hash() -> str:
     """Hash of everything that decides the image's content (not the mirror: it serves the same packages)."""
-    recipe = f"v{RECIPE_VERSION}|{SUITE}|minbase|{','.join(sorted(PACKAGES))}|{'|'.join(_TRIM)}|{'|'.join(_CHANGES)}"
+    recipe = (f"v{RECIPE_VERSION}|{SUITE}|minbase|{','.join(sorted(PACKAGES))}|{'|'.join(_TRIM)}|{_PEP668_MARKERS}|"
+              f"{_PYTHON_LINK}|{'|'.join(_CHANGES)}")
     return hashlib.sha256(recipe.encode()).hexdigest()
 
 
@@ -83,17 +100,33 @@ def _use_override(client: docker.APIClient, ref: str) -> str:
     return ref
 
 
-def ensure_base_image(*, override: str | None = None, log: bool = False) -> str:
+def trust_host_ca_default() -> bool:
+    """$T1_TRUST_HOST_CA: '1'/'true' or '0'/'false'/unset."""
+    raw = os.environ.get(ENV_TRUST_HOST_CA, "").strip().lower()
+    if raw not in ("", "0", "1", "true", "false"):
+        raise ValueError(f"${ENV_TRUST_HOST_CA}: expected 1 or 0, got {raw!r}")
+    return raw in ("1", "true")
+
+
+def ensure_base_image(*, override: str | None = None, log: bool = False, trust_host_ca: bool | None = None) -> str:
     """Return a usable sandbox image reference, building the default base image only when it is missing.
 
     `override` (else `$T1_SANDBOX_IMAGE`) names any image instead; it is pulled if absent. Building takes about a
     minute (debootstrap from Debian's mirror) and happens at most once per content hash; concurrent callers on
-    this machine wait for one build through a file lock.
+    this machine wait for one build through a file lock. `trust_host_ca` (None: $T1_TRUST_HOST_CA) returns the
+    layer on the base that trusts this host's CA bundle instead (built in seconds when missing).
     """
     client = docker_client()
     user_ref = override or os.environ.get(ENV_IMAGE, "").strip()
     if user_ref:
         return _use_override(client, user_ref)
+    ref = _ensure_plain_base(client, log=log)
+    if trust_host_ca if trust_host_ca is not None else trust_host_ca_default():
+        return _ensure_ca_layer(client, ref, log=log)
+    return ref
+
+
+def _ensure_plain_base(client: docker.APIClient, *, log: bool) -> str:
     ref = base_image_ref()
     if _find_local(client, ref) is None:
         lock_path = Path(tempfile.gettempdir()) / "t1-sandbox-base-image.lock"
@@ -104,6 +137,51 @@ def ensure_base_image(*, override: str | None = None, log: bool = False) -> str:
     latest = f"{REPOSITORY}:latest"
     if (_find_local(client, latest) or {}).get("Id") != client.inspect_image(ref)["Id"]:
         client.tag(ref, REPOSITORY, "latest")
+    return ref
+
+
+def host_ca_bundle() -> Path:
+    """The host's CA bundle: $T1_HOST_CA_BUNDLE, else $SSL_CERT_FILE, else Debian's bundle path."""
+    path = Path(os.environ.get(ENV_HOST_CA_BUNDLE) or os.environ.get("SSL_CERT_FILE")
+                or "/etc/ssl/certs/ca-certificates.crt")
+    if not path.is_file():
+        raise SandboxError(f"trusting the host's CA bundle: {path} does not exist (set {ENV_HOST_CA_BUNDLE})")
+    return path
+
+
+def _ensure_ca_layer(client: docker.APIClient, base_ref: str, *, log: bool) -> str:
+    """`base_ref` plus the host's CA certificates (one file per certificate under
+    /usr/local/share/ca-certificates, then update-ca-certificates, so a later run of it keeps them)."""
+    from sandbox.docker_build import BuildFailed, docker_build  # the build helper imports nothing from here
+
+    bundle = host_ca_bundle().read_text(errors="replace")
+    certs = [c + "-----END CERTIFICATE-----\n" for c in bundle.split("-----END CERTIFICATE-----")[:-1]
+             if "-----BEGIN CERTIFICATE-----" in c]
+    if not certs:
+        raise SandboxError(f"{host_ca_bundle()}: no PEM certificates in it")
+    base_id = client.inspect_image(base_ref)["Id"]
+    ref = f"{CA_REPOSITORY}:{hashlib.sha256((base_id + ''.join(certs)).encode()).hexdigest()[:12]}"
+    if _find_local(client, ref) is not None:
+        return ref
+    _say(log, f"adding {len(certs)} host CA certificates to {base_ref} as {ref}")
+    with tempfile.TemporaryDirectory(prefix="t1-ca-") as tmp:
+        ctx = Path(tmp)
+        (ctx / "certs").mkdir()
+        for i, cert in enumerate(certs):
+            (ctx / "certs" / f"t1-host-{i:03d}.crt").write_text(cert.lstrip())
+        (ctx / "Dockerfile").write_text(
+            f"FROM {base_ref}\nCOPY certs/ /usr/local/share/ca-certificates/\n"
+            "RUN update-ca-certificates >/dev/null\n"
+            # Tools with their own store read these: requests, pip (also Debian's), uv, curl, node.
+            "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt "
+            "REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt "
+            "PIP_CERT=/etc/ssl/certs/ca-certificates.crt UV_NATIVE_TLS=1 "
+            "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt\n")
+        try:
+            docker_build(ctx, dockerfile="Dockerfile", tag=ref, labels={"t1.kind": "sandbox-base-ca"},
+                         timeout_s=300, what=f"trusting the host's CA bundle in {base_ref}")
+        except BuildFailed as e:
+            raise SandboxError(str(e)) from None
     return ref
 
 
@@ -133,6 +211,9 @@ def _build(client: docker.APIClient, ref: str, *, log: bool) -> None:
         if proc.returncode != 0:
             raise SandboxError(f"debootstrap failed (exit {proc.returncode}); last output:\n"
                                + "\n".join(proc.stdout.splitlines()[-25:]))
+        for marker in root.glob(_PEP668_MARKERS):
+            marker.unlink()
+        (root / _PYTHON_LINK[0]).symlink_to(_PYTHON_LINK[1])
         for rel in _TRIM:
             target = root / rel
             if target.is_dir():
@@ -174,12 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     build = sub.add_parser("build", help="build the base image if missing; print its reference last")
     build.add_argument("--image", default=None, help=f"use this image instead (default: ${ENV_IMAGE})")
+    build.add_argument("--trust-host-ca", action="store_true", default=None,
+                       help=f"also build the layer that trusts this host's CA bundle (default: ${ENV_TRUST_HOST_CA})")
     sub.add_parser("ref", help="print the default base image's reference without building")
     args = parser.parse_args(argv)
     if args.cmd == "ref":
         print(base_image_ref())
         return 0
-    print(ensure_base_image(override=args.image, log=True), flush=True)
+    print(ensure_base_image(override=args.image, log=True, trust_host_ca=args.trust_host_ca), flush=True)
     return 0
 
 

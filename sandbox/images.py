@@ -27,11 +27,13 @@ import io
 import json
 import posixpath
 import re
+import shlex
 import shutil
 import tarfile
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,12 +42,20 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from sandbox.docker_build import BuildFailed, docker_build
+from sandbox.image_cache import cache_size, prune_task_images, task_image_labels as _labels, touch_image
 from sandbox.tarball import RootOwned
-from sandbox.tasks import Task
+from sandbox.tasks import Task, inherited_workdir
+from sandbox.test_deps import TestDeps
 
 IMAGE_REPO = "t1-task"
-DEFAULT_OVERRIDE_PATTERNS = ("debian:*", "ubuntu:*", "python:*")
+DirStat = tuple[int, int, int, float]  # mode, uid, gid, mtime
+# Terminal-Bench 1's generic base images (Ubuntu, or Debian with Python; WORKDIR /app) map onto the base as well;
+# its task-specific ones (t-bench/deveval, ...) hold toolchains the base lacks, so they must be loaded.
+DEFAULT_OVERRIDE_PATTERNS = ("debian:*", "ubuntu:*", "python:*", "ghcr.io/laude-institute/t-bench/python-3-*",
+                             "ghcr.io/laude-institute/t-bench/ubuntu-*")
 _FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+_COPY_FROM_RE = re.compile(r"^\s*COPY\s+(?:--\S+\s+)*?--from=(\S+)", re.IGNORECASE)
 _BUILD_LOCKS: dict[str, threading.Lock] = {}
 _BUILD_LOCKS_GUARD = threading.Lock()
 # Above this, files are baked into an image: a preload is sent once per container, a layer once per run.
@@ -66,11 +76,12 @@ class TaskImage:
     preload: bytes = field(default=b"", repr=False)
 
 
-def default_base_image_overrides() -> dict[str, str]:
-    """debian:*, ubuntu:* and python:* -> the local sandbox base image (built if missing)."""
+def default_base_image_overrides(*, trust_host_ca: bool | None = None) -> dict[str, str]:
+    """debian:*, ubuntu:*, python:* and Terminal-Bench's base images -> the local sandbox base image (built if
+    missing); `trust_host_ca` (None: $T1_TRUST_HOST_CA): its layer that trusts this host's CA bundle."""
     from sandbox.image import ensure_base_image  # the runtime's base image (Debian bookworm minbase)
 
-    base = ensure_base_image()
+    base = ensure_base_image(trust_host_ca=trust_host_ca)
     return {pattern: base for pattern in DEFAULT_OVERRIDE_PATTERNS}
 
 
@@ -94,23 +105,84 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     client = client or docker.from_env()
     overrides = dict(base_image_overrides or {})
     text = task.dockerfile.read_text()
-    rewritten, base_refs = _rewrite_from_lines(text, overrides, task.dockerfile)
+    rewritten, base_refs, copy_from = _rewrite_from_lines(text, overrides, task.dockerfile)
     base_ids = [_local_image_id(client, ref, task.dockerfile) for ref in base_refs]
-    plan = _preload_plan(rewritten, task.dockerfile_dir) if len(base_refs) == 1 else None
+    for ref, lineno in copy_from:
+        _local_image_id(client, ref, task.dockerfile, copy_from_line=lineno)
+    image = _environment_image(client, task, rewritten, base_refs, base_ids, preload=preload and not task.test_deps)
+    if task.test_deps:
+        return _with_test_deps(client, task, image, _last_user(rewritten))
+    return image
+
+
+def _environment_image(client: docker.DockerClient, task: Task, rewritten: str, base_refs: list[str],
+                       base_ids: list[str], *, preload: bool) -> TaskImage:
+    """The image of the task's Dockerfile alone: the base itself, the base plus preloaded files, or a build."""
+    base_dirs: dict[str, DirStat] = {}
+    created = 0
+    if len(base_refs) == 1 and _preload_shaped(rewritten):
+        base_dirs, created = _base_facts(client, base_refs[0], base_ids[0])
+    plan = _preload_plan(rewritten, task.dockerfile_dir, base_dirs) if len(base_refs) == 1 else None
     if plan == ([], set()):  # only FROM (and LABEL/comments): the base image itself
         return TaskImage(base_refs[0])
     if plan is not None and preload:
-        base_dirs, created = _base_facts(client, base_refs[0], base_ids[0])
         blob = _tar(*plan, existing_dirs=base_dirs, dir_mtime=created)
         if blob is not None:
             return TaskImage(base_refs[0], blob)
     digest = _context_hash(task.dockerfile_dir, task.dockerfile, rewritten, base_ids)
     ref = f"{IMAGE_REPO}:{digest}"
     with _lock_for(ref):
-        if _image_exists(client, ref):
-            return TaskImage(ref)
-        _build(client, task, rewritten, ref)
+        if not _image_exists(client, ref):
+            _build(client, task, rewritten, ref)
+            touch_image(ref)
+            prune_task_images(keep=cache_size(), client=client)
+    touch_image(ref)
     return TaskImage(ref)
+
+
+def _with_test_deps(client: docker.DockerClient, task: Task, image: TaskImage, user: str | None) -> TaskImage:
+    """`image` plus the packages the task's test script installs (pip, apt), built once per image and package
+    list. When they cannot be installed (no such package, no route to the index) the environment image is
+    used as it is, with a warning; the verifier then names the module the tests miss (sandbox.verify)."""
+    assert not image.preload, "test dependencies are installed on built images only (preload=False above)"
+    deps: TestDeps = task.test_deps
+    base_id = client.images.get(image.ref).id
+    digest = hashlib.sha256(f"{base_id}|{deps.pip}|{deps.apt}|{user}".encode()).hexdigest()[:20]
+    ref = f"{IMAGE_REPO}:{digest}"
+    lines = [f"FROM {image.ref}", "USER root"]
+    if deps.apt:
+        lines.append("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                     f"--no-install-recommends {' '.join(deps.apt)} && rm -rf /var/lib/apt/lists/*")
+    if deps.pip:
+        # PIP_BREAK_SYSTEM_PACKAGES: images with Debian's PEP 668 marker refuse a plain pip install.
+        lines.append("RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-cache-dir "
+                     + " ".join(shlex.quote(p) for p in deps.pip))
+    if user:
+        lines.append(f"USER {user}")
+    with _lock_for(ref):
+        if not _image_exists(client, ref):
+            with tempfile.TemporaryDirectory(prefix="t1-deps-") as tmp:
+                Path(tmp, "Dockerfile").write_text("\n".join(lines) + "\n")
+                try:
+                    docker_build(Path(tmp), dockerfile="Dockerfile", tag=ref, labels=_labels(task, "test-deps"),
+                                 timeout_s=task.build_timeout_s, what=f"task {task.name}: installing the test "
+                                 f"dependencies {' '.join(deps.pip + deps.apt)}")
+                except BuildFailed as e:
+                    warnings.warn(str(e), stacklevel=3)
+                    return image
+    touch_image(ref)
+    return TaskImage(ref)
+
+
+def _last_user(dockerfile_text: str) -> str | None:
+    user = None
+    for line in dockerfile_text.splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[0].upper() == "USER":
+            user = parts[1].strip()
+        elif parts and parts[0].upper() == "FROM":
+            user = None
+    return user
 
 
 def build_task_images(tasks: list[Task], *, base_image_overrides: Mapping[str, str] | None = None,
@@ -127,12 +199,23 @@ def build_task_images(tasks: list[Task], *, base_image_overrides: Mapping[str, s
         return {t.name: ref for t, ref in zip(tasks, refs)}
 
 
-def _rewrite_from_lines(text: str, overrides: Mapping[str, str], dockerfile: Path) -> tuple[str, list[str]]:
-    """Apply overrides to every FROM; return the new text and the external images it needs."""
-    stages: set[str] = set()
+def _rewrite_from_lines(text: str, overrides: Mapping[str, str],
+                        dockerfile: Path) -> tuple[str, list[str], list[tuple[str, int]]]:
+    """Apply overrides to every FROM; return the new text, the external images it builds on, and the external
+    images that `COPY --from=` names (with their line numbers).
+
+    A FROM mapped onto another image keeps the working directory the original image sets (INHERITED_WORKDIRS):
+    a `WORKDIR` line follows it, so `COPY x ./` and `RUN bash setup.sh` land where they would have."""
+    stages: list[str] = []
     bases: list[str] = []
+    copy_from: list[tuple[str, int]] = []
     lines = []
     for lineno, line in enumerate(text.splitlines(), 1):
+        cm = _COPY_FROM_RE.match(line)
+        if cm:
+            source = cm.group(1).strip("\"'")
+            if source.lower() not in stages and not source.isdigit():
+                copy_from.append((source, lineno))
         m = _FROM_RE.match(line)
         if not m:
             lines.append(line)
@@ -142,21 +225,20 @@ def _rewrite_from_lines(text: str, overrides: Mapping[str, str], dockerfile: Pat
             raise TaskImageError(f"{dockerfile}:{lineno}: FROM {image}: build-arg substitution in FROM is not "
                                  "supported (name the image literally)")
         alias = tail.split()
-        if len(alias) == 2 and alias[0].upper() == "AS":
-            stage_name = alias[1].lower()
-        else:
-            stage_name = None
+        stage_name = alias[1].lower() if len(alias) == 2 and alias[0].upper() == "AS" else f"#{len(stages)}"
         if image.lower() in stages:  # FROM an earlier build stage: not an external image
             lines.append(line)
         else:
-            image = _resolve_override(image, overrides)
-            bases.append(image)
-            lines.append(f"{head}{flags}{image}{tail}")
-        if stage_name:
-            stages.add(stage_name)
+            target = _resolve_override(image, overrides)
+            bases.append(target)
+            lines.append(f"{head}{flags}{target}{tail}")
+            workdir = inherited_workdir(image)
+            if target != image and workdir:
+                lines.append(f"WORKDIR {workdir}")
+        stages.append(stage_name)
     if not bases:
         raise TaskImageError(f"{dockerfile}: no FROM line")
-    return "\n".join(lines) + "\n", bases
+    return "\n".join(lines) + "\n", bases, copy_from
 
 
 def _resolve_override(image: str, overrides: Mapping[str, str]) -> str:
@@ -170,10 +252,17 @@ def _resolve_override(image: str, overrides: Mapping[str, str]) -> str:
     return image
 
 
-def _local_image_id(client: docker.DockerClient, ref: str, dockerfile: Path) -> str:
+def _local_image_id(client: docker.DockerClient, ref: str, dockerfile: Path, *,
+                    copy_from_line: int | None = None) -> str:
     try:
         return client.images.get(ref).id
     except docker.errors.ImageNotFound:
+        if copy_from_line is not None:
+            raise TaskImageError(
+                f"{dockerfile}:{copy_from_line}: COPY --from={ref} copies files out of the image {ref}, which is "
+                f"not present locally and no registry is reachable; it cannot be mapped onto the base image (the "
+                f"files it holds are not there): `docker pull {ref}` on a machine with a registry, then "
+                f"`docker save` / `docker load` it here") from None
         raise TaskImageError(
             f"{dockerfile}: FROM {ref}: image not present locally and no registry is reachable; load it with "
             f"`docker load`, or map it with --base-image '{_repository(ref)}:*=<local image>'") from None
@@ -185,14 +274,23 @@ def _repository(ref: str) -> str:
     return head if sep and "/" not in tail else ref
 
 
-def _preload_plan(dockerfile_text: str, context: Path) -> tuple[list[tuple[Path, str]], set[str]] | None:
+def _preload_shaped(dockerfile_text: str) -> bool:
+    """Whether the Dockerfile holds nothing but FROM, LABEL, MAINTAINER, WORKDIR and COPY (cheap pre-check)."""
+    words = {line.split(None, 1)[0].upper() for line in dockerfile_text.splitlines()
+             if line.strip() and not line.lstrip().startswith("#")}
+    return words <= {"FROM", "LABEL", "MAINTAINER", "WORKDIR", "COPY"}
+
+
+def _preload_plan(dockerfile_text: str, context: Path,
+                  base_dirs: Mapping[str, DirStat]) -> tuple[list[tuple[Path, str]], set[str]] | None:
     """What a FROM + WORKDIR + COPY Dockerfile adds: ((host path, container path) copies, directories it
     creates), or None when it is not of that shape.
 
     COPY semantics (Dockerfile reference): a directory source copies its contents; a file source lands at
     `dest` itself unless `dest` ends with `/` (or there are several sources); a relative `dest` is relative
-    to the WORKDIR in effect; files keep their mode and mtime and are owned by root. WORKDIR and COPY create
-    missing directories (0755, root): the second element names them with every ancestor."""
+    to the WORKDIR in effect; a file copied onto a path that is a directory (in `base_dirs`, the base image's,
+    or made by an earlier line) goes inside it; files keep their mode and mtime and are owned by root. WORKDIR
+    and COPY create missing directories (0755, root): the second element names them with every ancestor."""
     workdir, copies, dirs = None, [], set()  # workdir None: the base image's, which this does not know
     for line in dockerfile_text.splitlines():
         s = line.strip()
@@ -226,7 +324,8 @@ def _preload_plan(dockerfile_text: str, context: Path) -> tuple[list[tuple[Path,
                 copies.append((path, dest))
                 dirs.add(posixpath.normpath(dest))
             else:
-                target = posixpath.join(dest, path.name) if dest.endswith("/") or len(sources) > 1 else dest
+                into = dest.endswith("/") or len(sources) > 1 or _is_dir(posixpath.normpath(dest), base_dirs, dirs)
+                target = posixpath.join(dest, path.name) if into else dest
                 copies.append((path, target))
                 dirs.add(posixpath.dirname(posixpath.normpath(target)))
     if copies and (context / ".dockerignore").exists():
@@ -248,7 +347,11 @@ def _preload_plan(dockerfile_text: str, context: Path) -> tuple[list[tuple[Path,
     return copies, dirs
 
 
-DirStat = tuple[int, int, int, float]  # mode, uid, gid, mtime
+def _is_dir(path: str, base_dirs: Mapping[str, DirStat], made: set[str]) -> bool:
+    """Whether `path` is a directory by then: the base image's, or one WORKDIR or a COPY made (or an ancestor)."""
+    return path == "/" or path in base_dirs or any(d == path or d.startswith(path + "/") for d in made)
+
+
 _BASE_FACTS: dict[str, tuple[dict[str, DirStat], int]] = {}
 _BASE_FACTS_LOCK = threading.Lock()
 
@@ -352,15 +455,10 @@ def _build(client: docker.DockerClient, task: Task, dockerfile_text: str, ref: s
     with tempfile.TemporaryDirectory(prefix="t1-build-") as tmp:
         ctx = Path(tmp) / "ctx"
         shutil.copytree(task.dockerfile_dir, ctx, symlinks=True)
-        (ctx / task.dockerfile.name).write_text(dockerfile_text)
+        rel = task.dockerfile.relative_to(task.dockerfile_dir).as_posix()  # compose may name docker/Dockerfile
+        (ctx / rel).write_text(dockerfile_text)
         try:
-            # The Engine API's classic builder (what `docker build` runs without buildx); pull=False: the
-            # bases were checked to be local, and no registry is reachable anyway.
-            client.images.build(path=str(ctx), dockerfile=task.dockerfile.name, tag=ref, pull=False, rm=True,
-                                forcerm=True, labels={"t1.kind": "task-image"})
-        except docker.errors.BuildError as e:
-            tail = "".join(str(c.get("stream", c.get("error", ""))) for c in list(e.build_log)[-15:])
-            raise TaskImageError(f"task {task.name}: docker build of {task.dockerfile} failed: {e.msg}\n"
-                                 f"{tail}") from None
-        except docker.errors.APIError as e:
-            raise TaskImageError(f"task {task.name}: docker build of {task.dockerfile} failed: {e}") from None
+            docker_build(ctx, dockerfile=rel, tag=ref, labels=_labels(task, "task-image"),
+                         timeout_s=task.build_timeout_s, what=f"task {task.name} ({task.dockerfile})")
+        except BuildFailed as e:
+            raise TaskImageError(str(e)) from None

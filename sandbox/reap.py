@@ -1,7 +1,12 @@
-"""Remove sandbox containers that a crashed or killed run left behind.
+"""Remove sandbox containers that a crashed or killed run left behind, and prune cached task images.
+
+    python -m sandbox.reap [--run-id ID] [--everything]            containers
+    python -m sandbox.reap --images [--keep N] [--idle-hours H]    task images (sandbox.image_cache)
 
 Every sandbox container carries labels naming its run (`t1.run_id`) and its owner process (`t1.owner_pid`,
 `t1.owner_start`: the process start time, so a recycled pid is not mistaken for the owner, `t1.owner_host`).
+`--images` removes the task images (labelled `t1.kind`) beyond the N most recently used that have been idle
+for H hours and that no container uses; they are rebuilt when a task needs them again.
 """
 
 from __future__ import annotations
@@ -56,11 +61,29 @@ def reap(run_id: str | None = None, *, everything: bool = False) -> int:
     return removed
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m sandbox.reap", description=reap.__doc__)
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--everything", action="store_true")
-    args = parser.parse_args()
+    from sandbox.image_cache import prune_task_images
+
+    parser = argparse.ArgumentParser(prog="python -m sandbox.reap", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-id", default=None, help="also remove every container of this run")
+    parser.add_argument("--everything", action="store_true", help="every T1 container, live owners too")
+    parser.add_argument("--images", action="store_true", help="prune cached task images instead")
+    parser.add_argument("--keep", type=int, default=0, help="--images: keep this many most recently used")
+    parser.add_argument("--idle-hours", type=float, default=1.0, help="--images: only images idle this long")
+    args = parser.parse_args(argv)
+    if args.images:
+        if args.keep < 0 or args.idle_hours < 0:
+            parser.error(f"--keep and --idle-hours must be >= 0, got {args.keep}, {args.idle_hours}")
+        removed = prune_task_images(keep=args.keep, min_idle_s=args.idle_hours * 3600)
+        print(f"removed {len(removed)} task image(s)" + "".join(f"\n  {r}" for r in removed))
+        return 0
     print(f"removed {reap(args.run_id, everything=args.everything)} container(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

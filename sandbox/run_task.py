@@ -1,66 +1,147 @@
 """Run one task end to end: build its image, start a sandbox, act, verify.
 
-    python -m sandbox.run_task TASK_DIR [--solution | --script FILE | --shell] [--base-image PATTERN=IMAGE] [--json]
+    python -m sandbox.run_task TASK_DIR [--solution | --script FILE | --shell] [--base-image PATTERN=IMAGE]
+                               [--trust-host-ca] [--json]
 
-`--solution` runs the task's reference solution, `--script FILE` a given bash script, `--shell` opens an
-interactive shell in the sandbox (needs the docker CLI; verification runs when it exits); with none of them
-the untouched environment is verified (the do-nothing baseline). `--base-image` (repeatable) maps FROM
-images by glob onto local images, before the defaults (debian:*, ubuntu:*, python:* -> the sandbox base).
-Prints a table of verifiers, or with `--json` one JSON object. Exit code 0 when the run completed, whatever
-the score; 2 with a message when it could not run.
+`--solution` runs the task's reference solution (Harbor: solution/ is uploaded to /solution and solve.sh runs
+from there; TB1: solution.sh, or the commands of solution.yaml), `--script FILE` a given bash script, `--shell`
+opens an interactive shell in the sandbox (needs the docker CLI; verification runs when it exits); with none
+of them the untouched environment is verified (the do-nothing baseline). `--base-image` (repeatable) maps FROM
+images by glob onto local images, before the defaults (debian:*, ubuntu:*, python:* and Terminal-Bench's own
+base images -> the sandbox base). `--trust-host-ca` uses the base image that trusts this host's CA bundle.
+Prints a table of verifiers, or with `--json` one JSON object (also when the run fails: then with "error").
+Exit code 0 when the run completed, whatever the score; 2 with a message when it could not run; 128+N when
+ended by signal N (its container and builds are removed first).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import secrets
+import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from sandbox.docker_sandbox import DockerSandbox
+from sandbox.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
 from sandbox.images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
-from sandbox.tasks import Task, TaskFormatError, load_task
+from sandbox.signals import exit_on_signals
+from sandbox.tasks import Task, TaskFormatError, load_task, reference_solution
 from sandbox.verify import VerifierResult, run_verifiers
+
+SOLUTION_DIR = "/solution"  # where Harbor puts a task's solution/ folder
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptRun:
+    """What the acting script did (a broken solution then reads differently from a wrong one)."""
+
+    exit_code: int
+    """Its exit status; 124 when cut at the task's agent timeout."""
+    output: str
+    """Its output, capped by the sandbox (head and tail)."""
+    timed_out: bool
+    """It ran into the agent timeout."""
+    duration_s: float
+    """Wall time."""
 
 
 def run_task(task: Task, *, script: str | None = None, base_image_overrides: Mapping[str, str] | None = None,
-             run_id: str | None = None, interactive: bool = False) -> VerifierResult:
+             run_id: str | None = None, interactive: bool = False, upload_solution: bool = False) -> VerifierResult:
     """Build `task`'s image, run `script` (bash text; None: do nothing) in a fresh sandbox, then verify.
 
-    `interactive=True` opens `docker exec -it ... bash` for a person instead of running a script.
-    The sandbox is removed before returning.
-    """
+    `interactive=True` opens `docker exec -it ... bash` for a person instead of running a script;
+    `upload_solution=True` places the task's solution/ folder at /solution first. The sandbox is removed
+    before returning."""
+    return run_task_report(task, script=script, base_image_overrides=base_image_overrides, run_id=run_id,
+                           interactive=interactive, upload_solution=upload_solution)[0]
+
+
+def run_task_report(task: Task, *, script: str | None = None, base_image_overrides: Mapping[str, str] | None = None,
+                    run_id: str | None = None, interactive: bool = False,
+                    upload_solution: bool = False) -> tuple[VerifierResult, ScriptRun | None]:
+    """`run_task`, also returning what the script did (None when no script ran)."""
     overrides = default_base_image_overrides() if base_image_overrides is None else base_image_overrides
     image = build_task_image(task, base_image_overrides=overrides)
+    ran = None
     with DockerSandbox(image, cpus=task.cpus, memory=task.memory_mb << 20, network=task.network,
                        workdir=task.workdir, run_id=run_id) as sb:
+        if upload_solution and task.solution_dir is not None:
+            sb.upload_dir(task.solution_dir, SOLUTION_DIR)
         if interactive:
-            subprocess.run(["docker", "exec", "-it", "-w", task.workdir, sb.id, "bash"], check=False)
+            _interactive_shell(sb, task.workdir)
         elif script is not None:
-            run_script(sb, script, timeout_s=task.agent_timeout_s)
-        return run_verifiers(sb, task)
+            t0 = time.monotonic()
+            solution = upload_solution and task.solution_dir is not None
+            r = run_script_result(sb, script, timeout_s=task.agent_timeout_s,
+                                  path=f"{SOLUTION_DIR}/solve.sh" if solution else None,
+                                  env=dict(task.solution_env) if solution else None)
+            ran = ScriptRun(exit_code=r.exit_code, output=r.output, timed_out=r.timed_out,
+                            duration_s=time.monotonic() - t0)
+        return run_verifiers(sb, task), ran
+
+
+def _interactive_shell(sb: DockerSandbox, workdir: str) -> None:
+    """`docker exec -it ... bash` for a person. Ctrl-C there reaches this process too (one terminal, one
+    foreground group): it is ignored here meanwhile, or it would remove the sandbox under the person's feet."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        subprocess.run(["docker", "exec", "-it", "-w", workdir, sb.id, "bash"], check=False)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def run_script(sb: DockerSandbox, script: str, *, timeout_s: float) -> int:
     """Run bash `script` as a file (so `set -e` and heredocs behave as in solve.sh) and delete it after."""
-    path = f"/tmp/t1-script-{secrets.token_hex(8)}.sh"
-    sb.write_file(path, script.encode(), mode=0o700)
-    result = sb.run(f"bash {path}; __t1_rc=$?; rm -f {path}; (exit $__t1_rc)", timeout=timeout_s)
-    return result.exit_code
+    return run_script_result(sb, script, timeout_s=timeout_s).exit_code
 
 
-def format_table(task: Task, result: VerifierResult) -> str:
+def run_script_result(sb: DockerSandbox, script: str, *, timeout_s: float, path: str | None = None,
+                      env: dict[str, str] | None = None) -> CommandResult:
+    """`run_script` returning the CommandResult. `path`: run that file (already in the sandbox) instead of
+    writing `script` to a temporary one; `env`: extra environment of that run."""
+    if path is not None:
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items() if k.isidentifier())
+        return sb.run(f"{prefix}bash {path}", timeout=timeout_s)
+    tmp = f"/tmp/t1-script-{secrets.token_hex(8)}.sh"
+    sb.write_file(tmp, script.encode(), mode=0o700)
+    return sb.run(f"bash {tmp}; __t1_rc=$?; rm -f {tmp}; (exit $__t1_rc)", timeout=timeout_s)
+
+
+def format_table(task: Task, result: VerifierResult, ran: ScriptRun | None = None) -> str:
     lines = [f"task {task.name} ({task.layout}, {task.verifier_kind})", ""]
+    if ran is not None:
+        lines += [f"script: exit {ran.exit_code}{' (timed out)' if ran.timed_out else ''} in {ran.duration_s:.1f} s",
+                  ""]
     lines += [f"  {'PASS' if ok else 'FAIL'}  {name}" for name, ok in result.per_test.items()]
     lines += ["", f"passed {result.passed}/{result.total}  outcome={'resolved' if result.outcome else 'unresolved'}"
               f"  timed_out={result.timed_out}  verify {result.duration_s:.1f} s"]
     if result.error:
         lines.append(f"error: {result.error}")
     return "\n".join(lines)
+
+
+def report_json(task_name: str, result: VerifierResult | None, ran: ScriptRun | None,
+                error: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"task": task_name}
+    if result is not None:
+        out.update(result.to_json())
+    if ran is not None:
+        out["script"] = dataclasses.asdict(ran)
+    if error is not None:
+        out["error"] = error
+        out["run_error"] = True
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,25 +153,32 @@ def main(argv: list[str] | None = None) -> int:
     act.add_argument("--shell", action="store_true", help="open an interactive shell in the sandbox")
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                         help="map FROM images matching the glob PATTERN to a local IMAGE (repeatable)")
+    parser.add_argument("--trust-host-ca", action="store_true",
+                        help="map onto the base image that trusts this host's CA bundle (sandbox.image)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
+    exit_on_signals()
     try:
         task = load_task(args.task_dir)
         overrides = dict(parse_override(spec) for spec in args.base_image)
-        for pattern, image in default_base_image_overrides().items():
+        for pattern, image in default_base_image_overrides(trust_host_ca=args.trust_host_ca).items():
             overrides.setdefault(pattern, image)
         script = None
         if args.solution:
-            if task.solution_script is None:
-                raise ValueError(f"{task.path}: the task has no reference solution")
-            script = task.solution_script.read_text()
+            script = reference_solution(task)
+            if script is None:
+                raise ValueError(f"{task.path}: the task has no reference solution (solution/solve.sh, "
+                                 "solution.sh or solution.yaml)")
         elif args.script is not None:
             script = args.script.read_text()
-        result = run_task(task, script=script, base_image_overrides=overrides, interactive=args.shell)
+        result, ran = run_task_report(task, script=script, base_image_overrides=overrides, interactive=args.shell,
+                                      upload_solution=args.solution)
     except (TaskFormatError, TaskImageError, SandboxError, ValueError, OSError) as e:
         print(f"run_task: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(report_json(args.task_dir.name, None, None, str(e))))
         return 2
-    print(json.dumps({"task": task.name, **result.to_json()}) if args.json else format_table(task, result))
+    print(json.dumps(report_json(task.name, result, ran)) if args.json else format_table(task, result, ran))
     return 0
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sandbox.families import FAMILIES, SHORT_FAMILIES, Split, generate, write_harbor_task
 from sandbox.families.common import TURN_BREAK
+from sandbox import tasks as task_formats
 from sandbox.tasks import Task, TaskFormatError, load_task
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
@@ -116,9 +117,10 @@ def reference_turns(task: Task) -> list[str]:
     single short command for the family tasks, the SFT target of a tiny policy), a look and then the command
     it calls for where the instruction alone leaves the solution open (see `TaskSpec.inspect`).
     """
-    if task.solution_script is None:
+    text = task_formats.reference_solution(task)
+    if text is None:
         raise ValueError(f"task {task.name} has no reference solution")
-    lines = task.solution_script.read_text().splitlines()
+    lines = text.splitlines()
     while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")) and lines[0].strip() != TURN_BREAK:
         lines.pop(0)
     turns: list[list[str]] = [[]]

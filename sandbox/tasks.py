@@ -3,24 +3,35 @@
 Harbor layout                          Terminal-Bench 1 layout
   task.toml   [agent] [verifier]         task.yaml   instruction, max_agent_timeout_sec,
               [environment] [metadata]               max_test_timeout_sec, difficulty, category, ...
-  instruction.md                         Dockerfile  (build context: the task directory)
-  environment/Dockerfile (+ context)     solution.sh
-  solution/solve.sh                      run-tests.sh   (not run: it installs pytest from the internet)
-  tests/test.sh, tests/test_*.py         tests/test_*.py
+  instruction.md                         Dockerfile, or docker-compose.yaml whose `client` service's
+  environment/Dockerfile (+ context)                 build section names the context and Dockerfile
+  solution/solve.sh (+ helper files)     solution.sh, or solution.yaml (a list of `command:` entries)
+  tests/test.sh, tests/test_*.py         run-tests.sh, tests/test_*.py
+
+The test scripts (run-tests.sh, test.sh) are not run when tests/test_*.py exist: they install pytest from the
+internet. The packages they install for the tests are read from them (sandbox.test_deps) and baked into the
+task's image. The working directory is the Dockerfile's last WORKDIR, else the one its FROM image sets
+(Terminal-Bench's own base images set /app), else `/`, as in Docker; the verifiers run there too.
 
 How a task is verified (see sandbox.verify): when `tests/` holds `test_*.py` files they are run with pytest
-and every test case is one verifier; otherwise (Harbor only) `tests/test.sh` runs and the reward file it
-writes is read. A malformed task raises `TaskFormatError` naming the file and the field.
+and every test case is one verifier; otherwise Harbor's `tests/test.sh` runs and the reward file it writes is
+read, or TB1's `run-tests.sh` runs and its exit status is the one verifier. A malformed task raises
+`TaskFormatError` naming the file and the field.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import fnmatch
+import posixpath
 import re
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Literal
+
+from sandbox.test_deps import TestDeps, parse_test_deps
 
 Layout = Literal["harbor", "tb1"]
 VerifierKind = Literal["pytest", "script"]
@@ -30,9 +41,23 @@ _TB1_AGENT_TIMEOUT_S = 360.0
 _TB1_TEST_TIMEOUT_S = 60.0
 _HARBOR_AGENT_TIMEOUT_S = 600.0
 _HARBOR_VERIFIER_TIMEOUT_S = 120.0
+_HARBOR_BUILD_TIMEOUT_S = 600.0
 _DEFAULT_CPUS = 1.0
 _DEFAULT_MEMORY_MB = 2048
-_DEFAULT_WORKDIR = "/app"
+# Working directories that FROM images set themselves (a Dockerfile without WORKDIR inherits them). Images not
+# listed here set none: Docker's default is /.
+INHERITED_WORKDIRS = {"ghcr.io/laude-institute/t-bench/*": "/app", "laude-institute/t-bench/*": "/app"}
+# Harbor's task.toml keys (schema 1.x, deprecated spellings included); anything else is warned about.
+_HARBOR_KEYS = {
+    "": {"version", "schema_version", "source", "metadata", "verifier", "agent", "environment", "solution"},
+    "verifier": {"timeout_sec", "env"},
+    "agent": {"timeout_sec", "env"},
+    "solution": {"env"},
+    "environment": {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage", "storage_mb",
+                    "gpus", "gpu_types", "allow_internet", "network", "env", "mcp_servers"},
+}
+_MB_PER_UNIT = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "": 1.0}  # a bare number: MiB
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -68,13 +93,14 @@ class Task:
     network: bool
     """Whether the sandbox gets a network (most tasks: False)."""
     workdir: str
-    """Working directory of the agent's shell: the Dockerfile's last WORKDIR, else /app."""
+    """Working directory of the agent's shell and the verifiers: the Dockerfile's last WORKDIR, else its FROM
+    image's (INHERITED_WORKDIRS), else /."""
     dockerfile_dir: Path
     """Docker build context (holds the Dockerfile)."""
     dockerfile: Path
     """The Dockerfile inside `dockerfile_dir`."""
     solution_script: Path | None
-    """Reference solution (bash), or None when the task ships none."""
+    """Reference solution: solve.sh, solution.sh or solution.yaml (see `reference_solution`); None: none."""
     tests_dir: Path
     """Directory copied into the sandbox for verification."""
     test_script: Path | None
@@ -85,6 +111,18 @@ class Task:
     """Test functions found by reading tests/test_*.py (a floor for the verifier total)."""
     static_test_ids: tuple[str, ...]
     """Their ids, 'test_file.py::test_x' or 'test_file.py::TestClass::test_x'."""
+    solution_dir: Path | None = None
+    """Harbor's solution/ folder, uploaded to /solution before solve.sh runs (it may hold helper files)."""
+    storage_mb: int | None = None
+    """Disk the task asks for (Harbor `storage`/`storage_mb`); recorded, not enforced (see sandbox.check_tasks)."""
+    build_timeout_s: float = _HARBOR_BUILD_TIMEOUT_S
+    """Wall-clock limit of the image build."""
+    verifier_env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of the verifier run (Harbor [verifier] env)."""
+    solution_env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of the reference solution (Harbor [solution] env)."""
+    test_deps: TestDeps = TestDeps()
+    """Packages the task's test script installs for the tests; baked into the image at build."""
     category: str = ""
     """Free-form category from the task's metadata."""
     difficulty: str = ""
@@ -97,6 +135,8 @@ class Task:
         if self.cpus <= 0 or self.memory_mb <= 0:
             raise ValueError(f"task {self.name}: expected cpus > 0 and memory_mb > 0, got {self.cpus}, "
                              f"{self.memory_mb}")
+        if self.build_timeout_s <= 0:
+            raise ValueError(f"task {self.name}: build_timeout_s must be > 0, got {self.build_timeout_s}")
 
 
 def load_task(path: str | Path) -> Task:
@@ -121,6 +161,7 @@ def _load_harbor(root: Path) -> Task:
     verifier = _table(cfg, "verifier", toml_path)
     env = _table(cfg, "environment", toml_path)
     meta = _table(cfg, "metadata", toml_path)
+    _warn_unknown_keys(cfg, toml_path)
 
     instr_path = root / "instruction.md"
     if not instr_path.is_file():
@@ -132,11 +173,17 @@ def _load_harbor(root: Path) -> Task:
     env_dir = root / "environment"
     dockerfile = env_dir / "Dockerfile"
     if not dockerfile.is_file():
-        raise TaskFormatError(dockerfile, "environment", "environment/Dockerfile is missing")
+        prebuilt = env.get("docker_image")
+        raise TaskFormatError(dockerfile, "environment", "environment/Dockerfile is missing" + (
+            f"; the task names the prebuilt image {prebuilt!r} instead, which T1 does not pull (no registry): "
+            f"write a Dockerfile `FROM {prebuilt}` after `docker load`-ing it" if prebuilt else ""))
     tests_dir = root / "tests"
     test_sh = tests_dir / "test.sh"
     kind, ids = _verifier_kind(tests_dir, test_sh if test_sh.is_file() else None)
     solution = root / "solution" / "solve.sh"
+    storage = _size_mb(env, ("storage_mb", "storage"), toml_path)
+    network = _bool(env, "allow_internet", _bool(env, "network", True, toml_path, "environment.network"),
+                    toml_path, "environment.allow_internet")
     return Task(
         name=_task_name(root),
         path=root,
@@ -146,17 +193,24 @@ def _load_harbor(root: Path) -> Task:
         verifier_timeout_s=_number(verifier, "timeout_sec", _HARBOR_VERIFIER_TIMEOUT_S, toml_path,
                                    "verifier.timeout_sec"),
         cpus=_number(env, "cpus", _DEFAULT_CPUS, toml_path, "environment.cpus"),
-        memory_mb=int(_number(env, "memory_mb", _DEFAULT_MEMORY_MB, toml_path, "environment.memory_mb")),
-        network=_bool(env, "network", False, toml_path, "environment.network"),
+        memory_mb=_size_mb(env, ("memory_mb", "memory"), toml_path) or _DEFAULT_MEMORY_MB,
+        network=network,
         workdir=_workdir(dockerfile),
         dockerfile_dir=env_dir,
         dockerfile=dockerfile,
         solution_script=solution if solution.is_file() else None,
+        solution_dir=solution.parent if solution.is_file() else None,
         tests_dir=tests_dir,
         test_script=test_sh if test_sh.is_file() else None,
         verifier_kind=kind,
         num_static_tests=len(ids),
         static_test_ids=ids,
+        storage_mb=storage,
+        build_timeout_s=_number(env, "build_timeout_sec", _HARBOR_BUILD_TIMEOUT_S, toml_path,
+                                "environment.build_timeout_sec"),
+        verifier_env=_env_table(verifier, toml_path, "verifier.env"),
+        solution_env=_env_table(_table(cfg, "solution", toml_path), toml_path, "solution.env"),
+        test_deps=_test_deps(kind, test_sh if test_sh.is_file() else None),
         category=str(meta.get("category", "")),
         difficulty=str(meta.get("difficulty", "")),
     )
@@ -182,13 +236,19 @@ def _load_tb1(root: Path) -> Task:
             instruction = str(descs[0]["description"])
         else:
             raise TaskFormatError(yaml_path, "instruction", "missing or empty")
-    dockerfile = root / "Dockerfile"
-    if not dockerfile.is_file():
-        raise TaskFormatError(dockerfile, "Dockerfile", "Dockerfile is missing")
+    context, dockerfile = _tb1_build(root)
     tests_dir = root / "tests"
     run_tests = root / "run-tests.sh"
-    kind, ids = _verifier_kind(tests_dir, None)
-    solution = root / "solution.sh"
+    if tests_dir.is_dir() and not any(p.is_file() for p in tests_dir.rglob("test_*.py")):
+        # Graded by what run-tests.sh prints. With the pytest parser, adapters print a summary line from the
+        # script's own exit status: that status is the one verifier. Other parsers read their tool's output.
+        parser = cfg.get("parser_name", "pytest")
+        if parser != "pytest" or not run_tests.is_file():
+            raise TaskFormatError(tests_dir, "tests", f"no tests/test_*.py: the task is graded by scraping what "
+                                  f"run-tests.sh prints (parser {parser!r}), which T1 does not do (its verifiers "
+                                  "are pytest's own results, a Harbor reward file, or run-tests.sh's exit status)")
+    kind, ids = _verifier_kind(tests_dir, run_tests if run_tests.is_file() else None)
+    solution = next((p for p in (root / "solution.sh", root / "solution.yaml") if p.is_file()), None)
     return Task(
         name=_task_name(root),
         path=root,
@@ -200,16 +260,17 @@ def _load_tb1(root: Path) -> Task:
                                    "max_test_timeout_sec"),
         cpus=_DEFAULT_CPUS,
         memory_mb=_DEFAULT_MEMORY_MB,
-        network=False,
+        network=True,  # Terminal-Bench 1 gives every task container a network
         workdir=_workdir(dockerfile),
-        dockerfile_dir=root,
+        dockerfile_dir=context,
         dockerfile=dockerfile,
-        solution_script=solution if solution.is_file() else None,
+        solution_script=solution,
         tests_dir=tests_dir,
         test_script=run_tests if run_tests.is_file() else None,
         verifier_kind=kind,
         num_static_tests=len(ids),
         static_test_ids=ids,
+        test_deps=_test_deps(kind, run_tests if run_tests.is_file() else None),
         category=str(cfg.get("category", "")),
         difficulty=str(cfg.get("difficulty", "")),
     )
@@ -243,13 +304,135 @@ def _bool(table: dict[str, Any], key: str, default: bool, file: Path, field: str
 
 
 def _workdir(dockerfile: Path) -> str:
-    """The last WORKDIR of the Dockerfile (the agent starts where the image author expected), else /app."""
-    workdir = _DEFAULT_WORKDIR
+    """The working directory of the Dockerfile's last stage, as Docker resolves it: WORKDIR lines (a relative
+    one joins the previous), starting from what the FROM image sets (INHERITED_WORKDIRS), else /."""
+    workdir = "/"
     for line in dockerfile.read_text().splitlines():
         parts = line.strip().split(None, 1)
-        if len(parts) == 2 and parts[0].upper() == "WORKDIR" and parts[1].startswith("/"):
-            workdir = parts[1].strip().strip("\"'")
+        if len(parts) != 2:
+            continue
+        word, rest = parts[0].upper(), parts[1].strip()
+        if word == "FROM":
+            image = next((w for w in rest.split() if not w.startswith("--")), "")
+            workdir = inherited_workdir(image) or "/"
+        elif word == "WORKDIR" and "$" not in rest:
+            workdir = posixpath.normpath(posixpath.join(workdir, rest.strip("\"'")))
     return workdir
+
+
+def inherited_workdir(image: str) -> str | None:
+    """The WORKDIR that the image `image` (a FROM reference) sets, when it is one T1 knows of."""
+    for pattern, workdir in INHERITED_WORKDIRS.items():
+        if fnmatch.fnmatchcase(image, pattern):
+            return workdir
+    return None
+
+
+def reference_solution(task: Task) -> str | None:
+    """The reference solution as bash text: solve.sh / solution.sh as they are; a TB1 solution.yaml's commands
+    in order, one per line (Terminal-Bench types each into one shell and waits for it)."""
+    path = task.solution_script
+    if path is None:
+        return None
+    if path.suffix != ".yaml":
+        return path.read_text()
+    import yaml  # PyYAML: only the TB1 layout needs it
+
+    try:
+        entries = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise TaskFormatError(path, "yaml", f"invalid YAML: {e}") from e
+    if not isinstance(entries, list) or not entries:
+        raise TaskFormatError(path, "commands", "expected a non-empty list of {command: ...} entries")
+    lines = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("command"), str):
+            raise TaskFormatError(path, f"[{i}].command", f"expected a string, got {entry!r:.80}")
+        lines.append(entry["command"].rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def _tb1_build(root: Path) -> tuple[Path, Path]:
+    """(build context, Dockerfile) of a TB1 task: ./Dockerfile, else the build section of the agent's service
+    (`client`, or the only service) in docker-compose.yaml."""
+    dockerfile = root / "Dockerfile"
+    compose = next((p for p in (root / "docker-compose.yaml", root / "docker-compose.yml") if p.is_file()), None)
+    if compose is None:
+        if not dockerfile.is_file():
+            raise TaskFormatError(dockerfile, "Dockerfile", "Dockerfile is missing (and no docker-compose.yaml)")
+        return root, dockerfile
+    import yaml
+
+    try:
+        services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
+    except (yaml.YAMLError, AttributeError) as e:
+        raise TaskFormatError(compose, "services", f"not a compose file: {e}") from e
+    name = "client" if "client" in services else next(iter(services), None) if len(services) == 1 else None
+    if name is None:
+        raise TaskFormatError(compose, "services", f"no service named 'client' among {sorted(services)}")
+    build = services[name].get("build") if isinstance(services[name], dict) else None
+    if build is None:
+        if dockerfile.is_file():
+            return root, dockerfile
+        image = services[name].get("image") if isinstance(services[name], dict) else None
+        raise TaskFormatError(compose, f"services.{name}.build", f"no build section and no Dockerfile; the "
+                              f"service runs the prebuilt image {image!r}, which must be loaded locally")
+    if isinstance(build, str):
+        build = {"context": build}
+    context = (root / str(build.get("context", "."))).resolve()
+    file = (context / str(build.get("dockerfile", "Dockerfile"))).resolve()
+    if not context.is_relative_to(root) or not file.is_relative_to(context) or not file.is_file():
+        raise TaskFormatError(compose, f"services.{name}.build", f"Dockerfile {file} is missing or outside "
+                              "the task directory")
+    others = sorted(set(services) - {name})
+    if others:
+        warnings.warn(f"{compose}: services {others} are not started (T1 runs one container per task); tests "
+                      "that talk to them fail", stacklevel=3)
+    return context, file
+
+
+def _test_deps(kind: VerifierKind, script: Path | None) -> TestDeps:
+    """What the test script installs, when T1 runs pytest itself instead of the script."""
+    return parse_test_deps(script.read_text()) if kind == "pytest" and script is not None else TestDeps()
+
+
+def _warn_unknown_keys(cfg: dict[str, Any], file: Path) -> None:
+    unknown = [k for k in cfg if k not in _HARBOR_KEYS[""]]
+    for table in ("verifier", "agent", "solution", "environment"):
+        if isinstance(cfg.get(table), dict):
+            unknown += [f"{table}.{k}" for k in cfg[table] if k not in _HARBOR_KEYS[table]]
+    if unknown:
+        warnings.warn(f"{file}: unknown keys ignored: {', '.join(unknown)}", stacklevel=3)
+    if (cfg.get("environment") or {}).get("mcp_servers"):
+        warnings.warn(f"{file}: environment.mcp_servers are not started (T1 runs one container per task)",
+                      stacklevel=3)
+    gpus = (cfg.get("environment") or {}).get("gpus", 0)
+    if isinstance(gpus, int) and gpus > 0:
+        warnings.warn(f"{file}: environment.gpus = {gpus}: T1's sandboxes have no GPU", stacklevel=3)
+
+
+def _size_mb(table: dict[str, Any], keys: tuple[str, str], file: Path) -> int | None:
+    """Harbor sizes: `<key>_mb` as a number of MiB, or the deprecated string form ('4G', '512M', '2Gi')."""
+    mb_key, str_key = keys
+    if mb_key in table:
+        return int(_number(table, mb_key, 1, file, f"environment.{mb_key}"))
+    if str_key not in table:
+        return None
+    value = table[str_key]
+    m = _SIZE_RE.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise TaskFormatError(file, f"environment.{str_key}", f"expected a size like '4G' or '512M', got {value!r}")
+    mb = float(m.group(1)) * _MB_PER_UNIT[m.group(2).upper()]
+    if mb < 1:
+        raise TaskFormatError(file, f"environment.{str_key}", f"expected at least 1 MiB, got {value!r}")
+    return int(mb)
+
+
+def _env_table(table: dict[str, Any], file: Path, field: str) -> tuple[tuple[str, str], ...]:
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
+        raise TaskFormatError(file, field, f"expected a table of strings, got {env!r:.80}")
+    return tuple((str(k), str(v)) for k, v in env.items())
 
 
 def _verifier_kind(tests_dir: Path, test_sh: Path | None) -> tuple[VerifierKind, tuple[str, ...]]:

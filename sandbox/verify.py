@@ -19,9 +19,11 @@ Each step closes a way for the agent to influence its own score:
    path; a small in-process recorder also writes collection and per-test outcomes as they happen, so a run
    cut at its timeout still knows its total and which tests finished (the rest count as failed).
    Printed text is never parsed: the XML comes back after the log, cut by its byte count from the end.
-   script kind (Harbor test.sh only): run tests/test.sh the same way, then read
+   script kind, Harbor: run tests/test.sh the same way, then read
    /logs/verifier/reward.json (every key is one verifier; a value >= 1 passes), else reward.txt (one
    verifier, passes when the number is >= 1); no reward file -> 0 of 1.
+   script kind, TB1 (no tests/test_*.py, parser 'pytest'): run-tests.sh the same way; one verifier, passed
+   when it exits 0 (such scripts print a pytest-style summary line from their own exit status).
 5. Kill every process again before reading results (tests may start agent code that forks).
 
 `total` is never below the number of test functions found statically in tests/test_*.py, so a test module
@@ -39,6 +41,7 @@ import io
 import json
 import math
 import os
+import re
 import secrets
 import shlex
 import stat
@@ -188,11 +191,13 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
     setup = _work_dir_script(task, work)
     if setup is None:  # too large for one bash argument: through the daemon's archive API
         _upload_work_dir(sandbox, task, work)
-    env = _clean_env(info, tests, work, pyc_changed=pyc_changed)
+    env = {**dict(task.verifier_env), **_clean_env(info, tests, work, pyc_changed=pyc_changed)}
     code, out, junit_xml = _run_tests(sandbox, task, work, env, setup=setup or "", pyc_changed=pyc_changed)
     timed_out = code in (124, 137)
     error = None
-    if task.verifier_kind == "script":
+    if task.verifier_kind == "script" and task.layout == "tb1":
+        per_test = {task.test_script.name if task.test_script else "run-tests.sh": code == 0}
+    elif task.verifier_kind == "script":
         per_test, error = _read_reward(sandbox)
     else:
         if junit_xml is not None and not timed_out:
@@ -203,6 +208,8 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
                 error = f"no results (exit code {code}): {out[-300:].strip()}"
         for test_id in task.static_test_ids:
             per_test.setdefault(test_id, False)
+    if not all(per_test.values()):
+        error = _missing_dependency(out) or error
     passed = sum(per_test.values())
     return VerifierResult(passed=passed, failed=len(per_test) - passed, total=len(per_test), per_test=per_test,
                           timed_out=timed_out, error=error, duration_s=time.monotonic() - start, output=out)
@@ -227,10 +234,13 @@ def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str
         pyc_flag = f"-X pycache_prefix={work}/pyc " if pyc_changed else ""
         cmd = f"/usr/bin/python3 -I -B {pyc_flag}{work}/runner.py {work}/out/progress.jsonl {shlex.join(args)}"
     else:
-        assert task.test_script is not None, "script verifiers need tests/test.sh (checked by load_task)"
-        cmd = f"/bin/bash {tests}/{task.test_script.name}"
+        assert task.test_script is not None, "script verifiers need a test script (checked by load_task)"
+        # TB1's run-tests.sh sits beside tests/, not in it: it is one of the work directory's files.
+        script = f"{work}/{_TB1_SCRIPT}" if task.layout == "tb1" else f"{tests}/{task.test_script.name}"
+        cmd = f"/bin/bash {script}"
     # $(< file) is bash reading the file itself (no tool to trust); LC_ALL=C makes ${#j} count bytes.
-    run = (f"cd {tests} || exit 1; "
+    # From the container's working directory, as Terminal-Bench and Harbor run them: tests use relative paths.
+    run = (f"cd {shlex.quote(task.workdir)} 2>/dev/null || cd / || exit 1; "
            f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
            f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
            f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; "
@@ -267,7 +277,7 @@ def _work_dir_script(task: Task, work: str) -> str | None:
     inside the container), as much as the exec that runs the tests."""
     subdirs = " ".join(f"{work}/{sub}" for sub in _WORK_SUBDIRS)
     lines = [f"mkdir -m 700 {work} && mkdir -m 755 {subdirs} || exit 1",
-             *(_write_file(f"{work}/{name}", data, 0o644) for name, data in _WORK_FILES.items()),
+             *(_write_file(f"{work}/{name}", data, 0o644) for name, data in _work_files(task).items()),
              f"mkdir -m {task.tests_dir.stat().st_mode & 0o7777:o} {work}/tests || exit 1"]
     size = sum(map(len, lines))
     for path in sorted(task.tests_dir.rglob("*")):
@@ -316,7 +326,7 @@ def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
         for sub in _WORK_SUBDIRS:
             add_dir(tar, f"{name}/{sub}", 0o755)
         tar.add(task.tests_dir, arcname=f"{name}/tests", filter=RootOwned())
-        for file_name, data in _WORK_FILES.items():
+        for file_name, data in _work_files(task).items():
             add_bytes(tar, f"{name}/{file_name}", data)
     with docker_errors(f"uploading the tests of {task.name}"):
         docker_client().put_archive(sandbox.id, "/", buf.getvalue())
@@ -410,6 +420,24 @@ def _is_opaque(directory: str) -> bool:
 
 def _raise(e: OSError) -> None:
     raise e
+
+
+_MISSING_MODULE_RE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([^']+)'")
+_MISSING_HOST_RE = re.compile(r"Could not resolve host: (\S+)|Failed to resolve '([^']+)'|"
+                              r"host='([^']+)'.*(?:NameResolutionError|Name or service not known|Temporary failure)")
+
+
+def _missing_dependency(output: str) -> str | None:
+    """'verifier_error: ...' naming the module or host the tests could not reach, read from their
+    output (for people: the score is never read from text). None when the output names none."""
+    for regex, what in ((_MISSING_MODULE_RE, "the tests import the module {!r}, which the image does not have "
+                         "(a test dependency the task's test script installs at verification time; see "
+                         "sandbox.test_deps)"),
+                        (_MISSING_HOST_RE, "the tests need the host {!r}, which cannot be reached from the sandbox")):
+        m = regex.search(output)
+        if m:
+            return "verifier_error: " + what.format(next(g for g in m.groups() if g))
+    return None
 
 
 def _clean_env(info: dict[str, Any], tests: str, work: str, *, pyc_changed: bool) -> dict[str, str]:
@@ -529,3 +557,11 @@ sys.exit(int(pytest.main(sys.argv[2:], plugins=[Recorder(sys.argv[1])])))
 
 # The verifier's own files in its work directory (written by `_work_dir_script` or `_upload_work_dir`).
 _WORK_FILES = {"runner.py": _RUNNER.encode(), "pytest.ini": b"[pytest]\n"}
+_TB1_SCRIPT = "run-tests.sh"
+
+
+def _work_files(task: Task) -> dict[str, bytes]:
+    """The work directory's files: ours, plus a TB1 task's run-tests.sh when that is its verifier."""
+    if task.verifier_kind == "script" and task.layout == "tb1" and task.test_script is not None:
+        return {**_WORK_FILES, _TB1_SCRIPT: task.test_script.read_bytes()}
+    return _WORK_FILES

@@ -676,7 +676,7 @@ def test_family_instances_preload_the_same_bytes_whenever_written(tmp_path: Path
     again = suite.family_tasks(tmp_path / "b", split="train", num_per_family=1, seed=3)
     shipping = 0
     def archive(task: Task) -> bytes | None:
-        plan = _preload_plan(task.dockerfile.read_text(), task.dockerfile_dir)
+        plan = _preload_plan(task.dockerfile.read_text(), task.dockerfile_dir, {})
         assert plan is not None, task.name
         return _tar(*plan, existing_dirs={}, dir_mtime=7)
 

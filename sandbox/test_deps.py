@@ -1,0 +1,135 @@
+"""Test-time dependencies: what a task's test script installs before it runs the tests.
+
+Terminal-Bench 1's `run-tests.sh` and Harbor's `tests/test.sh` install their test dependencies at
+verification time from the internet (`uv add pandas`, `uvx -w numpy pytest ...`, `pip install requests`,
+`apt-get install -y jq`). T1 runs the tests itself with the image's own Python (sandbox.verify), offline, so
+those packages are read from the script here and installed at image build (sandbox.images). What the harness
+only needed for its own download (uv, curl, pytest and its reporting plugins: the image carries pytest and T1
+reads JUnit XML) is left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+
+# Installed by the harness for its own machinery, not by the tests: never baked in.
+_HARNESS_PIP = re.compile(r"^(pytest([-_].*)?|uv|pip|setuptools|wheel)([<>=!~\[;].*)?$", re.IGNORECASE)
+_HARNESS_APT = frozenset({"curl", "ca-certificates", "wget", "python3-pip", "python3-pytest"})
+# Options that take a value (the value is not a package).
+_VALUE_OPTS = frozenset({"-p", "--python", "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-c",
+                         "--constraint", "-t", "--target", "--prefix", "--root", "--group", "--optional",
+                         "--package", "--directory", "--project", "-o", "--option", "--default-index", "--index"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TestDeps:
+    """Packages a test script installs: Python packages (pip requirement specifiers) and Debian packages."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    pip: tuple[str, ...] = ()
+    """Requirement specifiers, as written ('pandas', 'numpy==2.1.0')."""
+    apt: tuple[str, ...] = ()
+    """Debian package names."""
+    unreadable: tuple[str, ...] = ()
+    """Install commands this reader cannot turn into packages (requirement files, editable installs)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.pip or self.apt)
+
+
+def parse_test_deps(script: str) -> TestDeps:
+    """The packages `script` (bash text) installs with uv, uvx, pip or apt-get, in order, without repeats."""
+    pip: list[str] = []
+    apt: list[str] = []
+    unreadable: list[str] = []
+    for words in _commands(script):
+        if not words:
+            continue
+        kind, args = _install_args(words)
+        if kind == "with":
+            for value in _option_values(words, ("-w", "--with")):
+                pip.extend(v for v in value.split(",") if v)
+            continue
+        if kind is None:
+            continue
+        packages = _positionals(args)
+        if kind == "pip" and any(a in ("-r", "--requirement", "-e", "--editable") or
+                                 a.startswith(("-r", "--requirement=", "-e", "--editable=")) for a in args):
+            unreadable.append(" ".join(words))
+            continue
+        (apt if kind == "apt" else pip).extend(packages)
+    pip = [p for p in dict.fromkeys(pip) if not _HARNESS_PIP.match(p) and not p.startswith(("$", "/", "."))]
+    apt = [p for p in dict.fromkeys(apt) if p not in _HARNESS_APT and not p.startswith("$")]
+    return TestDeps(pip=tuple(pip), apt=tuple(apt), unreadable=tuple(unreadable))
+
+
+def _commands(script: str) -> list[list[str]]:
+    """Simple commands of `script`: continuation lines joined, comments dropped, split at ; && || | and
+    newlines; each as its words (a segment shlex cannot split is skipped)."""
+    text = script.replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        for segment in re.split(r"\s*(?:;|&&|\|\||\|)\s*", line):
+            try:
+                words = shlex.split(segment, comments=True)
+            except ValueError:
+                continue
+            while words and ("=" in words[0] and not words[0].startswith("-") or words[0] in ("sudo", "exec")):
+                words = words[1:]  # VAR=value prefixes, sudo
+            out.append(words)
+    return out
+
+
+def _install_args(words: list[str]) -> tuple[str | None, list[str]]:
+    """('pip' | 'apt', the arguments after the install verb), ('with', []) for uv run / uvx, else (None, [])."""
+    prog = words[0].rsplit("/", 1)[-1]
+    rest = words[1:]
+    if prog.startswith("python") and rest[:2] == ["-m", "pip"]:
+        prog, rest = "pip", rest[2:]
+    if prog in ("pip", "pip3") or re.fullmatch(r"pip3\.\d+", prog):
+        return ("pip", rest[1:]) if rest[:1] == ["install"] else (None, [])
+    if prog == "uv":
+        if rest[:1] == ["add"]:
+            return "pip", rest[1:]
+        if rest[:2] == ["pip", "install"]:
+            return "pip", rest[2:]
+        if rest[:1] == ["run"] or rest[:2] == ["tool", "run"]:
+            return "with", []
+        return None, []
+    if prog == "uvx":
+        return "with", []
+    if prog in ("apt-get", "apt"):
+        for i, w in enumerate(rest):
+            if w == "install":
+                return "apt", rest[i + 1:]
+    return None, []
+
+
+def _positionals(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            skip = a in _VALUE_OPTS
+        else:
+            out.append(a)
+    return out
+
+
+def _option_values(words: list[str], names: tuple[str, ...]) -> list[str]:
+    values = []
+    for i, w in enumerate(words):
+        if w in names and i + 1 < len(words):
+            values.append(words[i + 1])
+        else:
+            for n in names:
+                if n.startswith("--") and w.startswith(n + "="):
+                    values.append(w[len(n) + 1:])
+    return values
