@@ -91,7 +91,9 @@ class Task:
     memory_mb: int
     """Memory limit of the task's sandbox."""
     network: bool
-    """Whether the sandbox gets a network (most tasks: False)."""
+    """Whether the sandbox gets a network: only when the task asks for one (Harbor `allow_internet` or `network`
+    = true). Terminal-Bench's harnesses give every container a network unless told otherwise; T1 does not, since
+    the agent is untrusted code (a solution that downloads at solve time needs its task to ask)."""
     workdir: str
     """Working directory of the agent's shell and the verifiers: the Dockerfile's last WORKDIR, else its FROM
     image's (INHERITED_WORKDIRS), else /."""
@@ -182,7 +184,7 @@ def _load_harbor(root: Path) -> Task:
     kind, ids = _verifier_kind(tests_dir, test_sh if test_sh.is_file() else None)
     solution = root / "solution" / "solve.sh"
     storage = _size_mb(env, ("storage_mb", "storage"), toml_path)
-    network = _bool(env, "allow_internet", _bool(env, "network", True, toml_path, "environment.network"),
+    network = _bool(env, "allow_internet", _bool(env, "network", False, toml_path, "environment.network"),
                     toml_path, "environment.allow_internet")
     return Task(
         name=_task_name(root),
@@ -260,7 +262,7 @@ def _load_tb1(root: Path) -> Task:
                                    "max_test_timeout_sec"),
         cpus=_DEFAULT_CPUS,
         memory_mb=_DEFAULT_MEMORY_MB,
-        network=True,  # Terminal-Bench 1 gives every task container a network
+        network=False,  # task.yaml cannot ask for one; Terminal-Bench's harness gives one, T1 does not
         workdir=_workdir(dockerfile),
         dockerfile_dir=context,
         dockerfile=dockerfile,

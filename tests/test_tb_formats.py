@@ -118,8 +118,9 @@ def test_harbor_resources_sizes_network_and_unknown_keys(tmp_path: Path) -> None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         task = load_task(_harbor(tmp_path, "mb", "[environment]\nmemory_mb = 3000\nstorage_mb = 512\n", base))
-    assert (task.memory_mb, task.storage_mb, task.network) == (3000, 512, True)  # Harbor: internet by default
+    assert (task.memory_mb, task.storage_mb, task.network) == (3000, 512, False)  # no network unless asked
     assert load_task(_harbor(tmp_path, "half", '[environment]\nmemory = "512M"\n', base)).memory_mb == 512
+    assert load_task(_harbor(tmp_path, "net", "[environment]\nallow_internet = true\n", base)).network
     with pytest.raises(TaskFormatError, match=r"environment\.memory.*'lots'"):
         load_task(_harbor(tmp_path, "bad", '[environment]\nmemory = "lots"\n', base))
 
