@@ -22,7 +22,7 @@ import pytest
 
 from bench import box_cpu_s
 from rollout.agent import AgentConfig
-from sandbox.docker_sandbox import docker_client
+from sandbox.daemon import docker_client
 from sandbox.errors import DaemonUnreachable
 from sandbox.images import build_task_images, default_base_image_overrides
 from sandbox.image import ensure_base_image

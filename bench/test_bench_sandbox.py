@@ -15,7 +15,7 @@ import pytest
 
 from bench import box_cpu_s
 from sandbox import DaemonUnreachable, DockerSandbox, SandboxPool, ensure_base_image
-from sandbox.docker_sandbox import docker_client, owner_labels
+from sandbox.daemon import docker_client, owner_labels
 
 RUN_ID = f"bench-sandbox-{os.getpid()}"
 

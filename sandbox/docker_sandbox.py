@@ -18,34 +18,25 @@ import posixpath
 import re
 import secrets
 import shlex
-import socket
 import tarfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import docker
 import docker.errors
-import requests.exceptions
 
-from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, ImageNotFound,
-                            SandboxError, ShellUnresponsive)
-from sandbox import preload
-from sandbox.image_cache import touch_image
-from sandbox.images import IMAGE_REPO, TaskImage
+from sandbox.errors import (CommandTooLong, ContainerDied, FileTooLarge, SandboxError, ShellUnresponsive)
+import sandbox.preload as preload
+from sandbox.daemon import default_run_id, docker_client, docker_errors, owner_labels
+from sandbox.image_cache import IMAGE_REPO, TaskImage, touch_image
 from sandbox.tarball import RootOwned
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
 
-LABEL_RUN = "t1.run_id"
-LABEL_PID = "t1.owner_pid"
-LABEL_HOST = "t1.owner_host"
-LABEL_START = "t1.owner_start"
-LABEL_CREATED = "t1.created"
 # What a root shell doing a task needs: own/chmod files, bypass file modes, signal its processes, switch users
 # (su, apt's _apt sandbox, postgres), bind low ports, write audit records (sudo/PAM). Dropped from Docker's
 # default set: MKNOD, NET_RAW (raw sockets, ping spoofing), SETFCAP, SETPCAP, SYS_CHROOT.
@@ -55,36 +46,7 @@ SHELL_ENV = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "ca
              "DEBIAN_FRONTEND": "noninteractive"}
 TIMEOUT_EXIT_CODE = 124  # what `timeout(1)` returns; the partial output comes with it
 
-_client_lock = threading.Lock()
-_client: docker.APIClient | None = None
 _LIVE: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
-
-
-def docker_client() -> docker.APIClient:
-    """The process-wide Docker API client (thread-safe; a large pool for many sandboxes at once)."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            try:
-                _client = docker.APIClient(max_pool_size=128, timeout=120, **docker.utils.kwargs_from_env())
-                _client.ping()
-            except docker.errors.DockerException as e:
-                raise DaemonUnreachable(f"no Docker daemon answers ({e}); start one (scripts/ensure_docker.sh) "
-                                        "or set DOCKER_HOST") from e
-        return _client
-
-
-@contextlib.contextmanager
-def docker_errors(what: str) -> Iterator[None]:
-    """Translate the SDK's errors into SandboxError subclasses naming what was being done."""
-    try:
-        yield
-    except docker.errors.ImageNotFound as e:
-        raise ImageNotFound(f"{what}: {e.explanation or e}") from e
-    except requests.exceptions.ConnectionError as e:
-        raise DaemonUnreachable(f"{what}: the Docker daemon stopped answering ({e})") from e
-    except docker.errors.APIError as e:
-        raise SandboxError(f"{what}: {e.explanation or e}") from e
 
 
 @dataclass(frozen=True)
@@ -118,23 +80,6 @@ def _absolute(path: str) -> str:
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError(f"sandbox paths must be absolute, got {path!r}")
     return posixpath.normpath(path)
-
-
-def _own_start_time() -> str:
-    # Start time of this process (clock ticks since boot): with the pid it names the owner even after pid reuse.
-    with open("/proc/self/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[19]
-
-
-def default_run_id() -> str:
-    """$T1_RUN_ID (the trainer sets it for its sandboxes), else one per process."""
-    return os.environ.get("T1_RUN_ID") or f"pid{os.getpid()}"
-
-
-def owner_labels(run_id: str) -> dict[str, str]:
-    """Labels of every container T1 creates: its run and owner process, which `sandbox.reap` judges by."""
-    return {LABEL_RUN: run_id, LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname(),
-            LABEL_START: _own_start_time(), LABEL_CREATED: f"{time.time():.3f}"}
 
 
 MIN_PIDS = 16

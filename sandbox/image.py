@@ -34,7 +34,7 @@ import docker
 import docker.errors
 
 from sandbox.errors import ImageNotFound, SandboxError
-from sandbox.docker_sandbox import docker_client
+from sandbox.daemon import docker_client
 
 REPOSITORY = "t1-sandbox-base"
 SUITE = "bookworm"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import calendar
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +24,24 @@ import docker.errors
 if TYPE_CHECKING:
     from sandbox.tasks import Task
 
+IMAGE_REPO = "t1-task"
+"""The repository of every image T1 builds for a task (tag: a hash of what went into it)."""
 LABEL_KIND = "t1.kind"
 LABEL_TASK = "t1.task"
 TASK_IMAGE_KINDS = ("task-image", "test-deps")
 ENV_CACHE_SIZE = "T1_TASK_IMAGE_CACHE"
 DEFAULT_CACHE_SIZE = 200
 DEFAULT_MIN_IDLE_S = 3600.0
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """What a task's sandbox starts from: an image, plus files to place before the container starts.
+
+    `preload` is a tar to extract at `/` (empty: none). `DockerSandbox(task_image, ...)` accepts this directly."""
+
+    ref: str
+    preload: bytes = field(default=b"", repr=False)
 
 
 def task_image_labels(task: Task, kind: str) -> dict[str, str]:

@@ -36,19 +36,20 @@ import time
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
 import docker.errors
 
 from sandbox.docker_build import BuildFailed, docker_build
-from sandbox.image_cache import cache_size, prune_task_images, task_image_labels as _labels, touch_image
+from sandbox.daemon import default_run_id, owner_labels
+from sandbox.image_cache import (IMAGE_REPO, TaskImage, cache_size, prune_task_images,
+                                 task_image_labels as _labels, touch_image)
 from sandbox.tarball import RootOwned
 from sandbox.tasks import Task, inherited_workdir
 from sandbox.test_deps import TestDeps
+from sandbox.verify import is_protected
 
-IMAGE_REPO = "t1-task"
 DirStat = tuple[int, int, int, float]  # mode, uid, gid, mtime
 # Terminal-Bench 1's generic base images (Ubuntu, or Debian with Python; WORKDIR /app) map onto the base as well;
 # its task-specific ones (t-bench/deveval, ...) hold toolchains the base lacks, so they must be loaded.
@@ -64,16 +65,6 @@ PRELOAD_MAX_BYTES = 4 << 20
 
 class TaskImageError(RuntimeError):
     """A task image could not be built: missing base image, bad Dockerfile, failed build step."""
-
-
-@dataclass(frozen=True)
-class TaskImage:
-    """What a task's sandbox starts from: an image, plus files to place before the container starts.
-
-    `preload` is a tar to extract at `/` (empty: none). `DockerSandbox(task_image, ...)` accepts this directly."""
-
-    ref: str
-    preload: bytes = field(default=b"", repr=False)
 
 
 def default_base_image_overrides(*, trust_host_ca: bool | None = None) -> dict[str, str]:
@@ -332,8 +323,6 @@ def _preload_plan(dockerfile_text: str, context: Path,
         return None  # which files COPY sends is then docker's business
     # Preloaded files are the container's changes, not the image's: under the verifier's machinery they would
     # read as tampering (sandbox.verify), so such a Dockerfile is built.
-    from sandbox.verify import is_protected  # here: verify imports the sandbox, which imports this module
-
     for src, target in copies:
         inside = src.rglob("*") if src.is_dir() else ()
         if any(is_protected(t) for t in [target, *(posixpath.join(target, p.relative_to(src).as_posix())
@@ -363,8 +352,6 @@ def _base_facts(client: docker.DockerClient, ref: str, image_id: str) -> tuple[d
     Whatever the preload creates would otherwise carry the moment the container started, and `ls -l` would
     differ from one run to the next: a directory it creates gets the base image's creation time, and an
     existing directory it adds to gets its own stat back."""
-    from sandbox.docker_sandbox import default_run_id, owner_labels  # here: that module imports this one
-
     with _BASE_FACTS_LOCK:
         if image_id not in _BASE_FACTS:
             try:  # owner labels: a process killed mid-listing leaves a container that `sandbox.reap` removes

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 
-from sandbox.docker_sandbox import (LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_START, docker_client,
+from sandbox.daemon import (LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_START, docker_client,
                                     docker_errors)
 from sandbox.errors import SandboxError
 

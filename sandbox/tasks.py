@@ -125,10 +125,18 @@ class Task:
     """Extra environment of the reference solution (Harbor [solution] env)."""
     test_deps: TestDeps = TestDeps()
     """Packages the task's test script installs for the tests; baked into the image at build."""
+    family: str = ""
+    """The task family a generated instance belongs to ([metadata] family, written by `sandbox.suite`); a task
+    without one is its own family (`family_name`)."""
     category: str = ""
     """Free-form category from the task's metadata."""
     difficulty: str = ""
     """Free-form difficulty from the task's metadata."""
+
+    @property
+    def family_name(self) -> str:
+        """The family, or the task's own name when it has none."""
+        return self.family or self.name
 
     def __post_init__(self) -> None:
         if self.agent_timeout_s <= 0 or self.verifier_timeout_s <= 0:
@@ -213,6 +221,7 @@ def _load_harbor(root: Path) -> Task:
         verifier_env=_env_table(verifier, toml_path, "verifier.env"),
         solution_env=_env_table(_table(cfg, "solution", toml_path), toml_path, "solution.env"),
         test_deps=_test_deps(kind, test_sh if test_sh.is_file() else None),
+        family=str(meta.get("family", "")),
         category=str(meta.get("category", "")),
         difficulty=str(meta.get("difficulty", "")),
     )

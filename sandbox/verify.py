@@ -50,7 +50,8 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from sandbox.docker_sandbox import DockerSandbox, docker_client, docker_errors
+from sandbox.daemon import docker_client, docker_errors
+from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
 from sandbox.tarball import RootOwned
 from sandbox.tasks import Task

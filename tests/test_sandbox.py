@@ -17,7 +17,7 @@ import pytest
 
 from sandbox import (CommandTooLong, ContainerDied, DaemonUnreachable, DockerSandbox, FileTooLarge, ImageNotFound,
                      SandboxError, SandboxPool, ensure_base_image, reap)
-from sandbox.docker_sandbox import LABEL_RUN, docker_client
+from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.shell import OutputCap, encode_command
 
 RUN_ID = f"test-sandbox-{os.getpid()}"

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import suite
-from sandbox.docker_sandbox import LABEL_RUN, DockerSandbox, docker_client
+from sandbox.daemon import LABEL_RUN, docker_client
+from sandbox.docker_sandbox import DockerSandbox
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
 from sandbox.families.common import FILE_MTIME, TURN_BREAK
 from sandbox.images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
@@ -737,3 +738,12 @@ def test_reference_solution_for_sft(tmp_path: Path) -> None:
 def test_no_containers_left_behind(baseline, spoof_results) -> None:
     left = docker_client().containers(all=True, filters={"label": f"{LABEL_RUN}={RUN_ID}"})
     assert not left, [c["Names"] for c in left]
+
+
+def test_generated_instances_carry_their_family(tmp_path: Path) -> None:
+    """The family comes from the instance's task.toml ([metadata] family), not from parsing its name; a task
+    without one is its own family."""
+    fam = suite.family_tasks(tmp_path, split="train", num_per_family=2, seed=0, families=["create_file", "grep_lines"])
+    assert [t.family for t in fam] == ["create_file", "create_file", "grep_lines", "grep_lines"]
+    fixed = suite.fixed_tasks("train")[0]
+    assert fixed.family == "" and fixed.family_name == fixed.name

@@ -26,7 +26,8 @@ import pytest
 
 from sandbox.check_tasks import check_tasks, summary
 from sandbox.docker_build import clean_text
-from sandbox.docker_sandbox import LABEL_RUN, DockerSandbox, docker_client
+from sandbox.daemon import LABEL_RUN, docker_client
+from sandbox.docker_sandbox import DockerSandbox
 from sandbox.image_cache import LABEL_KIND, LABEL_TASK, prune_task_images
 from sandbox.images import TaskImageError, _preload_plan, build_task_image, default_base_image_overrides
 from sandbox.run_task import run_task_report
