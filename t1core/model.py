@@ -138,6 +138,13 @@ class ModelConfig:
                    num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
                    num_experts=128, num_experts_per_tok=8, rope_theta=1e6, max_position_embeddings=40960)
 
+    @classmethod
+    def moe_120b_a8b(cls) -> ModelConfig:
+        """A 122B-class Qwen3-MoE shape (120.7B total, 8.3B active): D=4096, 48 layers, 256 experts of F=768, top-8."""
+        return cls(vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=768,
+                   num_hidden_layers=48, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
+                   num_experts=256, num_experts_per_tok=8, rope_theta=1e6, max_position_embeddings=40960)
+
 
 class Linear(nn.Linear):
     """nn.Linear whose rows do not depend on how many rows there are (`kernels.rows`): a token decoded alone
