@@ -161,16 +161,58 @@ def init_from_env(device: str) -> DataParallel:
     return DataParallel(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
-def shard_(model: nn.Module, dp: DataParallel) -> nn.Module:
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is managed by FSDP2 (its parameters are DTensors), on any number of ranks."""
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+
+def _ensure_group(device: torch.device) -> None:
+    """A one-rank process group for FSDP2 in a single process (mixed precision or CPU offload without torchrun)."""
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+
+
+def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
+           cpu_offload: bool = False) -> nn.Module:
     """FSDP2 in place: each decoder layer its own unit (all-gathered for its forward and backward), then the root
-    (embedding, final norm, heads). No-op for a single process. Build optimizers after this call: it replaces
-    the parameters by sharded DTensors."""
-    if not dp.distributed:
+    (embedding, final norm, heads). Build optimizers after this call: it replaces the parameters by sharded DTensors.
+
+    param_dtype (e.g. bfloat16): `MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)` over the model's fp32
+    parameters, which stay the sharded master weights AdamW updates (its state fp32 too); layers are gathered and
+    computed in param_dtype and gradients reduced in fp32. cpu_offload: `CPUOffloadPolicy`, shards, gradients and
+    optimizer state in host memory. Either one shards a single process too (a one-rank group): the same numerics
+    as on W ranks. Neither, single process: no-op (the model stays plain)."""
+    if not (dp.distributed or param_dtype is not None or cpu_offload):
         return model
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    if param_dtype is not None and any(p.dtype != torch.float32 for p in model.parameters()):
+        raise ValueError(f"param_dtype={param_dtype}: mixed precision keeps fp32 masters; build the model in float32")
+    _ensure_group(next(model.parameters()).device)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+    return model
+
+
+def checkpoint_layers_(model: nn.Module) -> nn.Module:
+    """Activation checkpointing per decoder layer, in place: a layer's forward keeps only its inputs and runs again
+    in the backward (torch.utils.checkpoint, non-reentrant). Parameter names stay as they are (no wrapper module).
+    Apply to a model the engine does not share (its copy is taken before) and before or after `shard_`: FSDP2
+    gathers the layer's parameters for the backward, where the recompute runs."""
+    from torch.utils.checkpoint import checkpoint
+    for layer in model.model.layers:
+        forward = layer.forward
+
+        def checkpointed(*args: Any, _forward: Callable = forward, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():  # scoring passes and the engine keep nothing: nothing to recompute
+                return _forward(*args, **kwargs)
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = checkpointed
     return model
 
 
@@ -179,10 +221,9 @@ def reshard_(models: Sequence[nn.Module | None], dp: DataParallel) -> None:
     (embedding, final norm, heads) unsharded after its forward, to reshard them in the backward; without a
     backward they stay so, and the next training backward then produced a wrong update (measured in
     tests/test_distributed.py). No-op for a single process."""
-    if dp.distributed:
-        for model in models:
-            if model is not None:
-                model.reshard()
+    for model in models:
+        if model is not None and is_sharded(model):
+            model.reshard()
 
 
 def _full_options(**kw: bool):
@@ -253,5 +294,6 @@ class ShardedOptimizerState:
 
 
 def close(dp: DataParallel) -> None:
-    if dp.distributed and dist.is_initialized():
+    """Leave the process group (torchrun's, or the one-rank group `shard_` made for a single process)."""
+    if dist.is_initialized():
         dist.destroy_process_group()

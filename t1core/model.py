@@ -584,4 +584,6 @@ class ValueModel(nn.Module):
         hidden_TD, _ = self.model(input_ids_T, cu_seqlens=cu_seqlens, replay_routing=replay_routing)
         # A fresh [T] tensor, not a view of [T, 1]: FSDP2 attaches its backward hook to the output, and an in-place
         # op on a view would silently drop it.
-        return F.linear(hidden_TD.float(), self.value_head.weight, self.value_head.bias).squeeze(-1).clone()
+        # .float(): under a mixed-precision policy the head arrives in the compute dtype (a no-op in fp32).
+        head = self.value_head
+        return F.linear(hidden_TD.float(), head.weight.float(), head.bias.float()).squeeze(-1).clone()

@@ -57,6 +57,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         self.dp = dp = dp or DataParallel.single()
         self.pretrains = world.pretrains(cfg)  # checked first: a config error must not wait for image builds
+        world.shard_options(cfg)
         self.tok = world.load_tokenizer(cfg)
         tasks = None
         if dp.is_main:  # one rank writes the task directories and builds the images; all ranks run sandboxes
@@ -69,8 +70,11 @@ class Trainer:
         # Each rank's engine copy is taken before sharding; it is refreshed from the gathered weights after updates.
         self.engine = world.make_engine(self.policy, cfg)
         self.sampled = CompletionLog(self.engine)  # what this rank's engine returned, to check drift against
-        distributed.shard_(self.policy, dp)
-        distributed.shard_(self.critic, dp)
+        if cfg.parallel.activation_checkpointing:  # after the engine's copy: it must not share the wrapped forwards
+            distributed.checkpoint_layers_(self.policy)
+            distributed.checkpoint_layers_(self.critic)
+        distributed.shard_(self.policy, dp, **world.shard_options(cfg))
+        distributed.shard_(self.critic, dp, **world.shard_options(cfg))
         self.state = {"step": 0, "warm_started": False}
         rl_progress = (lambda: self.state["step"] / max(cfg.run.steps, 1)) if cfg.optim.actor_lr_decay else None
         self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
