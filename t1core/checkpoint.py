@@ -155,24 +155,35 @@ def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     return model
 
 
+def hf_items(cfg: ModelConfig, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """One of our tensors under its HF name(s): stacked experts split per expert (views of `t`), others as they are;
+    [] for a tied LM head (HF checkpoints store it once, as the embedding)."""
+    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+        return []
+    if name.endswith("mlp.experts.w13"):
+        prefix, f = name.rsplit(".", 1)[0], cfg.moe_intermediate_size
+        return [item for e in range(cfg.num_experts)
+                for item in ((f"{prefix}.{e}.gate_proj.weight", t[e, :f]), (f"{prefix}.{e}.up_proj.weight", t[e, f:]))]
+    if name.endswith("mlp.experts.w2"):
+        prefix = name.rsplit(".", 1)[0]
+        return [(f"{prefix}.{e}.down_proj.weight", t[e]) for e in range(cfg.num_experts)]
+    return [(name, t)]
+
+
 def hf_state_dict(model: MoEModel) -> dict[str, torch.Tensor]:
     """Our weights under HF per-expert names (fresh contiguous CPU tensors, safe for safetensors)."""
-    cfg, out = model.config, {}
+    out = {}
     for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        t = t.detach().cpu()
-        if name.endswith("mlp.experts.w13"):
-            prefix, f = name.rsplit(".", 1)[0], cfg.moe_intermediate_size
-            for e in range(cfg.num_experts):
-                out[f"{prefix}.{e}.gate_proj.weight"] = t[e, :f].clone()
-                out[f"{prefix}.{e}.up_proj.weight"] = t[e, f:].clone()
-        elif name.endswith("mlp.experts.w2"):
-            prefix = name.rsplit(".", 1)[0]
-            for e in range(cfg.num_experts):
-                out[f"{prefix}.{e}.down_proj.weight"] = t[e].clone()
-        else:
-            out[name] = t.contiguous().clone()
+        for hf_name, part in hf_items(model.config, name, t.detach().cpu()):
+            out[hf_name] = part.contiguous().clone()
+    return out
+
+
+def hf_parameter_views(model: MoEModel) -> dict[str, torch.Tensor]:
+    """HF tensor name -> the view of `model`'s parameter that holds it (to load weights in place, name by name)."""
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out.update(hf_items(model.config, name, p.detach()))
     return out
 
 

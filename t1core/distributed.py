@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -224,6 +224,53 @@ def reshard_(models: Sequence[nn.Module | None], dp: DataParallel) -> None:
     for model in models:
         if model is not None and is_sharded(model):
             model.reshard()
+
+
+def _unit_groups(model: nn.Module) -> list[list[tuple[str, torch.Tensor]]]:
+    """The model's parameters grouped as FSDP2 gathers them: each decoder layer one group, every other parameter
+    (embedding, final norm, heads) a group of its own."""
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        parts = name.split(".")
+        key = ".".join(parts[:3]) + "." if parts[:2] == ["model", "layers"] else name
+        groups.setdefault(key, []).append((name, p))
+    return list(groups.values())
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value: a DTensor all-gathered (collective), a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+    if not isinstance(t, DTensor):
+        return t.detach()
+    if t.device.type == "cpu" and dist.get_backend() == "nccl":  # CPU-offloaded shards: NCCL gathers on the GPU
+        t = t.to(torch.device("cuda", torch.cuda.current_device()))
+    return t.detach().full_tensor()
+
+
+def iter_hf_tensors(model: nn.Module, *, dtype: torch.dtype | None = None,
+                    sorted_names: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF Qwen3-MoE name, whole tensor) of every weight of `model`, one FSDP2 unit gathered at a time: a decoder
+    layer's parameters are all-gathered, converted to HF names (stacked experts split per expert,
+    `t1core.checkpoint.hf_items`), cast to `dtype`, yielded and dropped before the next layer is gathered, so a
+    rank never holds more than its own shards and one layer (plus whatever the consumer keeps).
+
+    Collective when the model is sharded: every rank must run the iterator to its end, in step. `sorted_names`
+    yields in sorted name order (what a sharded safetensors export needs); else in the model's layer order."""
+    from t1core.checkpoint import hf_items
+    groups = _unit_groups(model)
+    if sorted_names:
+        def names(name: str, p: torch.Tensor) -> list[str]:  # on a meta stand-in: slicing a DTensor communicates
+            return [h for h, _ in hf_items(model.config, name, torch.empty(p.shape, device="meta"))] or [name]
+        first = {id(g): min(h for n, p in g for h in names(n, p)) for g in groups}
+        groups.sort(key=lambda g: first[id(g)])
+    for group in groups:
+        items = []
+        for name, p in group:
+            whole = _whole(p)
+            items += hf_items(model.config, name, whole if dtype is None else whole.to(dtype))
+        for item in sorted(items, key=lambda kv: kv[0]) if sorted_names else items:
+            yield item
+        del items, whole
 
 
 def _full_options(**kw: bool):

@@ -252,8 +252,10 @@ class Trainer:
                 "metrics": metrics}
 
     def sync_engine(self) -> None:
-        """Every rank's engine gets the policy's current weights, gathered from the shards when sharded."""
-        self.engine.update_weights(distributed.full_state_dict(self.policy, self.dp, everywhere=True))
+        """Every rank's engine gets the policy's current weights, streamed one decoder layer at a time (gathered from
+        the shards when sharded; collective then), in the engine's dtype."""
+        dtype = world.compute_dtype(self.cfg)
+        self.engine.update_weights(distributed.iter_hf_tensors(self.policy, dtype=dtype))
 
     # ---- the loop ----
     def run(self) -> None:

@@ -17,7 +17,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from t1core.config import AlgoSection, load_config
-from t1core.distributed import DataParallel, full_state_dict, shard_
+from rollout.torch_engine import EngineConfig, TorchEngine
+from t1core.checkpoint import hf_state_dict
+from t1core.distributed import DataParallel, full_state_dict, iter_hf_tensors, shard_
 from t1core.losses import sft_loss
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import policy_logprobs, score, sft_update
@@ -65,10 +67,14 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         m = sft_update(trajs, policy=policy, opt=opt, sched=sched, grad_clip=0.05, minibatch_tokens=80,
                        generator=gen, dp=dp)
         state = full_state_dict(policy, dp)
+        # Streamed sync: each rank's engine (other weights to start with) fed one gathered layer at a time.
+        with TorchEngine(MoEModel(SMALL, seed=7), EngineConfig(max_batch=1, num_slots=1, max_seq_len=64)) as engine:
+            engine.update_weights(iter_hf_tensors(policy))
+            synced = hf_state_dict(engine.model)
         critic.copy_trunk_from(policy)  # the trainer's warm start, between two sharded models
         critic_state = full_state_dict(critic, dp)
         if rank == 0:
-            torch.save({"state": state, "critic": critic_state, "sft": m, "fidelity": fidelity,
+            torch.save({"state": state, "critic": critic_state, "synced": synced, "sft": m, "fidelity": fidelity,
                         "scored": [(s.old_logp_T, s.old_values_T, s.advantages_T) for s in scored]}, out_path)
     finally:
         dist.destroy_process_group()
@@ -131,6 +137,10 @@ def test_two_sharded_ranks_take_the_single_process_step(tmp_path) -> None:
     assert moved > 1e-3  # the step did something measurable
     for k in want:  # the ranks' gradient sums differ from one process's only in rounding
         torch.testing.assert_close(got["state"][k], want[k], rtol=1e-4, atol=1e-6, msg=k)
+    gathered = MoEModel(SMALL, seed=None)
+    gathered.load_state_dict(got["state"])
+    want_hf = hf_state_dict(gathered)  # the engine holds exactly the trainer's weights
+    assert got["synced"].keys() == want_hf.keys() and all(torch.equal(got["synced"][k], v) for k, v in want_hf.items())
     trunk = {k: v for k, v in got["state"].items() if k.startswith("model.")}
     assert trunk and all(torch.equal(got["critic"][k], v) for k, v in trunk.items())
 
