@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import struct
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +202,92 @@ def _shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict
         shards[-1][name] = tensors[name]
         size += nbytes
     return shards
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape of a model of this config (from a meta-device model: nothing allocated)."""
+    meta = MoEModel(cfg, seed=None, device="meta")
+    return {name: tuple(t.shape) for name, t in hf_parameter_views(meta).items()}
+
+
+def _safetensors_header(names: list[str], shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> bytes:
+    """The header safetensors writes for these tensors of one dtype (data in name order, JSON padded with spaces
+    to 8 bytes), preceded by its length: the bytes `save_file(..., metadata={"format": "pt"})` starts with."""
+    size, offset, entries = torch.empty((), dtype=dtype).element_size(), 0, {"__metadata__": {"format": "pt"}}
+    for name in names:
+        nbytes = math.prod(shapes[name]) * size
+        entries[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shapes[name]),
+                         "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header
+
+
+def _layout(shapes: dict[str, tuple[int, ...]], size: int, max_shard_bytes: int) -> list[list[str]]:
+    """Names per shard file: `_shards`' greedy split in name order, from sizes alone."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name in sorted(shapes):
+        nbytes = math.prod(shapes[name]) * size
+        if shards[-1] and used + nbytes > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += nbytes
+    return shards
+
+
+def save_pretrained_streamed(cfg: ModelConfig, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                             path: str | os.PathLike, *, dtype: torch.dtype, max_shard_bytes: int = 5 * 2**30) -> None:
+    """`save_pretrained`'s files, byte for byte, from (HF name, tensor) pairs arriving one at a time in sorted name
+    order (`t1core.distributed.iter_hf_tensors(..., sorted_names=True)`): the layout (shards, headers, offsets)
+    follows from the shapes alone, so each tensor is written as it arrives and none is kept."""
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes: expected > 0, got {max_shard_bytes}")
+    if dtype not in _SAFETENSORS_DTYPES:
+        raise ValueError(f"dtype: expected one of {list(_SAFETENSORS_DTYPES)}, got {dtype}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype=dtype), indent=2) + "\n")
+    shapes = hf_shapes(cfg)
+    size = torch.empty((), dtype=dtype).element_size()
+    shards = _layout(shapes, size, max_shard_bytes)
+    files = [SINGLE_NAME] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                                                    for i in range(len(shards))]
+    for stale in [*path.glob("model-*-of-*.safetensors"), path / SINGLE_NAME, path / INDEX_NAME]:
+        stale.unlink(missing_ok=True)
+    expected = iter([(file, names, i) for file, names in zip(files, shards) for i in range(len(names))])
+    with contextlib.ExitStack() as stack:
+        _write_stream(named_tensors, expected, shapes, dtype, path, stack)
+    if len(shards) > 1:
+        total = sum(math.prod(s) * size for s in shapes.values())
+        weight_map = {name: file for file, names in zip(files, shards) for name in names}
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (path / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], expected: Iterator[tuple[str, list[str], int]],
+                  shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, path: Path,
+                  stack: contextlib.ExitStack) -> None:
+    """Write each arriving tensor at its place in the planned files (`expected`: file, its names, index)."""
+    out = None
+    for name, tensor in named_tensors:
+        file, names, i = next(expected, (None, [], 0))
+        if file is None or name != names[i]:
+            raise ValueError(f"named_tensors: expected {names[i] if file else 'no more tensors'!r} next (sorted HF "
+                             f"names of the model), got {name!r}")
+        if tuple(tensor.shape) != shapes[name]:
+            raise ValueError(f"named_tensors: {name!r} expected shape {list(shapes[name])}, got {list(tensor.shape)}")
+        if i == 0:
+            out = stack.enter_context(open(path / file, "wb"))
+            out.write(_safetensors_header(names, shapes, dtype))
+        out.write(tensor.detach().to(device="cpu", dtype=dtype).contiguous().view(torch.uint8).numpy().tobytes())
+    if next(expected, None) is not None:
+        raise ValueError("named_tensors: ended before every tensor of the model arrived")
 
 
 def save_pretrained(model: MoEModel, path: str | os.PathLike, *, max_shard_bytes: int = 5 * 2**30) -> None:

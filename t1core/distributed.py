@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -195,7 +196,28 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mp_policy=mp, offload_policy=offload)
+    model.compute_dtype = param_dtype or torch.float32  # read by compute_dtype(): what exports and syncs carry
     return model
+
+
+def compute_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype `model` computes in: the mixed-precision param_dtype of a sharded model, else its weights'."""
+    return getattr(model, "compute_dtype", None) or next(model.parameters()).dtype
+
+
+def save_hf(model: nn.Module, path: Path, dp: DataParallel, *, max_shard_bytes: int = 5 * 2**30) -> None:
+    """`model.save_pretrained(path)` (HF Qwen3-MoE, in its compute dtype) written by the main rank from a stream:
+    one decoder layer gathered at a time and written as it arrives, never the whole model in one place. The files
+    are byte for byte what a single process's save_pretrained writes. Collective when sharded: every rank calls
+    it (the others gather and drop)."""
+    from t1core.checkpoint import save_pretrained_streamed
+    dtype = compute_dtype(model)
+    stream = iter_hf_tensors(model, dtype=dtype, sorted_names=True)
+    if dp.is_main:
+        save_pretrained_streamed(model.config, stream, path, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    else:
+        for _ in stream:
+            pass
 
 
 def checkpoint_layers_(model: nn.Module) -> nn.Module:
@@ -278,66 +300,75 @@ def _full_options(**kw: bool):
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
 
 
-def full_state_dict(model: nn.Module, dp: DataParallel, *, everywhere: bool = False) -> dict[str, torch.Tensor]:
-    """The whole model's state dict (collective): plain CPU tensors on the main rank and {} on the others, or with
-    `everywhere` plain tensors on every rank, on the model's device (for the ranks' engines). Single process:
-    `model.state_dict()` itself."""
-    if not dp.distributed:
+def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on the main rank's CPU ({} on the others; collective when sharded). For tests
+    and benchmarks only: the training path streams (`iter_hf_tensors`) or saves shards (DCP) instead."""
+    if not is_sharded(model):
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    options = StateDictOptions(full_state_dict=True) if everywhere else _full_options()
-    return get_model_state_dict(model, options=options)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(model, options=_full_options())
 
 
-def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], dp: DataParallel) -> None:
-    """Load a whole state dict held by the main rank into every rank's shards (collective)."""
-    if not dp.distributed:
-        model.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-    set_model_state_dict(model, state, options=_full_options(broadcast_from_rank0=True))
-
-
-def host_copy(model: nn.Module, dp: DataParallel) -> nn.Module | None:
-    """A plain unsharded copy of `model` on the main rank's CPU, None elsewhere (collective); for HF saves and
-    checkpoints. Single process: the model itself, no copy."""
-    if not dp.distributed:
-        return model
-    state = full_state_dict(model, dp)
-    if not dp.is_main:
-        return None
-    ref = next(iter(state.values()))
-    copy = type(model)(model.config, seed=None, dtype=ref.dtype, device="cpu")
-    copy.load_state_dict(state)
-    return copy
-
-
-class ShardedModelState:
-    """`load_checkpoint`'s view of a sharded model: the main rank's whole state dict goes into every rank's shards
-    (collective)."""
-
-    def __init__(self, model: nn.Module, dp: DataParallel) -> None:
-        self.model, self.dp = model, dp
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        load_full_state_dict(self.model, state, self.dp)
-
-
-class ShardedOptimizerState:
-    """save/load of an optimizer over FSDP2 parameters as one whole state dict held by the main rank (the format
-    of a single-process run's checkpoint). Both calls are collective."""
+class ModelOptimizer:
+    """An optimizer together with the model it updates, as checkpoints save it: whole (`state_dict`, the format of
+    a single-process run) while the model is plain, else as each rank's own shards under parameter names
+    (`sharded_state_dict`, written and read with torch.distributed.checkpoint). Loads either format into either:
+    a whole state into shards (resuming a single-process checkpoint on W ranks) or shards into a plain model."""
 
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self.model, self.opt = model, opt
 
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.model)
+
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        return get_optimizer_state_dict(self.model, self.opt, options=_full_options())
+        return self.opt.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A whole optimizer state (parameters by index, as `torch.optim` saves it)."""
+        if not self.sharded:
+            self.opt.load_state_dict(state)
+            return
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=state,
-                                 options=_full_options(broadcast_from_rank0=True))
+        # Indices follow the optimizer's parameter order, which `make_optimizer` took from model.parameters().
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        order = [names[id(p)] for g in self.opt.param_groups for p in g["params"]]
+        groups = [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]
+        by_name = {"state": {order[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=by_name,
+                                 options=_load_full_options())
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """This rank's shards of the state under parameter names (a template for `dcp.load` too)."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+        return get_optimizer_state_dict(self.model, self.opt)
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=state)
+
+
+def _load_full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True)
+
+
+def model_state(model: nn.Module) -> dict[str, Any]:
+    """This rank's shards of the model's state (plain tensors for a plain model): what DCP saves, and the template
+    it loads into."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(model)
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any], *, whole: bool) -> None:
+    """Load `state` into `model`: this rank's shards (`whole` False, from DCP) or a whole state dict (`whole`,
+    a single-process checkpoint), each rank taking its own shards of it."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    set_model_state_dict(model, state, options=_load_full_options() if whole else None)
 
 
 def close(dp: DataParallel) -> None:
