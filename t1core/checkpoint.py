@@ -15,7 +15,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,36 @@ class _TensorSource:
             raise ValueError(f"checkpoint: missing tensor {name!r}")
         self.used.add(name)
         return self._handles[self.files[name]].get_tensor(name)
+
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of dim 0 of one tensor, read without the rest (safetensors slices)."""
+        if name not in self.files:
+            raise ValueError(f"checkpoint: missing tensor {name!r}")
+        self.used.add(name)
+        return self._handles[self.files[name]].get_slice(name)[start:stop]
+
+
+@contextlib.contextmanager
+def row_reader(path: str | os.PathLike) -> Iterator[Callable[[ModelConfig, str, int, int], torch.Tensor]]:
+    """A reader of HF checkpoint `path` that returns rows [start, stop) along dim 0 of one of *our* tensors
+    (stacked experts: experts start..stop-1, read per expert), so that a rank loads only its own FSDP2 shard."""
+    with contextlib.ExitStack() as stack:
+        src = _TensorSource(_weight_files(Path(path)), stack)
+
+        def read(cfg: ModelConfig, name: str, start: int, stop: int) -> torch.Tensor:
+            if not name.endswith(("mlp.experts.w13", "mlp.experts.w2")):
+                return src.rows(name, start, stop)
+            prefix, which = name.rsplit(".", 1)
+            fused = f"{prefix}.gate_up_proj" if which == "w13" else f"{prefix}.down_proj"
+            if src.has(fused):
+                return src.rows(fused, start, stop)
+            if which == "w2":
+                return torch.stack([src.get(f"{prefix}.{e}.down_proj.weight") for e in range(start, stop)])
+            return torch.stack([torch.cat([src.get(f"{prefix}.{e}.gate_proj.weight"),
+                                           src.get(f"{prefix}.{e}.up_proj.weight")]) for e in range(start, stop)])
+
+        yield read
 
 
 def _expert_tensor(src: _TensorSource, prefix: str, which: str, num_experts: int) -> torch.Tensor:

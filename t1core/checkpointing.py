@@ -324,9 +324,12 @@ def _read_sharded(dcp_dir: Path, state: Mapping[str, Any], *, policy: torch.nn.M
                   critic: torch.nn.Module | None, optimizers: Mapping[str, Stateful], whole: bool) -> dict[str, Any]:
     """The dcp/ parts: loaded into the objects given (each rank its own shards), or read whole (`whole`)."""
     import torch.distributed.checkpoint as dcp
-    if whole:
+    if whole:  # one process reading everything (inspection): no process group
+        import warnings
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-        got = _load_state_dict_from_keys(checkpoint_id=str(dcp_dir))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            got = _load_state_dict_from_keys(checkpoint_id=str(dcp_dir))
         return {"policy": got["policy"], "critic": got.get("critic"),
                 "optimizers": {**state["optimizers"], **got.get("optimizers", {})}}
     template: dict[str, Any] = {}
@@ -345,8 +348,9 @@ def _read_sharded(dcp_dir: Path, state: Mapping[str, Any], *, policy: torch.nn.M
         sharded_opts[name] = opt.sharded_state_dict()
     if sharded_opts:
         template["optimizers"] = sharded_opts
-    if template:
-        dcp.load(template, checkpoint_id=str(dcp_dir))
+    if template:  # no process group: a plain single process reads the shards it needs (W -> 1)
+        import torch.distributed as dist
+        dcp.load(template, checkpoint_id=str(dcp_dir), no_dist=not dist.is_initialized())
     if policy is not None:
         distributed.load_model_state(policy, template["policy"], whole=False)
     if critic is not None:

@@ -20,6 +20,7 @@ every helper is the identity, so a single-process run computes exactly what it d
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from pathlib import Path
@@ -187,17 +188,62 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     as on W ranks. Neither, single process: no-op (the model stays plain)."""
     if not (dp.distributed or param_dtype is not None or cpu_offload):
         return model
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     if param_dtype is not None and any(p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(f"param_dtype={param_dtype}: mixed precision keeps fp32 masters; build the model in float32")
     _ensure_group(next(model.parameters()).device)
+    _fully_shard(model, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    # read by compute_dtype(): what exports, engine syncs and the KL anchor carry
+    model.compute_dtype = param_dtype or next(model.parameters()).dtype
+    return model
+
+
+def _fully_shard(model: nn.Module, *, param_dtype: torch.dtype | None, cpu_offload: bool) -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mp_policy=mp, offload_policy=offload)
-    model.compute_dtype = param_dtype or torch.float32  # read by compute_dtype(): what exports and syncs carry
-    return model
+
+
+def _shard_rows(p: torch.Tensor) -> tuple[int, int]:
+    """[start, stop) of dim 0 this rank holds of an FSDP2 parameter (Shard(0): ceil(d0 / W)-row chunks in rank
+    order, the last ones shorter or empty)."""
+    from torch.distributed.tensor import DTensor
+    if not isinstance(p, DTensor):
+        return 0, p.shape[0]
+    mesh = p.device_mesh
+    chunk = -(-p.shape[0] // mesh.size())
+    start = min(mesh.get_local_rank() * chunk, p.shape[0])
+    return start, start + p.to_local().shape[0]
+
+
+def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
+    """A frozen copy of a sharded `model`, sharded the same way and stored in its compute dtype (no master weights,
+    no offload): each rank fills only its own shards, from the model's shards or, with `hf_dir`, from the rows of a
+    HF checkpoint it reads (no rank reads or holds the whole model). Collective (it shards)."""
+    from torch.distributed.tensor import DTensor
+    dtype = compute_dtype(model)
+    model.reshard()  # after a forward without backward the root holds gathered tensors; we copy shards
+    ref = type(model)(model.config, seed=None, dtype=dtype, device="meta")
+    mesh = next(p for p in model.parameters() if isinstance(p, DTensor)).device_mesh
+    _fully_shard(ref, param_dtype=None, cpu_offload=False)
+    ref.to_empty(device=torch.device(mesh.device_type, torch.cuda.current_device())
+                 if mesh.device_type == "cuda" else torch.device("cpu"))
+    ref.compute_dtype = dtype
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        if hf_dir is not None:
+            from t1core.checkpoint import row_reader
+            read = stack.enter_context(row_reader(hf_dir))
+        mine = dict(model.named_parameters())
+        for name, p in ref.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if hf_dir is None:
+                src = mine[name]
+                local.copy_(src.to_local() if isinstance(src, DTensor) else src)
+            elif local.shape[0]:
+                local.copy_(read(model.config, name, *_shard_rows(p)))
+    return ref
 
 
 def compute_dtype(model: nn.Module) -> torch.dtype:
