@@ -153,6 +153,11 @@ def _expert_tensor(src: _TensorSource, prefix: str, which: str, num_experts: int
                         for e in range(num_experts)])
 
 
+def read_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a HF Qwen3-MoE checkpoint directory (its config.json; no weights read)."""
+    return config_from_hf(json.loads((Path(path) / "config.json").read_text()))
+
+
 def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None) -> MoEModel:
     """MoEModel from a HF Qwen3-MoE directory. dtype None: the config's dtype, else float32.

@@ -349,8 +349,11 @@ def _read_sharded(dcp_dir: Path, state: Mapping[str, Any], *, policy: torch.nn.M
     if sharded_opts:
         template["optimizers"] = sharded_opts
     if template:  # no process group: a plain single process reads the shards it needs (W -> 1)
+        import warnings
         import torch.distributed as dist
-        dcp.load(template, checkpoint_id=str(dcp_dir), no_dist=not dist.is_initialized())
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load(template, checkpoint_id=str(dcp_dir), no_dist=not dist.is_initialized())
     if policy is not None:
         distributed.load_model_state(policy, template["policy"], whole=False)
     if critic is not None:

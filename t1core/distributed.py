@@ -20,7 +20,6 @@ every helper is the identity, so a single-process run computes exactly what it d
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 from pathlib import Path
@@ -186,8 +185,8 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     computed in param_dtype and gradients reduced in fp32. cpu_offload: `CPUOffloadPolicy`, shards, gradients and
     optimizer state in host memory. Either one shards a single process too (a one-rank group): the same numerics
     as on W ranks. Neither, single process: no-op (the model stays plain)."""
-    if not (dp.distributed or param_dtype is not None or cpu_offload):
-        return model
+    if is_sharded(model) or not (dp.distributed or param_dtype is not None or cpu_offload):
+        return model  # already sharded (e.g. `sharded_from_pretrained`), or nothing to do
     if param_dtype is not None and any(p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(f"param_dtype={param_dtype}: mixed precision keeps fp32 masters; build the model in float32")
     _ensure_group(next(model.parameters()).device)
@@ -218,6 +217,58 @@ def _shard_rows(p: torch.Tensor) -> tuple[int, int]:
     return start, start + p.to_local().shape[0]
 
 
+def _local_device(cpu_offload: bool) -> torch.device:
+    """Where this rank's shards live: its GPU under NCCL (host memory with CPU offload), the CPU under gloo."""
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl and not cpu_offload else torch.device("cpu")
+
+
+def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
+    """Each of `model`'s (sharded) parameters takes its own rows from the HF checkpoint `hf_dir`."""
+    from torch.distributed.tensor import DTensor
+    from t1core.checkpoint import row_reader
+    with torch.no_grad(), row_reader(hf_dir) as read:
+        for name, p in model.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if local.shape[0]:
+                local.copy_(read(model.config, name, *_shard_rows(p)))
+
+
+def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
+                            param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> nn.Module:
+    """`MoEModel.from_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
+    each rank reads only its own rows of every tensor, so no rank ever holds the whole model. Collective."""
+    from t1core.checkpoint import read_config
+    from t1core.model import MoEModel
+    model = MoEModel(read_config(path), seed=None, dtype=dtype, device="meta")
+    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    model.to_empty(device=_local_device(cpu_offload))
+    _fill_rows_(model, path)
+    return model
+
+
+def sharded_critic(policy: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
+                   cpu_offload: bool = False) -> nn.Module:
+    """`ValueModel.from_policy(policy)` for a sharded policy: sharded the same way, its trunk copied shard by shard
+    from the policy's, its head zero. Collective."""
+    from torch.distributed.tensor import DTensor
+    from t1core.model import ValueModel
+    dtype = next(p for p in policy.parameters()).dtype
+    critic = ValueModel(policy.config, seed=None, dtype=dtype, device="meta")
+    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    critic.to_empty(device=_local_device(cpu_offload))
+    mine = dict(policy.named_parameters())
+    with torch.no_grad():
+        for name, p in critic.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if name.startswith("value_head."):
+                local.zero_()
+            else:
+                src = mine[name]
+                local.copy_(src.to_local() if isinstance(src, DTensor) else src)
+    return critic
+
+
 def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
     """A frozen copy of a sharded `model`, sharded the same way and stored in its compute dtype (no master weights,
     no offload): each rank fills only its own shards, from the model's shards or, with `hf_dir`, from the rows of a
@@ -231,18 +282,14 @@ def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
     ref.to_empty(device=torch.device(mesh.device_type, torch.cuda.current_device())
                  if mesh.device_type == "cuda" else torch.device("cpu"))
     ref.compute_dtype = dtype
-    with torch.no_grad(), contextlib.ExitStack() as stack:
-        if hf_dir is not None:
-            from t1core.checkpoint import row_reader
-            read = stack.enter_context(row_reader(hf_dir))
-        mine = dict(model.named_parameters())
+    if hf_dir is not None:
+        _fill_rows_(ref, hf_dir)
+        return ref
+    mine = dict(model.named_parameters())
+    with torch.no_grad():
         for name, p in ref.named_parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
-            if hf_dir is None:
-                src = mine[name]
-                local.copy_(src.to_local() if isinstance(src, DTensor) else src)
-            elif local.shape[0]:
-                local.copy_(read(model.config, name, *_shard_rows(p)))
+            src = mine[name]
+            (p.to_local() if isinstance(p, DTensor) else p).copy_(src.to_local() if isinstance(src, DTensor) else src)
     return ref
 
 

@@ -65,9 +65,9 @@ class Trainer:
             tasks = world.load_tasks(cfg, run_dir)
             world.build_images(tasks, cfg)
         self.tasks = dp.broadcast(tasks)
-        self.policy, self.critic = world.load_models(cfg, self.tok)
+        self.policy, self.critic = world.load_models(cfg, self.tok, dp)
         self.actor_frozen = world.frozen_parameters(self.policy, cfg.optim.actor_frozen)  # checked before SFT
-        # Each rank's engine copy is taken before sharding; it is refreshed from the gathered weights after updates.
+        # Each rank's engine copy is taken before sharding (or read from the checkpoint); refreshed after updates.
         self.engine = world.make_engine(self.policy, cfg)
         self.sampled = CompletionLog(self.engine)  # what this rank's engine returned, to check drift against
         if cfg.parallel.activation_checkpointing:  # after the engine's copy: it must not share the wrapped forwards

@@ -19,6 +19,7 @@ from sandbox.images import TaskImage, build_task_images, default_base_image_over
 from sandbox.image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
+from t1core import distributed
 from t1core.config import RunConfig
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from t1core.tokenizer import ChatTokenizer
@@ -88,12 +89,17 @@ def shard_options(cfg: RunConfig) -> dict:
     return {"param_dtype": None if dtype == torch.float32 else dtype, "cpu_offload": cfg.parallel.cpu_offload}
 
 
-def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueModel]:
+def load_models(cfg: RunConfig, tok: ChatTokenizer,
+                dp: distributed.DataParallel | None = None) -> tuple[MoEModel, ValueModel]:
     """Policy (a preset, initialised from the run seed, or a HF checkpoint) and a critic from its weights; in fp32
-    (the master weights) when model.dtype is half precision, which `distributed.shard_` then computes in."""
+    (the master weights) when model.dtype is half precision, which `distributed.shard_` then computes in.
+    A checkpoint on W ranks loads already sharded: each rank reads only its own rows (collective)."""
     dtype, device = _DTYPES[cfg.model.dtype], torch.device(cfg.run.device)
     dtype = torch.float32 if shard_options(cfg)["param_dtype"] is not None else dtype
     name = cfg.model.name
+    if Path(name).is_dir() and dp is not None and dp.distributed:
+        policy = distributed.sharded_from_pretrained(Path(name), dp, dtype=dtype, **shard_options(cfg))
+        return policy, distributed.sharded_critic(policy, dp, **shard_options(cfg))
     if Path(name).is_dir():
         policy = MoEModel.from_pretrained(name, dtype=dtype)
     elif _is_preset(name):
@@ -137,7 +143,10 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine:
     r = cfg.rollout
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
                         max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
-    engine_model = copy.deepcopy(policy).to(compute_dtype(cfg))  # fp32 masters: the engine serves model.dtype
+    if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
+        engine_model = MoEModel.from_pretrained(cfg.model.name, dtype=compute_dtype(cfg), device=cfg.run.device)
+    else:
+        engine_model = copy.deepcopy(policy).to(compute_dtype(cfg))  # fp32 masters: the engine serves model.dtype
     return TorchEngine(engine_model.eval().requires_grad_(False), ecfg)
 
 

@@ -225,7 +225,7 @@ def _gathered(policy, critic, dp) -> dict:
 def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
     import datetime
     import torch.distributed as dist
-    from t1core.distributed import DataParallel, frozen_shards, save_hf
+    from t1core.distributed import DataParallel, frozen_shards, save_hf, sharded_critic, sharded_from_pretrained
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=90))
     try:
@@ -241,7 +241,8 @@ def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
             straight = _gathered(parts[0], parts[1], dp)
             save_hf(parts[0], out / "hf", dp, max_shard_bytes=20_000)  # streamed, several shard files
             anchor, anchor_hf = frozen_shards(parts[0]), frozen_shards(parts[0], hf_dir=out / "hf")
-            anchors = [_gathered(a, parts[1], dp)["policy"] for a in (anchor, anchor_hf)]
+            loaded = sharded_from_pretrained(out / "hf", dp, dtype=torch.float32)  # each rank reads its rows
+            anchors = [_gathered(a, sharded_critic(loaded, dp), dp) for a in (anchor, anchor_hf, loaded)]
             fresh = _trainer_parts(dp, seed=5)
             ckpt = load_checkpoint(out / "ckpt2", policy=fresh[0], critic=fresh[1], optimizers=fresh[2],
                                    restore_rng=False)
@@ -285,7 +286,8 @@ def test_sharded_checkpoints_resume_and_reshard(tmp_path):
     """DCP: each of 2 ranks writes its shards; a fresh pair resumes bit for bit; one plain process resumes the same
     checkpoint (2 -> 1) and 2 ranks resume a single process's checkpoint (1 -> 2), both equal to the straight runs
     within fp32 rounding. The streamed HF export equals a single process's save_pretrained byte for byte, and the
-    sharded KL anchor (from shards or from that export) equals the policy."""
+    sharded KL anchor (from shards or from that export) equals the policy, as does the policy each rank loads from
+    its own rows of the export."""
     import torch.multiprocessing as mp
     from t1core.distributed import DataParallel
     from t1core.model import MoEModel
@@ -310,8 +312,11 @@ def test_sharded_checkpoints_resume_and_reshard(tmp_path):
     files = sorted(p.name for p in (tmp_path / "ref_hf").iterdir())
     assert len(files) > 3 and files == sorted(p.name for p in (tmp_path / "hf").iterdir())
     assert all((tmp_path / "hf" / f).read_bytes() == (tmp_path / "ref_hf" / f).read_bytes() for f in files)
-    for anchor in got["anchors"]:
-        assert all(torch.equal(anchor[k], v) for k, v in got["straight"]["policy"].items())
+    for anchor in got["anchors"]:  # the KL anchors and the sharded load of the export; its critic: trunk, zero head
+        assert all(torch.equal(anchor["policy"][k], v) for k, v in got["straight"]["policy"].items())
+        critic = anchor["critic"]
+        assert all(torch.equal(critic[k], got["straight"]["policy"][k]) for k in critic if k.startswith("model."))
+        assert not critic["value_head.weight"].any() and not critic["value_head.bias"].any()
 
     # 2 -> 1: a plain process resumes the sharded checkpoint.
     single = DataParallel.single()
