@@ -203,3 +203,47 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
     assert runs == [1, 2]  # with checkpointing the layer ran again in the backward
     assert grads[0].keys() == grads[1].keys()
     assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
+
+
+def _docker_ok() -> bool:
+    try:
+        import docker
+    except ImportError:
+        return False
+    try:
+        docker.from_env().ping()
+        return True
+    except docker.errors.DockerException:
+        return False
+
+
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker daemon answers")
+def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None:
+    """The trainer in one process with model.dtype=bfloat16 (fp32 masters on a one-rank FSDP2 group: DCP checkpoints,
+    streamed sync and exports, a sharded KL anchor) and per-layer activation checkpointing: 2 steps straight and
+    1 + --resume + 1 end with the same policy, critic and AdamW state, and the exports are bf16."""
+    import json
+    from sandbox.families import SHORT_FAMILIES
+    from sandbox.suite import family_tasks
+    from t1core import train
+    from t1core.checkpointing import load_checkpoint
+    tasks = tmp_path / "tasks"
+    family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
+    common = [f"--tasks.source={tasks}", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
+              "--rollout.concurrency=1", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
+              "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0",
+              "--warmstart.sft_enabled=false", "--warmstart.critic_only_iterations=0", "--run.checkpoint_every=1",
+              "--algo.kl_coef=0.1", "--algo.skip_flat_steps=false", "--algo.skip_flat_groups=false",
+              "--optim.actor_lr_decay=false", "--model.dtype=bfloat16", "--parallel.activation_checkpointing=true"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train.main(["--out", str(straight), "--run.steps=2", *common]) == 0
+    assert train.main(["--out", str(split), "--run.steps=1", *common]) == 0
+    assert train.main(["--resume", str(split), "--run.steps=2"]) == 0
+    a, b = (load_checkpoint(d / "checkpoints", restore_rng=False) for d in (straight, split))
+    for part in ("policy", "critic"):
+        assert a[part].keys() == b[part].keys()
+        assert all(v.dtype == torch.float32 and torch.equal(v, b[part][k]) for k, v in a[part].items()), part
+    moments = a["optimizers"]["actor"]["state"]
+    assert moments and all(torch.equal(s["exp_avg"], b["optimizers"]["actor"]["state"][n]["exp_avg"])
+                           for n, s in moments.items())
+    assert json.loads((straight / "final" / "config.json").read_text())["dtype"] == "bfloat16"
