@@ -3,7 +3,8 @@
     torchrun --nproc_per_node=N -m t1core.train [...]      (one process per GPU; gloo ranks on CPU)
 
 Every rank runs the same training loop. Rollouts are split across the ranks: each has its own engine (a whole copy
-of the policy, refreshed after every update) and its own sandboxes, runs every W-th episode, and the trajectories
+of the policy, refreshed after every update from a stream of one gathered decoder layer at a time) and its own
+sandboxes, runs every W-th episode, and the trajectories
 are gathered on every rank. With the batch-invariant engine an episode's tokens do not depend on which rank ran it,
 so the trajectories equal a single process's. The main rank (0) writes every file of the run and builds the images;
 the SFT transcripts (reference solutions) are split and gathered like the episodes. The updates are data-parallel:
@@ -14,8 +15,14 @@ gradients. Equivalence: one step over W minibatches equals one single-process st
 the round's minibatches at loss weight 0 (FSDP's collectives need every rank in every forward and backward) and
 scales the others by W / (minibatches in the round), so that the average stays the mean of the real ones.
 
-Without torchrun (WORLD_SIZE unset or 1) `DataParallel.single()` stands in: no process group, no sharding, and
-every helper is the identity, so a single-process run computes exactly what it did before this module existed.
+No whole model is gathered onto one rank on the training path: checkpoints are each rank's shards (DCP,
+t1core.checkpointing), HF exports and engine syncs stream one layer at a time (`iter_hf_tensors`), the KL anchor
+and a policy loaded from a checkpoint are filled shard by shard (`frozen_shards`, `sharded_from_pretrained`).
+Mixed precision (model.dtype bf16) keeps fp32 master shards under FSDP2's MixedPrecisionPolicy.
+
+Without torchrun (WORLD_SIZE unset or 1) `DataParallel.single()` stands in: no sharding, and every helper is the
+identity, so a single-process fp32 run computes exactly what it did before this module existed. A single bf16 (or
+CPU-offloaded) process shards over a one-rank group, to keep fp32 masters exactly as W ranks do.
 """
 
 from __future__ import annotations
