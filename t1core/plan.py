@@ -120,18 +120,20 @@ def _layer_numel(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
     return max(layers.values(), default=0), root
 
 
-def activation_bytes(cfg: ModelConfig, *, tokens: int, dtype_bytes: int, checkpointing: bool) -> int:
+def activation_bytes(cfg: ModelConfig, *, tokens: int, dtype_bytes: int, checkpointing: bool,
+                     moe_recompute: bool = False) -> int:
     """Activations one micro-batch of `tokens` keeps for its backward (one model: policy or critic).
 
     Per token and layer, in the compute dtype: the block's input and norm outputs (3D), q/k before and after their
     norm and RoPE, v, the attention output and its projection input (~3 H Dh + 4 Hkv Dh), the MoE input gathered
     for its K experts, their gate/up pre-activations and products, and their outputs (K (2D + 3F)); fp32 router
     logits and probabilities (2E). With activation checkpointing only each layer's input stays (D per token and
-    layer), plus one layer recomputed in full during the backward."""
+    layer), plus one layer recomputed in full during the backward. `moe_recompute`: the MoE kernel recomputes its
+    gate/up pre-activations in the backward instead of keeping them (K 2F per token and layer less)."""
     d, hd = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
     kvd = cfg.num_key_value_heads * cfg.head_dim
     k, f = cfg.num_experts_per_tok, cfg.moe_intermediate_size
-    moe = k * (2 * d + 3 * f) if cfg.num_experts else 3 * cfg.intermediate_size + d
+    moe = k * (2 * d + (1 if moe_recompute else 3) * f) if cfg.num_experts else 3 * cfg.intermediate_size + d
     per_layer = dtype_bytes * (3 * d + 3 * hd + 4 * kvd + moe) + 4 * 2 * cfg.num_experts
     head = tokens * d * dtype_bytes * 3  # embedding output, final norm, the loss rows' hidden states
     if checkpointing:
@@ -227,12 +229,13 @@ def plan(cfg: RunConfig) -> Plan:
         rows.append(Row("KL anchor (frozen shard, compute dtype)",
                         compute * sum(shard_numel(s, world) for s in pol.values()), "gpu"))
     tokens = micro_batch_tokens(cfg)
+    recompute = bool(getattr(cfg.model, "moe_recompute", False))  # the MoE kernel's option, when the config has it
     for ac in (False, True):
         used = ac == par.activation_checkpointing
         rows.append(Row(f"activations, {tokens} tokens, {'with' if ac else 'without'} activation checkpointing"
                         f"{'' if used else ' (not this run)'}",
-                        activation_bytes(mcfg, tokens=tokens, dtype_bytes=compute, checkpointing=ac),
-                        "gpu" if used else "-"))
+                        activation_bytes(mcfg, tokens=tokens, dtype_bytes=compute, checkpointing=ac,
+                                         moe_recompute=recompute), "gpu" if used else "-"))
     rows += _engine_rows(cfg, mcfg, n_policy=sum(math.prod(s) for s in pol.values()), compute=compute)
     rows.append(Row("reserve (CUDA context, NCCL buffers, allocator slack)", RESERVE_BYTES, "gpu"))
     gpu = sum(x.bytes for x in rows if x.where == "gpu")
