@@ -140,7 +140,8 @@ def _sharded_parts(policy: torch.nn.Module, critic: torch.nn.Module | None,
     every optimizer that knows its model (`distributed.ModelOptimizer`)."""
     if not distributed.is_sharded(policy):
         return None
-    opts = {name: o.sharded_state_dict() for name, o in optimizers.items() if isinstance(o, distributed.ModelOptimizer)}
+    opts = {name: {"state": o.sharded_state()} for name, o in optimizers.items()
+            if isinstance(o, distributed.ModelOptimizer)}
     return {"policy": distributed.model_state(policy),
             "critic": distributed.model_state(critic) if critic is not None else None, "optimizers": opts}
 
@@ -164,7 +165,9 @@ def _write_step_dir(tmp: Path, *, step: int, policy: torch.nn.Module, critic: to
         "step": step,
         "policy": None if sharded else policy.state_dict(),
         "critic": None if sharded or critic is None else critic.state_dict(),
-        "optimizers": {name: opt.state_dict() for name, opt in optimizers.items() if name not in in_dcp},
+        # DCP optimizers: their tensors are in dcp/, their parameter groups (the same on every rank) here
+        "optimizers": {name: {"param_groups": opt.param_groups()} if name in in_dcp else opt.state_dict()
+                       for name, opt in optimizers.items()},
         "rng_states": dict(rng_states),
         "data_state": data_state,
         # DCP: which parts live in dcp/ (the loader takes them from there)
@@ -288,9 +291,8 @@ def load_checkpoint(path: str | os.PathLike[str], *, policy: torch.nn.Module | N
     ckpt_dir = _resolve(Path(path))
     with open(ckpt_dir / "state.pt", "rb") as f:
         state = torch.load(f, map_location=map_location, weights_only=True)
-    if optimizers is not None and set(optimizers) != set(state["optimizers"]) | set(_dcp_optimizers(state)):
-        raise ValueError(f"optimizers: expected the saved names {sorted(set(state['optimizers']) | set(_dcp_optimizers(state)))}, "
-                         f"got {sorted(optimizers)}")
+    if optimizers is not None and set(optimizers) != set(state["optimizers"]):
+        raise ValueError(f"optimizers: expected the saved names {sorted(state['optimizers'])}, got {sorted(optimizers)}")
     if critic is not None and not _has_critic(state):
         raise ValueError(f"critic: the checkpoint {ckpt_dir} holds no critic")
     if state.get("sharded") is not None:
@@ -330,14 +332,16 @@ def _read_sharded(dcp_dir: Path, state: Mapping[str, Any], *, policy: torch.nn.M
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
             got = _load_state_dict_from_keys(checkpoint_id=str(dcp_dir))
-        return {"policy": got["policy"], "critic": got.get("critic"),
-                "optimizers": {**state["optimizers"], **got.get("optimizers", {})}}
+        opts = {name: {**state["optimizers"][name], **got.get("optimizers", {}).get(name, {"state": {}})}
+                if name in _dcp_optimizers(state) else o for name, o in state["optimizers"].items()}
+        return {"policy": got["policy"], "critic": got.get("critic"), "optimizers": opts}
     template: dict[str, Any] = {}
     if policy is not None:
         template["policy"] = distributed.model_state(policy)
     if critic is not None:
         template["critic"] = distributed.model_state(critic)
     sharded_opts = {}
+    saved = _saved_optimizer_entries(dcp_dir)
     for name in _dcp_optimizers(state):
         opt = optimizers.get(name)
         if opt is None:
@@ -345,9 +349,9 @@ def _read_sharded(dcp_dir: Path, state: Mapping[str, Any], *, policy: torch.nn.M
         if not isinstance(opt, distributed.ModelOptimizer):
             raise TypeError(f"optimizers[{name!r}]: saved as shards, so it loads through a distributed.ModelOptimizer "
                             f"(the optimizer with its model), got {type(opt).__name__}")
-        sharded_opts[name] = opt.sharded_state_dict()
-    if sharded_opts:
-        template["optimizers"] = sharded_opts
+        sharded_opts[name] = {"state": opt.sharded_template(saved.get(name, {}))}
+    if any(o["state"] for o in sharded_opts.values()):
+        template["optimizers"] = {name: o for name, o in sharded_opts.items() if o["state"]}
     if template:  # no process group: a plain single process reads the shards it needs (W -> 1)
         import warnings
         import torch.distributed as dist
@@ -359,5 +363,20 @@ def _read_sharded(dcp_dir: Path, state: Mapping[str, Any], *, policy: torch.nn.M
     if critic is not None:
         distributed.load_model_state(critic, template["critic"], whole=False)
     for name, opt_state in sharded_opts.items():
-        optimizers[name].load_sharded_state_dict(opt_state)
+        optimizers[name].load_sharded(opt_state["state"], state["optimizers"][name]["param_groups"])
     return {"policy": None, "critic": None}
+
+
+def _saved_optimizer_entries(dcp_dir: Path) -> dict[str, dict[str, dict[str, tuple[torch.Size, torch.dtype]]]]:
+    """optimizer name -> parameter name -> state key -> (shape, dtype), from the DCP metadata (no data read)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    out: dict[str, dict[str, dict[str, tuple[torch.Size, torch.dtype]]]] = {}
+    for key, md in FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata.items():
+        if not key.startswith("optimizers.") or not isinstance(md, TensorStorageMetadata):
+            continue
+        opt_name, rest = key[len("optimizers."):].split(".", 1)
+        assert rest.startswith("state."), key  # only the state tensors go to dcp/
+        param, state_key = rest[len("state."):].rsplit(".", 1)
+        out.setdefault(opt_name, {}).setdefault(param, {})[state_key] = (md.size, md.properties.dtype)
+    return out

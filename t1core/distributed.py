@@ -411,9 +411,14 @@ def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tenso
 
 class ModelOptimizer:
     """An optimizer together with the model it updates, as checkpoints save it: whole (`state_dict`, the format of
-    a single-process run) while the model is plain, else as each rank's own shards under parameter names
-    (`sharded_state_dict`, written and read with torch.distributed.checkpoint). Loads either format into either:
-    a whole state into shards (resuming a single-process checkpoint on W ranks) or shards into a plain model."""
+    a single-process run) while the model is plain, else as each rank's own shards of the moments under parameter
+    names (`sharded_state`, written and read with torch.distributed.checkpoint) plus the parameter groups
+    (`param_groups`, the same on every rank). Loads either format into either: a whole state into shards (a
+    single-process checkpoint resumed on W ranks) or shards into a plain model (DCP reshards).
+
+    The states are taken as they are: a parameter with no state yet (frozen, or an actor before its first step)
+    has none after a resume either. (`torch.distributed.checkpoint.state_dict`'s helpers would first take a zero
+    step to create every state, which changes the run: AdamW's step count enters its bias correction.)"""
 
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self.model, self.opt = model, opt
@@ -422,31 +427,61 @@ class ModelOptimizer:
     def sharded(self) -> bool:
         return is_sharded(self.model)
 
+    def _order(self) -> list[str]:
+        """Parameter names in the optimizer's order (its state is keyed by position in this list)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for g in self.opt.param_groups for p in g["params"]]
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_parameters())
+
     def state_dict(self) -> dict[str, Any]:
         return self.opt.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A whole optimizer state (parameters by index, as `torch.optim` saves it)."""
+        """A whole optimizer state (parameters by index, as `torch.optim` saves it); sharded: each rank keeps the
+        rows of every moment that match its shard of the parameter."""
         if not self.sharded:
             self.opt.load_state_dict(state)
             return
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-        # Indices follow the optimizer's parameter order, which `make_optimizer` took from model.parameters().
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        order = [names[id(p)] for g in self.opt.param_groups for p in g["params"]]
-        groups = [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]
-        by_name = {"state": {order[i]: v for i, v in state["state"].items()}, "param_groups": groups}
-        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=by_name,
-                                 options=_load_full_options())
+        from torch.distributed.tensor import DTensor, distribute_tensor
+        order, params = self._order(), self._params()
+        local = {}
+        for i, entry in state["state"].items():
+            p = params[order[i]]
+            local[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+                        if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape else v
+                        for k, v in entry.items()}
+        self.opt.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
-    def sharded_state_dict(self) -> dict[str, Any]:
-        """This rank's shards of the state under parameter names (a template for `dcp.load` too)."""
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        return get_optimizer_state_dict(self.model, self.opt)
+    def sharded_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's state tensors by parameter name (moments as DTensors of this rank's shards)."""
+        order = self._order()
+        return {order[i]: dict(v) for i, v in self.opt.state_dict()["state"].items()}
 
-    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=state)
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The parameter groups (hyperparameters), parameters by name."""
+        order = self._order()
+        return [{**g, "params": [order[i] for i in g["params"]]} for g in self.opt.state_dict()["param_groups"]]
+
+    def sharded_template(self, saved: dict[str, dict[str, tuple[torch.Size, torch.dtype]]]) -> dict[str, Any]:
+        """Tensors `dcp.load` fills, for the saved state entries (name -> key -> (shape, dtype)): moments shaped and
+        sharded like this rank's parameter, scalars (AdamW's step) as they were saved."""
+        params = self._params()
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for name, keys in saved.items():
+            if name not in params:
+                raise ValueError(f"optimizer state: the checkpoint has state for {name!r}, which this model lacks")
+            p = params[name]
+            out[name] = {k: torch.zeros_like(p, dtype=dtype) if shape == p.shape else torch.zeros(shape, dtype=dtype)
+                         for k, (shape, dtype) in keys.items()}
+        return out
+
+    def load_sharded(self, state: dict[str, dict[str, torch.Tensor]], param_groups: list[dict[str, Any]]) -> None:
+        """Load what `sharded_state` and `param_groups` saved (filled in by `dcp.load` at this world size)."""
+        index = {n: i for i, n in enumerate(self._order())}
+        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in param_groups]
+        self.opt.load_state_dict({"state": {index[n]: v for n, v in state.items()}, "param_groups": groups})
 
 
 def _load_full_options():

@@ -225,7 +225,8 @@ def _gathered(policy, critic, dp) -> dict:
 def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
     import datetime
     import torch.distributed as dist
-    from t1core.distributed import DataParallel, frozen_shards, save_hf, sharded_critic, sharded_from_pretrained
+    from t1core.distributed import (DataParallel, ModelOptimizer, frozen_shards, save_hf, sharded_critic,
+                                    sharded_from_pretrained)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=90))
     try:
@@ -234,6 +235,9 @@ def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
             parts = _trainer_parts(dp, seed=0)
             for step in range(2):
                 _sharded_step(*parts, step)
+            # An optimizer that has not stepped yet (the actor during critic-only iterations) has no state, and
+            # saving must not create any (a zero step would change AdamW's bias correction later).
+            parts[2]["idle"] = ModelOptimizer(parts[0], torch.optim.AdamW(parts[0].parameters()))
             save_checkpoint(out / "ckpt2", step=2, policy=parts[0], critic=parts[1], optimizers=parts[2],
                             rng_states={}, data_state={"step": 2}, config=RunConfig(), dp=dp)
             for step in range(2, 4):
@@ -243,9 +247,13 @@ def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
             anchor, anchor_hf = frozen_shards(parts[0]), frozen_shards(parts[0], hf_dir=out / "hf")
             loaded = sharded_from_pretrained(out / "hf", dp, dtype=torch.float32)  # each rank reads its rows
             anchors = [_gathered(a, sharded_critic(loaded, dp), dp) for a in (anchor, anchor_hf, loaded)]
+            assert not parts[2]["idle"].opt.state
             fresh = _trainer_parts(dp, seed=5)
+            fresh[2]["idle"] = ModelOptimizer(fresh[0], torch.optim.AdamW(fresh[0].parameters()))
             ckpt = load_checkpoint(out / "ckpt2", policy=fresh[0], critic=fresh[1], optimizers=fresh[2],
                                    restore_rng=False)
+            assert not fresh[2]["idle"].opt.state
+            del fresh[2]["idle"]
             for step in range(2, 4):
                 _sharded_step(*fresh, step)
             if rank == 0:
@@ -289,7 +297,7 @@ def test_sharded_checkpoints_resume_and_reshard(tmp_path):
     sharded KL anchor (from shards or from that export) equals the policy, as does the policy each rank loads from
     its own rows of the export."""
     import torch.multiprocessing as mp
-    from t1core.distributed import DataParallel
+    from t1core.distributed import DataParallel, ModelOptimizer
     from t1core.model import MoEModel
     mp.spawn(_sharded_worker, args=(_port(), str(tmp_path), "save"), nprocs=2, join=True)
     got = torch.load(tmp_path / "phase_save.pt", weights_only=False)
@@ -321,7 +329,10 @@ def test_sharded_checkpoints_resume_and_reshard(tmp_path):
     # 2 -> 1: a plain process resumes the sharded checkpoint.
     single = DataParallel.single()
     policy, critic, optimizers = _trainer_parts(single, seed=5)
-    load_checkpoint(tmp_path / "ckpt2", policy=policy, critic=critic, optimizers=optimizers, restore_rng=False)
+    idle = ModelOptimizer(policy, torch.optim.AdamW(policy.parameters()))
+    load_checkpoint(tmp_path / "ckpt2", policy=policy, critic=critic, optimizers={**optimizers, "idle": idle},
+                    restore_rng=False)
+    assert not idle.opt.state
     for step in range(2, 4):
         _sharded_step(policy, critic, optimizers, step)
     _assert_states(_gathered(policy, critic, single), got["straight"], exact=False)
