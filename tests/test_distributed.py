@@ -247,3 +247,12 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
     assert moments and all(torch.equal(s["exp_avg"], b["optimizers"]["actor"]["state"][n]["exp_avg"])
                            for n, s in moments.items())
     assert json.loads((straight / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_shard_options_follow_the_config() -> None:
+    """bf16 is mixed precision over fp32 masters, fp32 plain; CPU offload is refused off CUDA, naming why."""
+    from t1core.world import shard_options
+    assert shard_options(load_config(None, [])) == {"param_dtype": None, "cpu_offload": False}
+    assert shard_options(load_config(None, ["--model.dtype=bfloat16"]))["param_dtype"] == torch.bfloat16
+    with pytest.raises(ValueError, match="parallel.cpu_offload=true.*run.device='cuda'"):
+        shard_options(load_config(None, ["--parallel.cpu_offload=true"]))
