@@ -12,6 +12,7 @@ implementation; a second one (vLLM, a remote server) only has to satisfy `Engine
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -120,6 +121,16 @@ class Engine(Protocol):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Run all prompts (prompt i seeded with `request_seed(params.seed, i)`) and wait for them."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Replace the policy's weights; returns the new `policy_version`.
+
+        named_tensors: (name, whole unsharded tensor) pairs under the HF Qwen3-MoE names `t1core.checkpoint.
+        hf_state_dict` uses (per-expert `model.layers.N.mlp.experts.M.{gate,up,down}_proj.weight`), consumed lazily
+        so a sharded trainer can produce them one decoder layer at a time and never hold the whole model. Every
+        expected name arrives exactly once (missing, unknown or repeated: ValueError), and no request is ever served
+        from a half-updated model. Requests finished before the call keep their version; later ones get the new."""
         ...
 
 

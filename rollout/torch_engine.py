@@ -17,7 +17,7 @@ routing of those tokens. A new prompt takes the free slot sharing its longest pr
 (truncating the rest), else the least recently used free slot. Shared prefixes (the same system prompt in
 many episodes) are reused too; their routing is served from the slot's history, so a request gets the
 prompt routing it asks for (`SamplingParams.prompt_routing_from`) whether or not its prefix was cached. `update_weights` waits for the running batch to drain, loads the
-weights, bumps the version and forgets every slot: nothing computed by older weights is ever reused.
+weights (HF-named tensors, streamed), bumps the version and forgets every slot: nothing computed by older weights is ever reused.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from torch import nn
 from kernels.rows import batch_invariant_mode, mm_rows
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.sampling import sample_tokens, uniform
+from t1core.checkpoint import hf_parameter_views
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +122,7 @@ class TorchEngine:
         self._cv = threading.Condition()
         self._version = 0
         self._paused = False
+        self._incomplete: str | None = None  # why the model's weights cannot be served (a failed update)
         self._closed = False
         self._thread: threading.Thread | None = None
         self._head_cache: tuple[int, torch.Tensor] | None = None
@@ -154,6 +157,8 @@ class TorchEngine:
         with self._cv:
             if self._closed:
                 raise RuntimeError("engine is closed")
+            if self._incomplete is not None:
+                raise RuntimeError(f"engine has no complete weights: {self._incomplete}")
             self._queue.append(_Request(prompt=list(prompt), params=params, future=fut,
                                         submitted_s=time.perf_counter()))
             if self._thread is None:
@@ -165,18 +170,33 @@ class TorchEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         return generate_via_submit(self, prompts, params)
 
-    def update_weights(self, weights: nn.Module | dict[str, torch.Tensor]) -> int:
-        """Load new policy weights (a model or a state dict) between steps; returns the new version.
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load new policy weights between steps; returns the new version (see `rollout.engine.Engine`).
 
-        Waits until the running batch has drained (queued requests wait and are served with the new
-        weights), then invalidates every cached slot.
-        """
-        state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+        named_tensors: (HF Qwen3-MoE name, whole tensor) pairs as `t1core.checkpoint.hf_state_dict` names them
+        (per-expert `model.layers.N.mlp.experts.M.gate_proj.weight`, ...), consumed lazily one at a time and copied
+        into place, so the caller may produce them one layer at a time. Every name the model has must arrive
+        exactly once: a missing, unknown or repeated name or a wrong shape is a ValueError, after which the engine
+        serves nothing (queued requests and new submits fail with RuntimeError) until an update succeeds, so no
+        token comes from a half-updated model. Waits until the running batch has drained (queued requests wait and
+        are served with the new weights), then invalidates every cached slot."""
+        if isinstance(named_tensors, (nn.Module, dict, torch.Tensor)):
+            raise TypeError(f"named_tensors: expected an iterable of (HF name, tensor) pairs, got "
+                            f"{type(named_tensors).__name__} (e.g. pass t1core.checkpoint.hf_state_dict(model).items())")
         with self._cv:
             self._paused = True
             self._cv.wait_for(lambda: not self._running)
             try:
-                self.model.load_state_dict(state, strict=True)
+                self._incomplete = "a weight update is in progress"
+                try:
+                    self._load_named(named_tensors)
+                except BaseException as e:
+                    self._incomplete = f"the last weight update failed ({type(e).__name__}: {e})"
+                    for req in self._queue:
+                        req.future.set_exception(RuntimeError(f"engine has no complete weights: {self._incomplete}"))
+                    self._queue.clear()
+                    raise
+                self._incomplete = None
                 self._version += 1
                 self.cache.reset()
                 for slot in self._slots:
@@ -185,6 +205,26 @@ class TorchEngine:
                 self._paused = False
                 self._cv.notify_all()
         return self._version
+
+    @torch.no_grad()
+    def _load_named(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        targets = hf_parameter_views(self.model)
+        seen: set[str] = set()
+        for name, tensor in named_tensors:
+            dest = targets.get(name)
+            if dest is None:
+                raise ValueError(f"update_weights: unknown tensor {name!r} (expected HF Qwen3-MoE names such as "
+                                 f"{next(iter(targets))!r})")
+            if name in seen:
+                raise ValueError(f"update_weights: tensor {name!r} arrived twice")
+            if tuple(tensor.shape) != tuple(dest.shape):
+                raise ValueError(f"update_weights: tensor {name!r} expected shape {list(dest.shape)}, got "
+                                 f"{list(tensor.shape)}")
+            dest.copy_(tensor)
+            seen.add(name)
+        missing = sorted(set(targets) - seen)
+        if missing:
+            raise ValueError(f"update_weights: {len(missing)} of {len(targets)} tensors missing, e.g. {missing[:3]}")
 
     def close(self) -> None:
         """Stop the engine thread; requests not finished get a RuntimeError."""

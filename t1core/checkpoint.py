@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import struct
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +112,36 @@ class _TensorSource:
         return self._handles[self.files[name]].get_tensor(name)
 
 
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of dim 0 of one tensor, read without the rest (safetensors slices)."""
+        if name not in self.files:
+            raise ValueError(f"checkpoint: missing tensor {name!r}")
+        self.used.add(name)
+        return self._handles[self.files[name]].get_slice(name)[start:stop]
+
+
+@contextlib.contextmanager
+def row_reader(path: str | os.PathLike) -> Iterator[Callable[[ModelConfig, str, int, int], torch.Tensor]]:
+    """A reader of HF checkpoint `path` that returns rows [start, stop) along dim 0 of one of *our* tensors
+    (stacked experts: experts start..stop-1, read per expert), so that a rank loads only its own FSDP2 shard."""
+    with contextlib.ExitStack() as stack:
+        src = _TensorSource(_weight_files(Path(path)), stack)
+
+        def read(cfg: ModelConfig, name: str, start: int, stop: int) -> torch.Tensor:
+            if not name.endswith(("mlp.experts.w13", "mlp.experts.w2")):
+                return src.rows(name, start, stop)
+            prefix, which = name.rsplit(".", 1)
+            fused = f"{prefix}.gate_up_proj" if which == "w13" else f"{prefix}.down_proj"
+            if src.has(fused):
+                return src.rows(fused, start, stop)
+            if which == "w2":
+                return torch.stack([src.get(f"{prefix}.{e}.down_proj.weight") for e in range(start, stop)])
+            return torch.stack([torch.cat([src.get(f"{prefix}.{e}.gate_proj.weight"),
+                                           src.get(f"{prefix}.{e}.up_proj.weight")]) for e in range(start, stop)])
+
+        yield read
+
+
 def _expert_tensor(src: _TensorSource, prefix: str, which: str, num_experts: int) -> torch.Tensor:
     """Stacked w13 or w2 of one MoE layer from fused or per-expert HF tensors."""
     fused = f"{prefix}.gate_up_proj" if which == "w13" else f"{prefix}.down_proj"
@@ -118,6 +151,11 @@ def _expert_tensor(src: _TensorSource, prefix: str, which: str, num_experts: int
         return torch.stack([src.get(f"{prefix}.{e}.down_proj.weight") for e in range(num_experts)])
     return torch.stack([torch.cat([src.get(f"{prefix}.{e}.gate_proj.weight"), src.get(f"{prefix}.{e}.up_proj.weight")])
                         for e in range(num_experts)])
+
+
+def read_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a HF Qwen3-MoE checkpoint directory (its config.json; no weights read)."""
+    return config_from_hf(json.loads((Path(path) / "config.json").read_text()))
 
 
 def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
@@ -155,24 +193,35 @@ def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     return model
 
 
+def hf_items(cfg: ModelConfig, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """One of our tensors under its HF name(s): stacked experts split per expert (views of `t`), others as they are;
+    [] for a tied LM head (HF checkpoints store it once, as the embedding)."""
+    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+        return []
+    if name.endswith("mlp.experts.w13"):
+        prefix, f = name.rsplit(".", 1)[0], cfg.moe_intermediate_size
+        return [item for e in range(cfg.num_experts)
+                for item in ((f"{prefix}.{e}.gate_proj.weight", t[e, :f]), (f"{prefix}.{e}.up_proj.weight", t[e, f:]))]
+    if name.endswith("mlp.experts.w2"):
+        prefix = name.rsplit(".", 1)[0]
+        return [(f"{prefix}.{e}.down_proj.weight", t[e]) for e in range(cfg.num_experts)]
+    return [(name, t)]
+
+
 def hf_state_dict(model: MoEModel) -> dict[str, torch.Tensor]:
     """Our weights under HF per-expert names (fresh contiguous CPU tensors, safe for safetensors)."""
-    cfg, out = model.config, {}
+    out = {}
     for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        t = t.detach().cpu()
-        if name.endswith("mlp.experts.w13"):
-            prefix, f = name.rsplit(".", 1)[0], cfg.moe_intermediate_size
-            for e in range(cfg.num_experts):
-                out[f"{prefix}.{e}.gate_proj.weight"] = t[e, :f].clone()
-                out[f"{prefix}.{e}.up_proj.weight"] = t[e, f:].clone()
-        elif name.endswith("mlp.experts.w2"):
-            prefix = name.rsplit(".", 1)[0]
-            for e in range(cfg.num_experts):
-                out[f"{prefix}.{e}.down_proj.weight"] = t[e].clone()
-        else:
-            out[name] = t.contiguous().clone()
+        for hf_name, part in hf_items(model.config, name, t.detach().cpu()):
+            out[hf_name] = part.contiguous().clone()
+    return out
+
+
+def hf_parameter_views(model: MoEModel) -> dict[str, torch.Tensor]:
+    """HF tensor name -> the view of `model`'s parameter that holds it (to load weights in place, name by name)."""
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out.update(hf_items(model.config, name, p.detach()))
     return out
 
 
@@ -188,6 +237,92 @@ def _shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict
         shards[-1][name] = tensors[name]
         size += nbytes
     return shards
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape of a model of this config (from a meta-device model: nothing allocated)."""
+    meta = MoEModel(cfg, seed=None, device="meta")
+    return {name: tuple(t.shape) for name, t in hf_parameter_views(meta).items()}
+
+
+def _safetensors_header(names: list[str], shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> bytes:
+    """The header safetensors writes for these tensors of one dtype (data in name order, JSON padded with spaces
+    to 8 bytes), preceded by its length: the bytes `save_file(..., metadata={"format": "pt"})` starts with."""
+    size, offset, entries = torch.empty((), dtype=dtype).element_size(), 0, {"__metadata__": {"format": "pt"}}
+    for name in names:
+        nbytes = math.prod(shapes[name]) * size
+        entries[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shapes[name]),
+                         "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header
+
+
+def _layout(shapes: dict[str, tuple[int, ...]], size: int, max_shard_bytes: int) -> list[list[str]]:
+    """Names per shard file: `_shards`' greedy split in name order, from sizes alone."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name in sorted(shapes):
+        nbytes = math.prod(shapes[name]) * size
+        if shards[-1] and used + nbytes > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += nbytes
+    return shards
+
+
+def save_pretrained_streamed(cfg: ModelConfig, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                             path: str | os.PathLike, *, dtype: torch.dtype, max_shard_bytes: int = 5 * 2**30) -> None:
+    """`save_pretrained`'s files, byte for byte, from (HF name, tensor) pairs arriving one at a time in sorted name
+    order (`t1core.distributed.iter_hf_tensors(..., sorted_names=True)`): the layout (shards, headers, offsets)
+    follows from the shapes alone, so each tensor is written as it arrives and none is kept."""
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes: expected > 0, got {max_shard_bytes}")
+    if dtype not in _SAFETENSORS_DTYPES:
+        raise ValueError(f"dtype: expected one of {list(_SAFETENSORS_DTYPES)}, got {dtype}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype=dtype), indent=2) + "\n")
+    shapes = hf_shapes(cfg)
+    size = torch.empty((), dtype=dtype).element_size()
+    shards = _layout(shapes, size, max_shard_bytes)
+    files = [SINGLE_NAME] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                                                    for i in range(len(shards))]
+    for stale in [*path.glob("model-*-of-*.safetensors"), path / SINGLE_NAME, path / INDEX_NAME]:
+        stale.unlink(missing_ok=True)
+    expected = iter([(file, names, i) for file, names in zip(files, shards) for i in range(len(names))])
+    with contextlib.ExitStack() as stack:
+        _write_stream(named_tensors, expected, shapes, dtype, path, stack)
+    if len(shards) > 1:
+        total = sum(math.prod(s) * size for s in shapes.values())
+        weight_map = {name: file for file, names in zip(files, shards) for name in names}
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (path / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], expected: Iterator[tuple[str, list[str], int]],
+                  shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, path: Path,
+                  stack: contextlib.ExitStack) -> None:
+    """Write each arriving tensor at its place in the planned files (`expected`: file, its names, index)."""
+    out = None
+    for name, tensor in named_tensors:
+        file, names, i = next(expected, (None, [], 0))
+        if file is None or name != names[i]:
+            raise ValueError(f"named_tensors: expected {names[i] if file else 'no more tensors'!r} next (sorted HF "
+                             f"names of the model), got {name!r}")
+        if tuple(tensor.shape) != shapes[name]:
+            raise ValueError(f"named_tensors: {name!r} expected shape {list(shapes[name])}, got {list(tensor.shape)}")
+        if i == 0:
+            out = stack.enter_context(open(path / file, "wb"))
+            out.write(_safetensors_header(names, shapes, dtype))
+        out.write(tensor.detach().to(device="cpu", dtype=dtype).contiguous().view(torch.uint8).numpy().tobytes())
+    if next(expected, None) is not None:
+        raise ValueError("named_tensors: ended before every tensor of the model arrived")
 
 
 def save_pretrained(model: MoEModel, path: str | os.PathLike, *, max_shard_bytes: int = 5 * 2**30) -> None:

@@ -374,6 +374,28 @@ class RunSection:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ParallelSection:
+    nodes: int = _field(1, "nodes the run is planned for (python -m t1core.plan); torchrun sets the real ranks")
+    gpus_per_node: int = _field(1, "GPUs (ranks) per node the run is planned for (python -m t1core.plan)")
+    gpu_mem_gib: float = _field(140.0, "memory of one GPU in GiB the plan must fit (H200: 140)")
+    host_mem_gib: float = _field(
+        1800.0, "host memory per node in GiB the plan must fit (what parallel.cpu_offload moves there)")
+    activation_checkpointing: bool = _field(
+        False, "recompute each decoder layer's activations in the backward (torch.utils.checkpoint per layer): "
+        "only the layers' inputs stay alive between forward and backward")
+    cpu_offload: bool = _field(
+        False, "FSDP2 CPUOffloadPolicy on sharded runs: sharded parameters, gradients and AdamW state live in host "
+        "memory; each layer is copied to the GPU around its use")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.nodes >= 1, "parallel.nodes", ">= 1", self.nodes)
+        _check(self.gpus_per_node >= 1, "parallel.gpus_per_node", ">= 1", self.gpus_per_node)
+        _check(self.gpu_mem_gib > 0, "parallel.gpu_mem_gib", "> 0", self.gpu_mem_gib)
+        _check(self.host_mem_gib > 0, "parallel.host_mem_gib", "> 0", self.host_mem_gib)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     model: ModelSection = field(default_factory=ModelSection)
     tasks: TasksSection = field(default_factory=TasksSection)
@@ -384,6 +406,7 @@ class RunConfig:
     warmstart: WarmstartSection = field(default_factory=WarmstartSection)
     optim: OptimSection = field(default_factory=OptimSection)
     run: RunSection = field(default_factory=RunSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
 
     def __post_init__(self) -> None:
         _check_types(self)

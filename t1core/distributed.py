@@ -3,7 +3,8 @@
     torchrun --nproc_per_node=N -m t1core.train [...]      (one process per GPU; gloo ranks on CPU)
 
 Every rank runs the same training loop. Rollouts are split across the ranks: each has its own engine (a whole copy
-of the policy, refreshed after every update) and its own sandboxes, runs every W-th episode, and the trajectories
+of the policy, refreshed after every update from a stream of one gathered decoder layer at a time) and its own
+sandboxes, runs every W-th episode, and the trajectories
 are gathered on every rank. With the batch-invariant engine an episode's tokens do not depend on which rank ran it,
 so the trajectories equal a single process's. The main rank (0) writes every file of the run and builds the images;
 the SFT transcripts (reference solutions) are split and gathered like the episodes. The updates are data-parallel:
@@ -14,15 +15,22 @@ gradients. Equivalence: one step over W minibatches equals one single-process st
 the round's minibatches at loss weight 0 (FSDP's collectives need every rank in every forward and backward) and
 scales the others by W / (minibatches in the round), so that the average stays the mean of the real ones.
 
-Without torchrun (WORLD_SIZE unset or 1) `DataParallel.single()` stands in: no process group, no sharding, and
-every helper is the identity, so a single-process run computes exactly what it did before this module existed.
+No whole model is gathered onto one rank on the training path: checkpoints are each rank's shards (DCP,
+t1core.checkpointing), HF exports and engine syncs stream one layer at a time (`iter_hf_tensors`), the KL anchor
+and a policy loaded from a checkpoint are filled shard by shard (`frozen_shards`, `sharded_from_pretrained`).
+Mixed precision (model.dtype bf16) keeps fp32 master shards under FSDP2's MixedPrecisionPolicy.
+
+Without torchrun (WORLD_SIZE unset or 1) `DataParallel.single()` stands in: no sharding, and every helper is the
+identity, so a single-process fp32 run computes exactly what it did before this module existed. A single bf16 (or
+CPU-offloaded) process shards over a one-rank group, to keep fp32 masters exactly as W ranks do.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Callable, Sequence
+from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -161,16 +169,172 @@ def init_from_env(device: str) -> DataParallel:
     return DataParallel(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
-def shard_(model: nn.Module, dp: DataParallel) -> nn.Module:
+def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is managed by FSDP2 (its parameters are DTensors), on any number of ranks."""
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+
+def _ensure_group(device: torch.device) -> None:
+    """A one-rank process group for FSDP2 in a single process (mixed precision or CPU offload without torchrun)."""
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+
+
+def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
+           cpu_offload: bool = False) -> nn.Module:
     """FSDP2 in place: each decoder layer its own unit (all-gathered for its forward and backward), then the root
-    (embedding, final norm, heads). No-op for a single process. Build optimizers after this call: it replaces
-    the parameters by sharded DTensors."""
-    if not dp.distributed:
-        return model
-    from torch.distributed.fsdp import fully_shard
+    (embedding, final norm, heads). Build optimizers after this call: it replaces the parameters by sharded DTensors.
+
+    param_dtype (e.g. bfloat16): `MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)` over the model's fp32
+    parameters, which stay the sharded master weights AdamW updates (its state fp32 too); layers are gathered and
+    computed in param_dtype and gradients reduced in fp32. cpu_offload: `CPUOffloadPolicy`, shards, gradients and
+    optimizer state in host memory. Either one shards a single process too (a one-rank group): the same numerics
+    as on W ranks. Neither, single process: no-op (the model stays plain)."""
+    if is_sharded(model) or not (dp.distributed or param_dtype is not None or cpu_offload):
+        return model  # already sharded (e.g. `sharded_from_pretrained`), or nothing to do
+    if param_dtype is not None and any(p.dtype != torch.float32 for p in model.parameters()):
+        raise ValueError(f"param_dtype={param_dtype}: mixed precision keeps fp32 masters; build the model in float32")
+    _ensure_group(next(model.parameters()).device)
+    _fully_shard(model, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    # read by compute_dtype(): what exports, engine syncs and the KL anchor carry
+    model.compute_dtype = param_dtype or next(model.parameters()).dtype
+    return model
+
+
+def _fully_shard(model: nn.Module, *, param_dtype: torch.dtype | None, cpu_offload: bool) -> None:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+
+
+def _shard_rows(p: torch.Tensor) -> tuple[int, int]:
+    """[start, stop) of dim 0 this rank holds of an FSDP2 parameter (Shard(0): ceil(d0 / W)-row chunks in rank
+    order, the last ones shorter or empty)."""
+    from torch.distributed.tensor import DTensor
+    if not isinstance(p, DTensor):
+        return 0, p.shape[0]
+    mesh = p.device_mesh
+    chunk = -(-p.shape[0] // mesh.size())
+    start = min(mesh.get_local_rank() * chunk, p.shape[0])
+    return start, start + p.to_local().shape[0]
+
+
+def _local_device(cpu_offload: bool) -> torch.device:
+    """Where this rank's shards live: its GPU under NCCL (host memory with CPU offload), the CPU under gloo."""
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl and not cpu_offload else torch.device("cpu")
+
+
+def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
+    """Each of `model`'s (sharded) parameters takes its own rows from the HF checkpoint `hf_dir`."""
+    from torch.distributed.tensor import DTensor
+    from t1core.checkpoint import row_reader
+    with torch.no_grad(), row_reader(hf_dir) as read:
+        for name, p in model.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if local.shape[0]:
+                local.copy_(read(model.config, name, *_shard_rows(p)))
+
+
+def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
+                            param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> nn.Module:
+    """`MoEModel.from_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
+    each rank reads only its own rows of every tensor, so no rank ever holds the whole model. Collective."""
+    from t1core.checkpoint import read_config
+    from t1core.model import MoEModel
+    model = MoEModel(read_config(path), seed=None, dtype=dtype, device="meta")
+    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    model.to_empty(device=_local_device(cpu_offload))
+    _fill_rows_(model, path)
+    return model
+
+
+def sharded_critic(policy: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
+                   cpu_offload: bool = False) -> nn.Module:
+    """`ValueModel.from_policy(policy)` for a sharded policy: sharded the same way, its trunk copied shard by shard
+    from the policy's, its head zero. Collective."""
+    from torch.distributed.tensor import DTensor
+    from t1core.model import ValueModel
+    dtype = next(p for p in policy.parameters()).dtype
+    critic = ValueModel(policy.config, seed=None, dtype=dtype, device="meta")
+    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    critic.to_empty(device=_local_device(cpu_offload))
+    mine = dict(policy.named_parameters())
+    with torch.no_grad():
+        for name, p in critic.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if name.startswith("value_head."):
+                local.zero_()
+            else:
+                src = mine[name]
+                local.copy_(src.to_local() if isinstance(src, DTensor) else src)
+    return critic
+
+
+def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
+    """A frozen copy of a sharded `model`, sharded the same way and stored in its compute dtype (no master weights,
+    no offload): each rank fills only its own shards, from the model's shards or, with `hf_dir`, from the rows of a
+    HF checkpoint it reads (no rank reads or holds the whole model). Collective (it shards)."""
+    from torch.distributed.tensor import DTensor
+    dtype = compute_dtype(model)
+    model.reshard()  # after a forward without backward the root holds gathered tensors; we copy shards
+    ref = type(model)(model.config, seed=None, dtype=dtype, device="meta")
+    mesh = next(p for p in model.parameters() if isinstance(p, DTensor)).device_mesh
+    _fully_shard(ref, param_dtype=None, cpu_offload=False)
+    ref.to_empty(device=torch.device(mesh.device_type, torch.cuda.current_device())
+                 if mesh.device_type == "cuda" else torch.device("cpu"))
+    ref.compute_dtype = dtype
+    if hf_dir is not None:
+        _fill_rows_(ref, hf_dir)
+        return ref
+    mine = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            src = mine[name]
+            (p.to_local() if isinstance(p, DTensor) else p).copy_(src.to_local() if isinstance(src, DTensor) else src)
+    return ref
+
+
+def compute_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype `model` computes in: the mixed-precision param_dtype of a sharded model, else its weights'."""
+    return getattr(model, "compute_dtype", None) or next(model.parameters()).dtype
+
+
+def save_hf(model: nn.Module, path: Path, dp: DataParallel, *, max_shard_bytes: int = 5 * 2**30) -> None:
+    """`model.save_pretrained(path)` (HF Qwen3-MoE, in its compute dtype) written by the main rank from a stream:
+    one decoder layer gathered at a time and written as it arrives, never the whole model in one place. The files
+    are byte for byte what a single process's save_pretrained writes. Collective when sharded: every rank calls
+    it (the others gather and drop)."""
+    from t1core.checkpoint import save_pretrained_streamed
+    dtype = compute_dtype(model)
+    stream = iter_hf_tensors(model, dtype=dtype, sorted_names=True)
+    if dp.is_main:
+        save_pretrained_streamed(model.config, stream, path, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    else:
+        for _ in stream:
+            pass
+
+
+def checkpoint_layers_(model: nn.Module) -> nn.Module:
+    """Activation checkpointing per decoder layer, in place: a layer's forward keeps only its inputs and runs again
+    in the backward (torch.utils.checkpoint, non-reentrant). Parameter names stay as they are (no wrapper module).
+    Apply to a model the engine does not share (its copy is taken before) and before or after `shard_`: FSDP2
+    gathers the layer's parameters for the backward, where the recompute runs."""
+    from torch.utils.checkpoint import checkpoint
+    for layer in model.model.layers:
+        forward = layer.forward
+
+        def checkpointed(*args: Any, _forward: Callable = forward, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():  # scoring passes and the engine keep nothing: nothing to recompute
+                return _forward(*args, **kwargs)
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = checkpointed
     return model
 
 
@@ -179,10 +343,56 @@ def reshard_(models: Sequence[nn.Module | None], dp: DataParallel) -> None:
     (embedding, final norm, heads) unsharded after its forward, to reshard them in the backward; without a
     backward they stay so, and the next training backward then produced a wrong update (measured in
     tests/test_distributed.py). No-op for a single process."""
-    if dp.distributed:
-        for model in models:
-            if model is not None:
-                model.reshard()
+    for model in models:
+        if model is not None and is_sharded(model):
+            model.reshard()
+
+
+def _unit_groups(model: nn.Module) -> list[list[tuple[str, torch.Tensor]]]:
+    """The model's parameters grouped as FSDP2 gathers them: each decoder layer one group, every other parameter
+    (embedding, final norm, heads) a group of its own."""
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        parts = name.split(".")
+        key = ".".join(parts[:3]) + "." if parts[:2] == ["model", "layers"] else name
+        groups.setdefault(key, []).append((name, p))
+    return list(groups.values())
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value: a DTensor all-gathered (collective), a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+    if not isinstance(t, DTensor):
+        return t.detach()
+    if t.device.type == "cpu" and dist.get_backend() == "nccl":  # CPU-offloaded shards: NCCL gathers on the GPU
+        t = t.to(torch.device("cuda", torch.cuda.current_device()))
+    return t.detach().full_tensor()
+
+
+def iter_hf_tensors(model: nn.Module, *, dtype: torch.dtype | None = None,
+                    sorted_names: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF Qwen3-MoE name, whole tensor) of every weight of `model`, one FSDP2 unit gathered at a time: a decoder
+    layer's parameters are all-gathered, converted to HF names (stacked experts split per expert,
+    `t1core.checkpoint.hf_items`), cast to `dtype`, yielded and dropped before the next layer is gathered, so a
+    rank never holds more than its own shards and one layer (plus whatever the consumer keeps).
+
+    Collective when the model is sharded: every rank must run the iterator to its end, in step. `sorted_names`
+    yields in sorted name order (what a sharded safetensors export needs); else in the model's layer order."""
+    from t1core.checkpoint import hf_items
+    groups = _unit_groups(model)
+    if sorted_names:
+        def names(name: str, p: torch.Tensor) -> list[str]:  # on a meta stand-in: slicing a DTensor communicates
+            return [h for h, _ in hf_items(model.config, name, torch.empty(p.shape, device="meta"))] or [name]
+        first = {id(g): min(h for n, p in g for h in names(n, p)) for g in groups}
+        groups.sort(key=lambda g: first[id(g)])
+    for group in groups:
+        items = []
+        for name, p in group:
+            whole = _whole(p)
+            items += hf_items(model.config, name, whole if dtype is None else whole.to(dtype))
+        for item in sorted(items, key=lambda kv: kv[0]) if sorted_names else items:
+            yield item
+        del items, whole
 
 
 def _full_options(**kw: bool):
@@ -190,68 +400,113 @@ def _full_options(**kw: bool):
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
 
 
-def full_state_dict(model: nn.Module, dp: DataParallel, *, everywhere: bool = False) -> dict[str, torch.Tensor]:
-    """The whole model's state dict (collective): plain CPU tensors on the main rank and {} on the others, or with
-    `everywhere` plain tensors on every rank, on the model's device (for the ranks' engines). Single process:
-    `model.state_dict()` itself."""
-    if not dp.distributed:
+def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on the main rank's CPU ({} on the others; collective when sharded). For tests
+    and benchmarks only: the training path streams (`iter_hf_tensors`) or saves shards (DCP) instead."""
+    if not is_sharded(model):
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    options = StateDictOptions(full_state_dict=True) if everywhere else _full_options()
-    return get_model_state_dict(model, options=options)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(model, options=_full_options())
 
 
-def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], dp: DataParallel) -> None:
-    """Load a whole state dict held by the main rank into every rank's shards (collective)."""
-    if not dp.distributed:
-        model.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-    set_model_state_dict(model, state, options=_full_options(broadcast_from_rank0=True))
+class ModelOptimizer:
+    """An optimizer together with the model it updates, as checkpoints save it: whole (`state_dict`, the format of
+    a single-process run) while the model is plain, else as each rank's own shards of the moments under parameter
+    names (`sharded_state`, written and read with torch.distributed.checkpoint) plus the parameter groups
+    (`param_groups`, the same on every rank). Loads either format into either: a whole state into shards (a
+    single-process checkpoint resumed on W ranks) or shards into a plain model (DCP reshards).
 
-
-def host_copy(model: nn.Module, dp: DataParallel) -> nn.Module | None:
-    """A plain unsharded copy of `model` on the main rank's CPU, None elsewhere (collective); for HF saves and
-    checkpoints. Single process: the model itself, no copy."""
-    if not dp.distributed:
-        return model
-    state = full_state_dict(model, dp)
-    if not dp.is_main:
-        return None
-    ref = next(iter(state.values()))
-    copy = type(model)(model.config, seed=None, dtype=ref.dtype, device="cpu")
-    copy.load_state_dict(state)
-    return copy
-
-
-class ShardedModelState:
-    """`load_checkpoint`'s view of a sharded model: the main rank's whole state dict goes into every rank's shards
-    (collective)."""
-
-    def __init__(self, model: nn.Module, dp: DataParallel) -> None:
-        self.model, self.dp = model, dp
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        load_full_state_dict(self.model, state, self.dp)
-
-
-class ShardedOptimizerState:
-    """save/load of an optimizer over FSDP2 parameters as one whole state dict held by the main rank (the format
-    of a single-process run's checkpoint). Both calls are collective."""
+    The states are taken as they are: a parameter with no state yet (frozen, or an actor before its first step)
+    has none after a resume either. (`torch.distributed.checkpoint.state_dict`'s helpers would first take a zero
+    step to create every state, which changes the run: AdamW's step count enters its bias correction.)"""
 
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self.model, self.opt = model, opt
 
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.model)
+
+    def _order(self) -> list[str]:
+        """Parameter names in the optimizer's order (its state is keyed by position in this list)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for g in self.opt.param_groups for p in g["params"]]
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_parameters())
+
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-        return get_optimizer_state_dict(self.model, self.opt, options=_full_options())
+        return self.opt.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=state,
-                                 options=_full_options(broadcast_from_rank0=True))
+        """A whole optimizer state (parameters by index, as `torch.optim` saves it); sharded: each rank keeps the
+        rows of every moment that match its shard of the parameter."""
+        if not self.sharded:
+            self.opt.load_state_dict(state)
+            return
+        from torch.distributed.tensor import DTensor, distribute_tensor
+        order, params = self._order(), self._params()
+        local = {}
+        for i, entry in state["state"].items():
+            p = params[order[i]]
+            local[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+                        if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape else v
+                        for k, v in entry.items()}
+        self.opt.load_state_dict({"state": local, "param_groups": state["param_groups"]})
+
+    def sharded_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's state tensors by parameter name (moments as DTensors of this rank's shards)."""
+        order = self._order()
+        return {order[i]: dict(v) for i, v in self.opt.state_dict()["state"].items()}
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The parameter groups (hyperparameters), parameters by name."""
+        order = self._order()
+        return [{**g, "params": [order[i] for i in g["params"]]} for g in self.opt.state_dict()["param_groups"]]
+
+    def sharded_template(self, saved: dict[str, dict[str, tuple[torch.Size, torch.dtype]]]) -> dict[str, Any]:
+        """Tensors `dcp.load` fills, for the saved state entries (name -> key -> (shape, dtype)): moments shaped and
+        sharded like this rank's parameter, scalars (AdamW's step) as they were saved."""
+        params = self._params()
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for name, keys in saved.items():
+            if name not in params:
+                raise ValueError(f"optimizer state: the checkpoint has state for {name!r}, which this model lacks")
+            p = params[name]
+            out[name] = {k: torch.zeros_like(p, dtype=dtype) if shape == p.shape else torch.zeros(shape, dtype=dtype)
+                         for k, (shape, dtype) in keys.items()}
+        return out
+
+    def load_sharded(self, state: dict[str, dict[str, torch.Tensor]], param_groups: list[dict[str, Any]]) -> None:
+        """Load what `sharded_state` and `param_groups` saved (filled in by `dcp.load` at this world size)."""
+        index = {n: i for i, n in enumerate(self._order())}
+        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in param_groups]
+        self.opt.load_state_dict({"state": {index[n]: v for n, v in state.items()}, "param_groups": groups})
+
+
+def _load_full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True)
+
+
+def model_state(model: nn.Module) -> dict[str, Any]:
+    """This rank's shards of the model's state (plain tensors for a plain model): what DCP saves, and the template
+    it loads into."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(model)
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any], *, whole: bool) -> None:
+    """Load `state` into `model`: this rank's shards (`whole` False, from DCP) or a whole state dict (`whole`,
+    a single-process checkpoint), each rank taking its own shards of it."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    set_model_state_dict(model, state, options=_load_full_options() if whole else None)
 
 
 def close(dp: DataParallel) -> None:
-    if dp.distributed and dist.is_initialized():
+    """Leave the process group (torchrun's, or the one-rank group `shard_` made for a single process)."""
+    if dist.is_initialized():
         dist.destroy_process_group()

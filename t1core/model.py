@@ -139,6 +139,13 @@ class ModelConfig:
                    num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
                    num_experts=128, num_experts_per_tok=8, rope_theta=1e6, max_position_embeddings=40960)
 
+    @classmethod
+    def moe_120b_a8b(cls) -> ModelConfig:
+        """A 122B-class Qwen3-MoE shape (120.7B total, 8.3B active): D=4096, 48 layers, 256 experts of F=768, top-8."""
+        return cls(vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=768,
+                   num_hidden_layers=48, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
+                   num_experts=256, num_experts_per_tok=8, rope_theta=1e6, max_position_embeddings=40960)
+
 
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": ModelConfig.tiny,
@@ -603,4 +610,6 @@ class ValueModel(nn.Module):
         hidden_TD, _ = self.model(input_ids_T, cu_seqlens=cu_seqlens, replay_routing=replay_routing)
         # A fresh [T] tensor, not a view of [T, 1]: FSDP2 attaches its backward hook to the output, and an in-place
         # op on a view would silently drop it.
-        return F.linear(hidden_TD.float(), self.value_head.weight, self.value_head.bias).squeeze(-1).clone()
+        # .float(): under a mixed-precision policy the head arrives in the compute dtype (a no-op in fp32).
+        head = self.value_head
+        return F.linear(hidden_TD.float(), head.weight.float(), head.bias.float()).squeeze(-1).clone()

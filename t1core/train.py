@@ -57,6 +57,7 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         self.dp = dp = dp or DataParallel.single()
         self.pretrains = world.pretrains(cfg)  # checked first: a config error must not wait for image builds
+        world.shard_options(cfg)
         self.tok = world.load_tokenizer(cfg)
         tasks = None
         if dp.is_main:  # one rank writes the task directories and builds the images; all ranks run sandboxes
@@ -64,13 +65,16 @@ class Trainer:
             tasks = world.load_tasks(cfg, run_dir)
             world.build_images(tasks, cfg)
         self.tasks = dp.broadcast(tasks)
-        self.policy, self.critic = world.load_models(cfg, self.tok)
+        self.policy, self.critic = world.load_models(cfg, self.tok, dp)
         self.actor_frozen = world.frozen_parameters(self.policy, cfg.optim.actor_frozen)  # checked before SFT
-        # Each rank's engine copy is taken before sharding; it is refreshed from the gathered weights after updates.
+        # Each rank's engine copy is taken before sharding (or read from the checkpoint); refreshed after updates.
         self.engine = world.make_engine(self.policy, cfg)
         self.sampled = CompletionLog(self.engine)  # what this rank's engine returned, to check drift against
-        distributed.shard_(self.policy, dp)
-        distributed.shard_(self.critic, dp)
+        if cfg.parallel.activation_checkpointing:  # after the engine's copy: it must not share the wrapped forwards
+            distributed.checkpoint_layers_(self.policy)
+            distributed.checkpoint_layers_(self.critic)
+        distributed.shard_(self.policy, dp, **world.shard_options(cfg))
+        distributed.shard_(self.critic, dp, **world.shard_options(cfg))
         self.state = {"step": 0, "warm_started": False}
         rl_progress = (lambda: self.state["step"] / max(cfg.run.steps, 1)) if cfg.optim.actor_lr_decay else None
         self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
@@ -245,8 +249,10 @@ class Trainer:
                 "metrics": metrics}
 
     def sync_engine(self) -> None:
-        """Every rank's engine gets the policy's current weights, gathered from the shards when sharded."""
-        self.engine.update_weights(distributed.full_state_dict(self.policy, self.dp, everywhere=True))
+        """Every rank's engine gets the policy's current weights, streamed one decoder layer at a time (gathered from
+        the shards when sharded; collective then), in the engine's dtype."""
+        dtype = world.compute_dtype(self.cfg)
+        self.engine.update_weights(distributed.iter_hf_tensors(self.policy, dtype=dtype))
 
     # ---- the loop ----
     def run(self) -> None:
@@ -290,49 +296,38 @@ class Trainer:
         self.save_hf(self.run_dir / "final")
 
     def save_hf(self, path: Path) -> None:
-        """The policy as a HF checkpoint directory with its tokenizer: `--model.name=PATH` loads it."""
-        policy = distributed.host_copy(self.policy, self.dp)  # collective when sharded; None off the main rank
-        if policy is not None:
-            policy.save_pretrained(path)
+        """The policy as a HF checkpoint directory with its tokenizer: `--model.name=PATH` loads it. Sharded: streamed
+        one layer at a time to the main rank, which writes it (collective)."""
+        distributed.save_hf(self.policy, path, self.dp)
+        if self.dp.is_main:
             self.tok.save_pretrained(path)
 
     def checkpoint(self) -> Path | None:
-        """Atomic checkpoint (the main rank writes it; when sharded every rank takes part in gathering it)."""
-        dp = self.dp
-        policy, critic = distributed.host_copy(self.policy, dp), distributed.host_copy(self.critic, dp)
-        optimizers = {k: _Snapshot(v.state_dict()) if dp.distributed else v for k, v in self._optimizers().items()}
-        if not dp.is_main:
-            return None
-        return save_checkpoint(self.run_dir / "checkpoints", step=self.state["step"], policy=policy,
-                               critic=critic, optimizers=optimizers, rng_states=capture_rng_state(),
-                               data_state=dict(self.state), config=self.cfg, keep_last=2)
+        """Atomic checkpoint (collective when sharded: every rank writes its own shards, the main rank the rest)."""
+        return save_checkpoint(self.run_dir / "checkpoints", step=self.state["step"], policy=self.policy,
+                               critic=self.critic, optimizers=self._optimizers(), rng_states=capture_rng_state(),
+                               data_state=dict(self.state), config=self.cfg, keep_last=2, dp=self.dp)
 
     def _optimizers(self) -> dict:
-        """Optimizers and schedulers by name; sharded optimizers through their whole-state view."""
-        sharded = self.dp.distributed
-        actor = distributed.ShardedOptimizerState(self.policy, self.opt_actor) if sharded else self.opt_actor
-        critic = distributed.ShardedOptimizerState(self.critic, self.opt_critic) if sharded else self.opt_critic
-        return {"actor": actor, "critic": critic, "sched_actor": self.sched_actor, "sched_critic": self.sched_critic}
+        """Optimizers (with their models: sharded ones save and load as shards) and schedulers by name."""
+        return {"actor": distributed.ModelOptimizer(self.policy, self.opt_actor),
+                "critic": distributed.ModelOptimizer(self.critic, self.opt_critic),
+                "sched_actor": self.sched_actor, "sched_critic": self.sched_critic}
 
     def _maybe_resume(self) -> int | None:
         ckpt_root = self.run_dir / "checkpoints"
         if latest_checkpoint(ckpt_root) is None:
             # A run that died before its first checkpoint starts over; its partial metrics rows go.
             return -2 if (self.run_dir / "metrics.jsonl").exists() else None
-        dp = self.dp
-        policy, critic = (self.policy, self.critic) if not dp.distributed else (
-            distributed.ShardedModelState(self.policy, dp), distributed.ShardedModelState(self.critic, dp))
-        ckpt = load_checkpoint(ckpt_root, policy=policy, critic=critic, optimizers=self._optimizers())
+        ckpt = load_checkpoint(ckpt_root, policy=self.policy, critic=self.critic, optimizers=self._optimizers())
         self.state = dict(ckpt["data_state"])
         self.sync_engine()
         if self.cfg.algo.kl_coef > 0:
             ref_dir = self.run_dir / WARMSTART_DIR
             if not (ref_dir / "config.json").is_file():
                 raise ValueError(f"resume with algo.kl_coef > 0: the KL reference policy {ref_dir} is missing")
-            param = next(self.policy.parameters())
-            ref = type(self.policy).from_pretrained(ref_dir, dtype=param.dtype, device=param.device)
-            self.ref_policy = distributed.shard_(ref, dp).eval().requires_grad_(False)
-        if dp.is_main:
+            self.ref_policy = _anchor_from_hf(ref_dir, self.policy)
+        if self.dp.is_main:
             print(f"resumed from {ckpt['path']} at step {self.state['step']}")
         return self.state["step"] - 1
 
@@ -341,25 +336,21 @@ class Trainer:
 
 
 def _frozen_copy(model: torch.nn.Module, dp: DataParallel) -> torch.nn.Module:
-    """A frozen copy of the policy (the KL anchor), sharded like it when sharded."""
-    if not dp.distributed:
+    """A frozen copy of the policy (the KL anchor). Sharded policy: a sharded copy in the compute dtype, each rank
+    copying its own shards (no rank ever holds the whole model)."""
+    if not distributed.is_sharded(model):
         return copy.deepcopy(model).eval().requires_grad_(False)
-    state = distributed.full_state_dict(model, dp)
-    param = next(model.parameters())
-    ref = type(model)(model.config, seed=None, dtype=param.dtype, device=param.device)
-    distributed.shard_(ref, dp)
-    distributed.load_full_state_dict(ref, state, dp)
-    return ref.eval().requires_grad_(False)
+    return distributed.frozen_shards(model).eval().requires_grad_(False)
 
 
-class _Snapshot:
-    """A state dict taken already (a sharded optimizer's, gathered by every rank) for `save_checkpoint`."""
-
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict:
-        return self.state
+def _anchor_from_hf(path: Path, policy: torch.nn.Module) -> torch.nn.Module:
+    """The KL anchor of a resumed run, read from its warm-start HF directory: sharded like the policy (each rank
+    reads only its own rows) when the policy is sharded."""
+    if not distributed.is_sharded(policy):
+        param = next(policy.parameters())
+        ref = type(policy).from_pretrained(path, dtype=param.dtype, device=param.device)
+        return ref.eval().requires_grad_(False)
+    return distributed.frozen_shards(policy, hf_dir=path).eval().requires_grad_(False)
 
 
 def _every(n: int, step: int) -> bool:

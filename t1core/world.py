@@ -20,6 +20,7 @@ from sandbox.images import TaskImage, build_task_images, default_base_image_over
 from sandbox.image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
+from t1core import distributed
 from t1core.config import RunConfig
 from t1core.distributed import check_device
 from t1core.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
@@ -75,10 +76,32 @@ def build_images(tasks: TaskSets, cfg: RunConfig) -> None:
     tasks.images.update(build_task_images(tasks.all(), base_image_overrides=overrides))
 
 
-def load_models(cfg: RunConfig, tok: ChatTokenizer) -> tuple[MoEModel, ValueModel]:
-    """Policy (a preset, initialised from the run seed, or a HF checkpoint) and a critic from its weights."""
+def compute_dtype(cfg: RunConfig) -> torch.dtype:
+    """The dtype layers compute in (model.dtype); the engine's weights are in it too."""
+    return _DTYPES[cfg.model.dtype]
+
+
+def shard_options(cfg: RunConfig) -> dict:
+    """`distributed.shard_`'s keywords for this run: a half-precision model.dtype is mixed precision over fp32
+    masters (`load_models` builds the models in fp32 then); parallel.cpu_offload the CPUOffloadPolicy."""
+    dtype = compute_dtype(cfg)
+    if cfg.parallel.cpu_offload and torch.device(cfg.run.device).type != "cuda":
+        raise ValueError(f"parallel.cpu_offload=true: offloads GPU memory to the host, expected run.device='cuda', "
+                         f"got {cfg.run.device!r}")
+    return {"param_dtype": None if dtype == torch.float32 else dtype, "cpu_offload": cfg.parallel.cpu_offload}
+
+
+def load_models(cfg: RunConfig, tok: ChatTokenizer,
+                dp: distributed.DataParallel | None = None) -> tuple[MoEModel, ValueModel]:
+    """Policy (a preset, initialised from the run seed, or a HF checkpoint) and a critic from its weights; in fp32
+    (the master weights) when model.dtype is half precision, which `distributed.shard_` then computes in.
+    A checkpoint on W ranks loads already sharded: each rank reads only its own rows (collective)."""
     dtype, device = _DTYPES[cfg.model.dtype], torch.device(cfg.run.device)
+    dtype = torch.float32 if shard_options(cfg)["param_dtype"] is not None else dtype
     name = cfg.model.name
+    if Path(name).is_dir() and dp is not None and dp.distributed:
+        policy = distributed.sharded_from_pretrained(Path(name), dp, dtype=dtype, **shard_options(cfg))
+        return policy, distributed.sharded_critic(policy, dp, **shard_options(cfg))
     if Path(name).is_dir():
         policy = MoEModel.from_pretrained(name, dtype=dtype)
     elif _is_preset(name):
@@ -143,7 +166,11 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine | VLLMEngine:
         return _make_vllm_engine(policy, cfg)
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
                         max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
-    return TorchEngine(copy.deepcopy(policy).eval().requires_grad_(False), ecfg)
+    if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
+        engine_model = MoEModel.from_pretrained(cfg.model.name, dtype=compute_dtype(cfg), device=cfg.run.device)
+    else:
+        engine_model = copy.deepcopy(policy).to(compute_dtype(cfg))  # fp32 masters: the engine serves model.dtype
+    return TorchEngine(engine_model.eval().requires_grad_(False), ecfg)
 
 
 def _make_vllm_engine(policy: MoEModel, cfg: RunConfig) -> VLLMEngine:

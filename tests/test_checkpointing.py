@@ -178,3 +178,174 @@ def test_policy_exported_in_hf_format(tmp_path):
     ids = torch.tensor([[1, 5, 9, 3]])
     torch.testing.assert_close(reloaded(ids).logits, policy(ids).logits, rtol=0, atol=0)
     assert load_checkpoint(tmp_path, critic=None)["critic"] is None
+
+
+# ---- sharded (FSDP2, gloo ranks): DCP checkpoints, resharding, streamed HF export, the sharded KL anchor ----
+
+def _small_cfg():
+    from t1core.model import ModelConfig
+    # Awkward for 2 ranks: V=301 and E=3 rows do not divide evenly.
+    return ModelConfig(vocab_size=301, hidden_size=32, intermediate_size=48, moe_intermediate_size=24,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                       num_experts=3, num_experts_per_tok=2)
+
+
+def _trainer_parts(dp, seed: int):
+    """Policy, critic (sharded when dp is distributed) and their optimizers/schedulers, as the trainer names them."""
+    from t1core.distributed import ModelOptimizer, shard_
+    from t1core.model import MoEModel, ValueModel
+    from t1core.world import make_optimizer
+    cfg = load_config(None, ["--optim.warmup_steps=3"])
+    policy = shard_(MoEModel(_small_cfg(), seed=seed), dp)
+    critic = shard_(ValueModel.from_policy(MoEModel(_small_cfg(), seed=seed + 1)), dp)
+    (opt_a, sched_a), (opt_c, sched_c) = (make_optimizer(m, lr=1e-2, cfg=cfg) for m in (policy, critic))
+    optimizers = {"actor": ModelOptimizer(policy, opt_a), "critic": ModelOptimizer(critic, opt_c),
+                  "sched_actor": sched_a, "sched_critic": sched_c}
+    return policy, critic, optimizers
+
+
+def _sharded_step(policy, critic, optimizers, step: int) -> None:
+    """One optimizer step of each model on a row fixed by `step` (the same on every rank: FSDP2's averaged gradient
+    is the single-process one up to rounding)."""
+    ids = torch.randint(0, 301, (24,), generator=torch.Generator().manual_seed(step))
+    for model, loss in ((policy, lambda: policy.compute_logits(ids).square().mean()),
+                        (critic, lambda: critic(ids).square().mean())):
+        opt = optimizers["actor" if model is policy else "critic"].opt
+        opt.zero_grad()
+        loss().backward()
+        opt.step()
+        optimizers["sched_actor" if model is policy else "sched_critic"].step()
+
+
+def _gathered(policy, critic, dp) -> dict:
+    from t1core.distributed import full_state_dict
+    return {"policy": full_state_dict(policy, dp), "critic": full_state_dict(critic, dp)}
+
+
+def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
+    import datetime
+    import torch.distributed as dist
+    from t1core.distributed import (DataParallel, ModelOptimizer, frozen_shards, save_hf, sharded_critic,
+                                    sharded_from_pretrained)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=90))
+    try:
+        dp, out = DataParallel(rank=rank, world_size=2), Path(out)
+        if phase == "save":  # 2 steps, checkpoint (DCP), 2 more; then resume a fresh copy from the checkpoint
+            parts = _trainer_parts(dp, seed=0)
+            for step in range(2):
+                _sharded_step(*parts, step)
+            # An optimizer that has not stepped yet (the actor during critic-only iterations) has no state, and
+            # saving must not create any (a zero step would change AdamW's bias correction later).
+            parts[2]["idle"] = ModelOptimizer(parts[0], torch.optim.AdamW(parts[0].parameters()))
+            save_checkpoint(out / "ckpt2", step=2, policy=parts[0], critic=parts[1], optimizers=parts[2],
+                            rng_states={}, data_state={"step": 2}, config=RunConfig(), dp=dp)
+            for step in range(2, 4):
+                _sharded_step(*parts, step)
+            straight = _gathered(parts[0], parts[1], dp)
+            save_hf(parts[0], out / "hf", dp, max_shard_bytes=20_000)  # streamed, several shard files
+            anchor, anchor_hf = frozen_shards(parts[0]), frozen_shards(parts[0], hf_dir=out / "hf")
+            loaded = sharded_from_pretrained(out / "hf", dp, dtype=torch.float32)  # each rank reads its rows
+            anchors = [_gathered(a, sharded_critic(loaded, dp), dp) for a in (anchor, anchor_hf, loaded)]
+            assert not parts[2]["idle"].opt.state
+            fresh = _trainer_parts(dp, seed=5)
+            fresh[2]["idle"] = ModelOptimizer(fresh[0], torch.optim.AdamW(fresh[0].parameters()))
+            ckpt = load_checkpoint(out / "ckpt2", policy=fresh[0], critic=fresh[1], optimizers=fresh[2],
+                                   restore_rng=False)
+            assert not fresh[2]["idle"].opt.state
+            del fresh[2]["idle"]
+            for step in range(2, 4):
+                _sharded_step(*fresh, step)
+            if rank == 0:
+                torch.save({"straight": straight, "resumed": _gathered(fresh[0], fresh[1], dp), "anchors": anchors,
+                            "data_state": ckpt["data_state"]}, out / "phase_save.pt")
+            else:
+                _gathered(fresh[0], fresh[1], dp)
+        else:  # resume a single process's (whole) checkpoint on 2 ranks
+            fresh = _trainer_parts(dp, seed=5)
+            load_checkpoint(out / "ckpt1", policy=fresh[0], critic=fresh[1], optimizers=fresh[2], restore_rng=False)
+            for step in range(2, 4):
+                _sharded_step(*fresh, step)
+            got = _gathered(fresh[0], fresh[1], dp)
+            if rank == 0:
+                torch.save(got, out / "phase_load.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _assert_states(got: dict, want: dict, *, exact: bool) -> None:
+    for part in ("policy", "critic"):
+        assert got[part].keys() == want[part].keys()
+        for k, v in want[part].items():
+            if exact:
+                assert torch.equal(got[part][k], v), (part, k)
+            else:  # a different world size sums the gradients in another order
+                torch.testing.assert_close(got[part][k], v, rtol=1e-5, atol=1e-6, msg=f"{part}.{k}")
+
+
+def test_sharded_checkpoints_resume_and_reshard(tmp_path):
+    """DCP: each of 2 ranks writes its shards; a fresh pair resumes bit for bit; one plain process resumes the same
+    checkpoint (2 -> 1) and 2 ranks resume a single process's checkpoint (1 -> 2), both equal to the straight runs
+    within fp32 rounding. The streamed HF export equals a single process's save_pretrained byte for byte, and the
+    sharded KL anchor (from shards or from that export) equals the policy, as does the policy each rank loads from
+    its own rows of the export."""
+    import torch.multiprocessing as mp
+    from t1core.distributed import DataParallel, ModelOptimizer
+    from t1core.model import MoEModel
+    mp.spawn(_sharded_worker, args=(_port(), str(tmp_path), "save"), nprocs=2, join=True)
+    got = torch.load(tmp_path / "phase_save.pt", weights_only=False)
+    step_dir = tmp_path / "ckpt2" / "step_00000002"
+    assert sorted(p.name for p in (step_dir / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert got["data_state"] == {"step": 2}
+    _assert_states(got["resumed"], got["straight"], exact=True)
+    moved = max(float((MoEModel(_small_cfg(), seed=0).state_dict()[k] - v).abs().max())
+                for k, v in got["straight"]["policy"].items())
+    assert moved > 1e-3
+    # Inspection in one process: the whole state dicts, optimizer moments by parameter name.
+    whole = load_checkpoint(tmp_path / "ckpt2", restore_rng=False)
+    assert whole["policy"].keys() == got["straight"]["policy"].keys()
+    assert set(whole["optimizers"]["actor"]["state"]) == set(got["straight"]["policy"])
+
+    # Streamed export vs the single-process save of the same weights.
+    ref = MoEModel(_small_cfg(), seed=None)
+    ref.load_state_dict(got["straight"]["policy"])
+    ref.save_pretrained(tmp_path / "ref_hf", max_shard_bytes=20_000)
+    files = sorted(p.name for p in (tmp_path / "ref_hf").iterdir())
+    assert len(files) > 3 and files == sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert all((tmp_path / "hf" / f).read_bytes() == (tmp_path / "ref_hf" / f).read_bytes() for f in files)
+    for anchor in got["anchors"]:  # the KL anchors and the sharded load of the export; its critic: trunk, zero head
+        assert all(torch.equal(anchor["policy"][k], v) for k, v in got["straight"]["policy"].items())
+        critic = anchor["critic"]
+        assert all(torch.equal(critic[k], got["straight"]["policy"][k]) for k in critic if k.startswith("model."))
+        assert not critic["value_head.weight"].any() and not critic["value_head.bias"].any()
+
+    # 2 -> 1: a plain process resumes the sharded checkpoint.
+    single = DataParallel.single()
+    policy, critic, optimizers = _trainer_parts(single, seed=5)
+    idle = ModelOptimizer(policy, torch.optim.AdamW(policy.parameters()))
+    load_checkpoint(tmp_path / "ckpt2", policy=policy, critic=critic, optimizers={**optimizers, "idle": idle},
+                    restore_rng=False)
+    assert not idle.opt.state
+    for step in range(2, 4):
+        _sharded_step(policy, critic, optimizers, step)
+    _assert_states(_gathered(policy, critic, single), got["straight"], exact=False)
+
+    # 1 -> 2: a single process's whole checkpoint resumed on 2 ranks.
+    policy, critic, optimizers = _trainer_parts(single, seed=0)
+    for step in range(2):
+        _sharded_step(policy, critic, optimizers, step)
+    save_checkpoint(tmp_path / "ckpt1", step=2, policy=policy, critic=critic, optimizers=optimizers, rng_states={},
+                    data_state=None, config=RunConfig())
+    assert not (tmp_path / "ckpt1" / "step_00000002" / "dcp").exists()
+    for step in range(2, 4):
+        _sharded_step(policy, critic, optimizers, step)
+    mp.spawn(_sharded_worker, args=(_port(), str(tmp_path), "load"), nprocs=2, join=True)
+    _assert_states(torch.load(tmp_path / "phase_load.pt", weights_only=False), _gathered(policy, critic, single),
+                   exact=False)

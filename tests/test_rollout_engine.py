@@ -14,6 +14,7 @@ from kernels.logprob import token_logprobs
 from rollout.engine import Completion, Engine, SamplingParams, request_seed
 from rollout.sampling import derive_seed, sample_tokens, uniform
 from rollout.torch_engine import EngineConfig, TorchEngine
+from t1core.checkpoint import hf_state_dict
 from t1core.model import ModelConfig, MoEModel
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=2)
@@ -193,7 +194,7 @@ def test_prefix_reuse_multi_turn_and_weight_update() -> None:
         assert eng.submit(turn2, params).result().num_cached_tokens == len(turn2) - 1  # same prompt again
 
         new_model = MoEModel(CFG, seed=1)
-        assert eng.update_weights(new_model) == 1
+        assert eng.update_weights(hf_state_dict(new_model).items()) == 1
         c3 = eng.submit(turn2, params).result()
         assert c3.num_cached_tokens == 0 and c3.policy_version == 1
         with TorchEngine(new_model, cfg) as ref:
@@ -214,13 +215,51 @@ def test_update_weights_waits_for_running_requests() -> None:
         running = eng.submit(prompt, SamplingParams(max_new_tokens=150, seed=1))
         while eng.stats["decode_tokens"] == 0:  # wait until it is decoding
             time.sleep(0.001)
-        assert eng.update_weights(MoEModel(CFG, seed=3).state_dict()) == 1
+        assert eng.update_weights(hf_state_dict(MoEModel(CFG, seed=3)).items()) == 1
         # The request running during the update finished with the old weights, all of it.
         assert running.done() and running.result().policy_version == 0 and len(running.result().token_ids) == 150
         after = eng.submit(prompt, SamplingParams(max_new_tokens=4, seed=1)).result()
         assert after.policy_version == 1 and after.num_cached_tokens == 0
     with pytest.raises(RuntimeError, match="closed"):
         eng.submit(prompt, SamplingParams())
+
+
+def test_update_weights_checks_every_name_and_serves_nothing_half_updated() -> None:
+    """A streamed update: lazily consumed, each HF name exactly once. A bad stream (missing, unknown, repeated
+    name, wrong shape) is a ValueError, after which requests fail instead of running on a half-written model; a
+    complete update serves again, with exactly the streamed weights."""
+    target = MoEModel(CFG, seed=4)
+    named = hf_state_dict(target)
+    names = list(named)
+    prompt = _prompts(1, seed=8)[0]
+    params = SamplingParams(max_new_tokens=4, seed=2)
+    bad_streams = {
+        "missing": [(n, named[n]) for n in names[:-1]],
+        "unknown tensor 'model.layers.0.mlp.experts.99.up_proj.weight'":
+            [*named.items(), ("model.layers.0.mlp.experts.99.up_proj.weight", named[names[0]])],
+        "arrived twice": [*named.items(), (names[3], named[names[3]])],
+        "expected shape": [(n, t.T if n == "lm_head.weight" else t) for n, t in named.items()],
+    }
+    with TorchEngine(MoEModel(CFG, seed=0), EngineConfig(max_batch=1, num_slots=2, max_seq_len=128)) as eng:
+        with pytest.raises(TypeError, match="iterable of"):
+            eng.update_weights(target.state_dict())
+        for message, stream in bad_streams.items():
+            with pytest.raises(ValueError, match=message):
+                eng.update_weights(iter(stream))
+            with pytest.raises(RuntimeError, match="no complete weights"):
+                eng.submit(prompt, params)
+        consumed = []
+
+        def lazily():
+            for name in names:
+                consumed.append(name)
+                yield name, named[name].clone()
+
+        assert eng.update_weights(lazily()) == 1 and consumed == names
+        got = hf_state_dict(eng.model)
+        assert got.keys() == named.keys() and all(torch.equal(got[n], named[n]) for n in names)
+        with TorchEngine(target, EngineConfig(max_batch=1, num_slots=2, max_seq_len=128)) as ref:
+            assert eng.submit(prompt, params).result().token_ids == ref.submit(prompt, params).result().token_ids
 
 
 def test_batch_invariant_engine_gives_the_same_bits_whatever_ran_beside() -> None:

@@ -1,0 +1,350 @@
+"""`python -m t1core.plan --config FILE [--nodes N] [--gpus-per-node G] [--gpu-mem-gib M] [--section.key=value ...]`
+
+Per-rank memory of a run before renting the nodes: built from the model's shape alone (meta device, no weight is
+read), laid out as the trainer lays it out. Ends with `fits: yes|no (peak X GiB of M GiB per rank)`; exit status 0
+only when it fits, 1 when it does not (with the settings that would make it fit), 2 on bad input.
+
+Legend: N parameters, W ranks (nodes x GPUs per node), T tokens of one micro-batch, L layers, D model dim, F expert
+hidden dim, E experts, K top-k, V vocab, H query heads, Hkv KV heads, Dh head dim, S engine context.
+
+What a rank holds (t1core.distributed, rollout.torch_engine):
+- FSDP2 shards dim 0 of every parameter over W ranks: each rank's storage is ceil(d0 / W) rows (padded), its
+  gradient and AdamW moments the same rows. With model.dtype bf16 the shards are the fp32 master weights
+  (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)); with fp32 there is no separate master copy.
+- Around its use a decoder layer is all-gathered in the compute dtype (the current one and the prefetched next),
+  and the root (embedding, final norm, heads) stays gathered from forward to backward.
+- parallel.cpu_offload: shards, gradients and AdamW state in host memory; the GPU keeps the gathered working set.
+- Policy and critic (the same trunk plus a scalar head) each have all of the above; their updates run one after
+  the other, so activations count once. The KL anchor (algo.kl_coef > 0) is a frozen shard in the compute dtype.
+- Each rank's engine: a whole copy of the policy in the compute dtype, an fp32 copy of the LM head for sampling,
+  and a KV cache of 2 x rollout.concurrency slots of S = rollout.max_tokens + max_new_tokens_per_turn + 8 tokens.
+- Activations assume flash-attn varlen (O(T) attention state) and the MoE kernel keeping its pre-activations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from t1core.config import RunConfig, load_config
+from t1core.model import ModelConfig, MoEModel, ValueModel
+
+GIB = 2**30
+RESERVE_BYTES = 3 * GIB
+"""CUDA context, NCCL buffers and allocator slack per rank (a flat allowance)."""
+# Checkpoint directories that are not on this machine are planned by their (HF repo) name.
+KNOWN_CHECKPOINTS = {"qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b"}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class PlanError(ValueError):
+    """Bad planner input (printed as one line, exit status 2)."""
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: int
+    """Every parameter of the policy (an untied LM head counts)."""
+    active: int
+    """Parameters one token uses: everything but the experts it is not routed to."""
+
+
+def model_shape(name: str) -> tuple[ModelConfig, str]:
+    """(ModelConfig, where it came from) for model.name: a checkpoint's config.json (read, no weights), a
+    ModelConfig preset, or a known checkpoint name when the directory is not on this machine."""
+    from t1core.checkpoint import config_from_hf
+    path = Path(name)
+    if (path / "config.json").is_file():
+        return config_from_hf(json.loads((path / "config.json").read_text())), f"{path / 'config.json'}"
+    if not path.is_dir() and hasattr(ModelConfig, name) and callable(getattr(ModelConfig, name)):
+        return getattr(ModelConfig, name)(), f"preset {name}"
+    preset = KNOWN_CHECKPOINTS.get(path.name.lower())
+    if preset is not None:
+        return getattr(ModelConfig, preset)(), f"preset {preset} ({name} is not on this machine)"
+    raise PlanError(f"model.name={name!r}: expected a checkpoint directory with config.json, a ModelConfig preset "
+                    f"(e.g. 'tiny', 'qwen3_30b_a3b') or one of {sorted(KNOWN_CHECKPOINTS)} by name")
+
+
+def _meta_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {n: tuple(p.shape) for n, p in module.named_parameters()}
+
+
+@functools.lru_cache(maxsize=8)
+def policy_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the policy, from a meta-device model (nothing allocated)."""
+    return _meta_shapes(MoEModel(cfg, seed=None, device="meta"))
+
+
+@functools.lru_cache(maxsize=8)
+def critic_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    return _meta_shapes(ValueModel(cfg, seed=None, device="meta"))
+
+
+def count_params(cfg: ModelConfig) -> ParamCount:
+    """Total and active parameter counts (active: K of E experts per MoE layer)."""
+    total = active = 0
+    for name, shape in policy_shapes(cfg).items():
+        n = math.prod(shape)
+        total += n
+        is_expert = name.endswith(("mlp.experts.w13", "mlp.experts.w2"))
+        active += n * cfg.num_experts_per_tok // cfg.num_experts if is_expert else n
+    return ParamCount(total=total, active=active)
+
+
+def shard_numel(shape: tuple[int, ...], world: int) -> int:
+    """Elements FSDP2 stores per rank for one parameter: ceil(d0 / W) rows of dim 0 (rank 0's share, padded on the
+    others to the same size)."""
+    if not shape:
+        return 1
+    return -(-shape[0] // world) * math.prod(shape[1:])
+
+
+def _layer_numel(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
+    """(largest decoder layer, root: everything outside the decoder layers) in elements."""
+    layers: dict[str, int] = {}
+    root = 0
+    for name, shape in shapes.items():
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"]:
+            layers[parts[2]] = layers.get(parts[2], 0) + math.prod(shape)
+        else:
+            root += math.prod(shape)
+    return max(layers.values(), default=0), root
+
+
+def activation_bytes(cfg: ModelConfig, *, tokens: int, dtype_bytes: int, checkpointing: bool,
+                     moe_recompute: bool = False) -> int:
+    """Activations one micro-batch of `tokens` keeps for its backward (one model: policy or critic).
+
+    Per token and layer, in the compute dtype: the block's input and norm outputs (3D), q/k before and after their
+    norm and RoPE, v, the attention output and its projection input (~3 H Dh + 4 Hkv Dh), the MoE input gathered
+    for its K experts, their gate/up pre-activations and products, and their outputs (K (2D + 3F)); fp32 router
+    logits and probabilities (2E). With activation checkpointing only each layer's input stays (D per token and
+    layer), plus one layer recomputed in full during the backward. `moe_recompute`: the MoE kernel recomputes its
+    gate/up pre-activations in the backward instead of keeping them (K 2F per token and layer less)."""
+    d, hd = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+    kvd = cfg.num_key_value_heads * cfg.head_dim
+    k, f = cfg.num_experts_per_tok, cfg.moe_intermediate_size
+    moe = k * (2 * d + (1 if moe_recompute else 3) * f) if cfg.num_experts else 3 * cfg.intermediate_size + d
+    per_layer = dtype_bytes * (3 * d + 3 * hd + 4 * kvd + moe) + 4 * 2 * cfg.num_experts
+    head = tokens * d * dtype_bytes * 3  # embedding output, final norm, the loss rows' hidden states
+    if checkpointing:
+        return tokens * (cfg.num_hidden_layers * d * dtype_bytes + per_layer) + head
+    return tokens * cfg.num_hidden_layers * per_layer + head
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    bytes: int
+    where: str  # "gpu" | "host" | "-" (shown for information, not counted)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelConfig
+    source: str
+    params: ParamCount
+    world: int
+    rows: list[Row]
+    gpu_bytes: int
+    host_bytes_per_node: int
+    gpu_limit: int
+    host_limit: int
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu_bytes <= self.gpu_limit and self.host_bytes_per_node <= self.host_limit
+
+
+def micro_batch_tokens(cfg: RunConfig) -> int:
+    """Tokens one rank forwards and backwards at once: the largest of the RL, SFT and pretraining minibatches."""
+    tokens = cfg.algo.minibatch_tokens
+    if cfg.warmstart.sft_enabled:
+        tokens = max(tokens, cfg.warmstart.sft_minibatch_tokens)
+    if cfg.warmstart.pretrain_steps:
+        tokens = max(tokens, cfg.warmstart.pretrain_row_tokens)
+    return tokens
+
+
+def _model_rows(tag: str, shapes: dict[str, tuple[int, ...]], world: int, *, compute: int, mixed: bool,
+                where: str, transient: bool) -> list[Row]:
+    """Sharded state of one trained model, and (`transient`) its gathered working set on the GPU: the policy's,
+    as the critic's update runs after the policy's and gathers no more."""
+    shard = sum(shard_numel(s, world) for s in shapes.values())
+    layer, root = _layer_numel(shapes)
+    stored = 4 if mixed else compute  # mixed precision: the fp32 shards are the master weights
+    grad_transient = 4 if mixed else compute  # reduce_dtype fp32: unsharded gradients are cast for the reduce
+    rows = [
+        Row(f"{tag} parameters (sharded, {'fp32' if stored == 4 else 'compute dtype'})", stored * shard, where),
+        Row(f"{tag} fp32 master copies ({'= the sharded parameters' if mixed else 'none: fp32 run'})", 0, "-"),
+        Row(f"{tag} gradients (sharded)", stored * shard, where),
+        Row(f"{tag} optimizer state (AdamW moments, fp32)", 8 * shard, where),
+    ]
+    if not transient:
+        return rows
+    return rows + [
+        Row(f"{tag} gathered parameters (root + 2 layers, compute dtype)", compute * (root + 2 * layer), "gpu"),
+        Row(f"{tag} unsharded gradients (root + 1 layer)", grad_transient * (root + layer), "gpu"),
+    ]
+
+
+def _engine_rows(cfg: RunConfig, mcfg: ModelConfig, *, n_policy: int, compute: int) -> list[Row]:
+    """The rank's rollout engine: TorchEngine holds the whole policy; an engine with `rollout.engine` other than
+    'torch' and `rollout.tensor_parallel_size` (the vLLM engine's fields, read when the config has them) splits
+    the weights over its tensor-parallel GPUs and the KV heads over up to Hkv of them."""
+    r = cfg.rollout
+    engine, tp = getattr(r, "engine", "torch"), getattr(r, "tensor_parallel_size", 1)
+    split_w, split_kv = (1, 1) if engine == "torch" else (tp, min(tp, mcfg.num_key_value_heads))
+    slots, seq = 2 * max(r.concurrency, 1), r.max_tokens + r.max_new_tokens_per_turn + 8
+    kv = 2 * mcfg.num_hidden_layers * slots * mcfg.num_key_value_heads * seq * mcfg.head_dim * compute // split_kv
+    head_fp32 = 4 * mcfg.vocab_size * mcfg.hidden_size if compute != 4 and engine == "torch" else 0
+    what = "whole policy" if split_w == 1 else f"policy / {split_w} tensor-parallel GPUs"
+    return [Row(f"engine weights ({engine}: {what}, compute dtype{', + fp32 LM head' if head_fp32 else ''})",
+                compute * n_policy // split_w + head_fp32, "gpu"),
+            Row(f"engine KV cache ({slots} slots x {seq} tokens)", kv, "gpu")]
+
+
+def plan(cfg: RunConfig) -> Plan:
+    """The per-rank memory plan of `cfg` on the hardware its [parallel] section names."""
+    par = cfg.parallel
+    mcfg, source = model_shape(cfg.model.name)
+    world = par.nodes * par.gpus_per_node
+    compute = _DTYPE_BYTES[cfg.model.dtype]
+    mixed = compute != 4
+    where = "host" if par.cpu_offload else "gpu"
+    pol, cri = policy_shapes(mcfg), critic_shapes(mcfg)
+    rows = _model_rows("policy", pol, world, compute=compute, mixed=mixed, where=where,
+                       transient=True)
+    rows += _model_rows("critic", cri, world, compute=compute, mixed=mixed, where=where, transient=False)
+    if cfg.algo.kl_coef > 0:
+        rows.append(Row("KL anchor (frozen shard, compute dtype)",
+                        compute * sum(shard_numel(s, world) for s in pol.values()), "gpu"))
+    tokens = micro_batch_tokens(cfg)
+    recompute = bool(getattr(cfg.model, "moe_recompute", False))  # the MoE kernel's option, when the config has it
+    for ac in (False, True):
+        used = ac == par.activation_checkpointing
+        rows.append(Row(f"activations, {tokens} tokens, {'with' if ac else 'without'} activation checkpointing"
+                        f"{'' if used else ' (not this run)'}",
+                        activation_bytes(mcfg, tokens=tokens, dtype_bytes=compute, checkpointing=ac,
+                                         moe_recompute=recompute), "gpu" if used else "-"))
+    rows += _engine_rows(cfg, mcfg, n_policy=sum(math.prod(s) for s in pol.values()), compute=compute)
+    rows.append(Row("reserve (CUDA context, NCCL buffers, allocator slack)", RESERVE_BYTES, "gpu"))
+    gpu = sum(x.bytes for x in rows if x.where == "gpu")
+    host = sum(x.bytes for x in rows if x.where == "host") * par.gpus_per_node
+    return Plan(model=mcfg, source=source, params=count_params(mcfg), world=world, rows=rows, gpu_bytes=gpu,
+                host_bytes_per_node=host, gpu_limit=int(par.gpu_mem_gib * GIB), host_limit=int(par.host_mem_gib * GIB))
+
+
+def _with(cfg: RunConfig, section: str, **changes: object) -> RunConfig:
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **changes)})
+
+
+def fixes(cfg: RunConfig) -> list[str]:
+    """Settings that make a plan fit, each checked by planning again: the first of activation checkpointing, CPU
+    offload and a smaller rollout.concurrency (cumulative, in that order) that fits, and the fewest nodes."""
+    out, changed, trial = [], [], cfg
+    steps = [("parallel", "activation_checkpointing", True), ("parallel", "cpu_offload", True)]
+    steps += [("rollout", "concurrency", c) for c in range(cfg.rollout.concurrency - 1, 0, -1)]
+    for section, key, value in steps:
+        if getattr(getattr(trial, section), key) == value:
+            continue
+        trial = _with(trial, section, **{key: value})
+        changed = [c for c in changed if not c.startswith(f"--{section}.{key}=")]
+        changed.append(f"--{section}.{key}={str(value).lower()}")
+        p = plan(trial)
+        if p.fits:
+            out.append(" ".join(changed) + f" (peak {p.gpu_bytes / GIB:.1f} GiB)")
+            break
+    for nodes in range(cfg.parallel.nodes + 1, 257):
+        p = plan(_with(cfg, "parallel", nodes=nodes))
+        if p.fits:
+            out.append(f"--nodes {nodes} (peak {p.gpu_bytes / GIB:.1f} GiB)")
+            break
+    return out
+
+
+def format_plan(p: Plan, cfg: RunConfig) -> str:
+    par = cfg.parallel
+    lines = [
+        f"model: {p.source}: {p.params.total / 1e9:.2f}B parameters, {p.params.active / 1e9:.2f}B active per token "
+        f"(D={p.model.hidden_size}, L={p.model.num_hidden_layers}, E={p.model.num_experts}, "
+        f"K={p.model.num_experts_per_tok}, F={p.model.moe_intermediate_size}, V={p.model.vocab_size})",
+        f"hardware: {par.nodes} node(s) x {par.gpus_per_node} GPU(s) = {p.world} rank(s), {par.gpu_mem_gib:g} GiB "
+        f"per GPU, {par.host_mem_gib:g} GiB host per node; model.dtype={cfg.model.dtype}, activation checkpointing "
+        f"{'on' if par.activation_checkpointing else 'off'}, CPU offload {'on' if par.cpu_offload else 'off'}",
+        "",
+        f"{'per rank':<78} {'GiB':>9}  where",
+    ]
+    for row in p.rows:
+        lines.append(f"{row.name:<78} {row.bytes / GIB:>9.2f}  {row.where}")
+    lines.append(f"{'total on each GPU':<78} {p.gpu_bytes / GIB:>9.2f}  of {par.gpu_mem_gib:g}")
+    if par.cpu_offload:
+        lines.append(f"{'host memory per node (offloaded state of its ranks)':<78} "
+                     f"{p.host_bytes_per_node / GIB:>9.2f}  of {par.host_mem_gib:g}")
+    engine = next(r for r in p.rows if r.name.startswith("engine weights"))
+    if engine.bytes > p.gpu_limit:
+        lines.append(f"the engine's weights alone ({engine.bytes / GIB:.1f} GiB) exceed one GPU: this model needs a "
+                     "tensor-parallel rollout engine (rollout.engine='vllm' with rollout.tensor_parallel_size)")
+    if not p.fits:
+        found = fixes(cfg)
+        lines.append("")
+        lines.append("would fit with: " + ("; ".join(found) if found else "none of the single changes tried "
+                                            "(activation checkpointing, CPU offload, rollout.concurrency, up to 256 "
+                                            "nodes)"))
+    where = f"(peak {p.gpu_bytes / GIB:.1f} GiB of {par.gpu_mem_gib:g} GiB per rank"
+    where += f"; host {p.host_bytes_per_node / GIB:.0f} of {par.host_mem_gib:g} GiB per node)" if par.cpu_offload \
+        else ")"
+    lines.append(f"fits: {'yes' if p.fits else 'no'} {where}")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints the usage too)
+        print(f"python -m t1core.plan: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None) -> RunConfig:
+    p = _Parser(prog="python -m t1core.plan", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="TOML file of the run (defaults: the embedded CPU run)")
+    p.add_argument("--nodes", type=int, help="nodes (default: parallel.nodes)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: parallel.gpus_per_node)")
+    p.add_argument("--gpu-mem-gib", type=float, help="GiB per GPU (default: parallel.gpu_mem_gib)")
+    args, overrides = p.parse_known_args(argv)
+    if args.config is not None and not Path(args.config).is_file():
+        p.error(f"--config {args.config}: no such file")
+    bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
+    if bad:
+        p.error(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
+    hw = [f"--parallel.{key}={value}" for key, value in (("nodes", args.nodes), ("gpus_per_node", args.gpus_per_node),
+                                                          ("gpu_mem_gib", args.gpu_mem_gib)) if value is not None]
+    try:
+        return load_config(args.config, [*overrides, *hw])
+    except (ValueError, OSError) as e:
+        p.error(str(e).splitlines()[0])
+    raise AssertionError("unreachable")
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    try:
+        p = plan(cfg)
+        text = format_plan(p, cfg)
+    except ValueError as e:  # PlanError, or a checkpoint's config.json this model cannot load
+        print(f"python -m t1core.plan: error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if p.fits else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

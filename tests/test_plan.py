@@ -1,0 +1,159 @@
+"""The memory planner (t1core.plan): parameter counts of a real shape, per-rank bytes against what gloo ranks
+allocate, the command line's verdicts and its errors."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from t1core.checkpoint import config_from_hf, config_to_hf
+from t1core.model import ModelConfig
+from t1core.plan import count_params, plan, policy_shapes
+from t1core.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Qwen/Qwen3-30B-A3B's config.json (the fields the model reads).
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+    "max_position_embeddings": 40960, "tie_word_embeddings": False, "hidden_act": "silu",
+    "attention_bias": False, "use_sliding_window": False,
+}
+
+# Awkward for 2 and 4 ranks: V=301, E=6 and F=24 rows do not divide evenly.
+SMALL = ModelConfig(vocab_size=301, hidden_size=32, intermediate_size=48, moe_intermediate_size=24,
+                    num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                    num_experts=6, num_experts_per_tok=2)
+
+
+def test_qwen3_30b_a3b_counts_are_the_real_ones() -> None:
+    cfg = config_from_hf(QWEN3_30B_A3B)
+    got = count_params(cfg)
+    # Written out from the shape: per layer q, k, v, o projections, q/k norms, two RMSNorms, router, E experts of
+    # three D x F matrices; embedding and an untied LM head.
+    d, f, e, k, v, layers = 2048, 768, 128, 8, 151936, 48
+    attn = d * 32 * 128 + 2 * d * 4 * 128 + 32 * 128 * d + 2 * 128 + 2 * d
+    expert = 3 * d * f
+    total = layers * (attn + d * e + e * expert) + 2 * v * d + d
+    active = layers * (attn + d * e + k * expert) + 2 * v * d + d
+    assert (got.total, got.active) == (total, active)
+    # Qwen's model card: 30.5B total, 3.3B activated (3.35B: the card truncates).
+    assert round(got.total / 1e9, 1) == 30.5 and 3.3e9 <= got.active < 3.4e9
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (padding included: what the rank allocated)."""
+    seen = {}
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        seen[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _measure_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    try:
+        from t1core.distributed import DataParallel, shard_
+        from t1core.model import MoEModel
+        from t1core.world import make_optimizer
+        model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world))
+        opt, _ = make_optimizer(model, lr=1e-3, cfg=load_config(None, []))
+        ids = torch.arange(40) % SMALL.vocab_size
+        model.compute_logits(ids).square().mean().backward()
+        opt.step()
+        params = list(model.parameters())
+        state = [t for s in opt.state.values() for name, t in s.items() if name in ("exp_avg", "exp_avg_sq")]
+        (Path(out_dir) / f"{rank}.json").write_text(json.dumps(
+            {"params": _storage_bytes(params), "grads": _storage_bytes(p.grad for p in params),
+             "optimizer": _storage_bytes(state), "state_fp32": all(t.dtype == torch.float32 for t in state)}))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, world: int) -> None:
+    mp.spawn(_measure_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+    # The planner reads the shape from a checkpoint's config.json (no weights there).
+    ckpt = tmp_path / "small"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(config_to_hf(SMALL, dtype=torch.float32)))
+    rows = {r.name: r.bytes for r in plan(load_config(None, [f"--model.name={ckpt}", f"--parallel.gpus_per_node={world}"])).rows}
+    planned = {"params": rows["policy parameters (sharded, fp32)"], "grads": rows["policy gradients (sharded)"],
+               "optimizer": rows["policy optimizer state (AdamW moments, fp32)"]}
+    # Rank 0 holds the largest chunks: exactly the planned bytes; every rank at most those.
+    assert {k: got[0][k] for k in planned} == planned
+    assert all(g[k] <= planned[k] for g in got for k in planned)
+    assert all(g["state_fp32"] for g in got)
+    shapes = policy_shapes(SMALL)
+    # Resident parameter + optimizer bytes per rank: at most the whole model's over W plus one decoder layer.
+    whole = sum(4 * torch.Size(s).numel() for s in shapes.values())
+    layer = max(sum(4 * torch.Size(s).numel() for n, s in shapes.items() if n.startswith(f"model.layers.{i}."))
+                for i in range(SMALL.num_hidden_layers))
+    assert all(g["params"] + g["optimizer"] <= 3 * whole / world + layer for g in got)
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "t1core.plan", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def test_cli_verdicts_and_fixes() -> None:
+    ok = _plan_cli("--model.name=tiny")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines()[-1].startswith("fits: yes (peak ")
+    tight = _plan_cli("--model.name=tiny", "--gpu-mem-gib=3")  # below the flat 3 GiB reserve alone
+    assert tight.returncode == 1 and tight.stdout.splitlines()[-1].startswith("fits: no (peak ")
+    assert "would fit with: none" in tight.stdout
+    big = _plan_cli("--config", str(REPO / "t1core/configs/qwen3_30b_a3b_harbor.toml"),
+                    "--parallel.activation_checkpointing=false", "--parallel.cpu_offload=false")
+    assert big.returncode == 1 and "would fit with: --parallel.activation_checkpointing=true" in big.stdout
+
+
+def test_shipped_30b_preset_fits_its_stated_hardware() -> None:
+    out = _plan_cli("--config", str(REPO / "t1core/configs/qwen3_30b_a3b_harbor.toml"))
+    assert out.returncode == 0, out.stdout
+    assert "30.53B parameters, 3.35B active" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "/nonexistent.toml"], "no such file"),
+    (["--model.name=not_a_model"], "model.name='not_a_model'"),
+    (["--run.steps=-1"], "run.steps"),
+    (["--nodes", "0"], "parallel.nodes"),
+    (["--parallel.bogus=1"], "unknown key parallel.bogus"),
+    (["stray"], "unrecognised arguments"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    out = _plan_cli(*args)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_122b_preset_is_planned_and_names_what_it_lacks() -> None:
+    """A 120.7B policy is more than one H200 in bf16: with TorchEngine (a whole copy per rank) it cannot fit, and
+    the planner says why rather than suggest settings that cannot help."""
+    out = _plan_cli("--config", str(REPO / "t1core/configs/moe_122b_harbor.toml"))
+    assert out.returncode == 1
+    assert "120.68B parameters" in out.stdout and "needs a tensor-parallel rollout engine" in out.stdout
+    assert out.stdout.splitlines()[-1].startswith("fits: no")
