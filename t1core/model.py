@@ -151,6 +151,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": ModelConfig.tiny,
     "qwen3_30b_a3b": ModelConfig.qwen3_30b_a3b,
     "qwen3_235b_a22b": ModelConfig.qwen3_235b_a22b,
+    "moe_120b_a8b": ModelConfig.moe_120b_a8b,
 }
 """Model shapes a run's `model.name` may name: a model built from scratch (random init). Any other name is
 the directory of a HF Qwen3-MoE checkpoint."""

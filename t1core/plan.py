@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from t1core.config import RunConfig, load_config
-from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1core.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
 GIB = 2**30
 RESERVE_BYTES = 3 * GIB
@@ -64,11 +64,11 @@ def model_shape(name: str) -> tuple[ModelConfig, str]:
     path = Path(name)
     if (path / "config.json").is_file():
         return config_from_hf(json.loads((path / "config.json").read_text())), f"{path / 'config.json'}"
-    if not path.is_dir() and hasattr(ModelConfig, name) and callable(getattr(ModelConfig, name)):
-        return getattr(ModelConfig, name)(), f"preset {name}"
+    if not path.is_dir() and name in PRESETS:
+        return PRESETS[name](), f"preset {name}"
     preset = KNOWN_CHECKPOINTS.get(path.name.lower())
     if preset is not None:
-        return getattr(ModelConfig, preset)(), f"preset {preset} ({name} is not on this machine)"
+        return PRESETS[preset](), f"preset {preset} ({name} is not on this machine)"
     raise PlanError(f"model.name={name!r}: expected a checkpoint directory with config.json, a ModelConfig preset "
                     f"(e.g. 'tiny', 'qwen3_30b_a3b') or one of {sorted(KNOWN_CHECKPOINTS)} by name")
 
@@ -159,10 +159,13 @@ class Plan:
     host_bytes_per_node: int
     gpu_limit: int
     host_limit: int
+    engine_gpu_bytes: int = 0
+    """Per GPU of a disaggregated vLLM engine (0: the engine shares the trainer's GPUs)."""
 
     @property
     def fits(self) -> bool:
-        return self.gpu_bytes <= self.gpu_limit and self.host_bytes_per_node <= self.host_limit
+        return (self.gpu_bytes <= self.gpu_limit and self.host_bytes_per_node <= self.host_limit
+                and self.engine_gpu_bytes <= self.gpu_limit)
 
 
 def micro_batch_tokens(cfg: RunConfig) -> int:
@@ -197,20 +200,27 @@ def _model_rows(tag: str, shapes: dict[str, tuple[int, ...]], world: int, *, com
     ]
 
 
-def _engine_rows(cfg: RunConfig, mcfg: ModelConfig, *, n_policy: int, compute: int) -> list[Row]:
-    """The rank's rollout engine: TorchEngine holds the whole policy; an engine with `rollout.engine` other than
-    'torch' and `rollout.tensor_parallel_size` (the vLLM engine's fields, read when the config has them) splits
-    the weights over its tensor-parallel GPUs and the KV heads over up to Hkv of them."""
+def _engine_rows(cfg: RunConfig, mcfg: ModelConfig, *, n_policy: int, compute: int, world: int) -> list[Row]:
+    """The rank's rollout engine: TorchEngine holds the whole policy on the rank's GPU; vLLM splits the weights
+    over its `vllm.tensor_parallel_size` GPUs and the KV heads over up to Hkv of them. Colocated, vLLM shares the
+    trainer's GPU and is counted there (conservatively: it sleeps during updates); disaggregated, it runs on GPUs
+    of its own ("engine GPU" rows, not part of the trainer's peak)."""
     r = cfg.rollout
-    engine, tp = getattr(r, "engine", "torch"), getattr(r, "tensor_parallel_size", 1)
+    engine = r.engine
+    tp = cfg.vllm.tensor_parallel_size if engine == "vllm" else 1
+    where = "engine GPU" if engine == "vllm" and cfg.vllm.placement == "disaggregated" else "gpu"
     split_w, split_kv = (1, 1) if engine == "torch" else (tp, min(tp, mcfg.num_key_value_heads))
-    slots, seq = 2 * max(r.concurrency, 1), r.max_tokens + r.max_new_tokens_per_turn + 8
+    # One engine per rank serves that rank's episodes; a disaggregated vLLM serves every rank's at once.
+    # TorchEngine keeps 2 slots per episode (prefix reuse); vLLM pages its cache: one sequence per episode.
+    slots = 2 * max(r.concurrency, 1) if where == "gpu" and engine == "torch" else max(r.concurrency, 1)
+    slots *= world if where == "engine GPU" else 1
+    seq = r.max_tokens + r.max_new_tokens_per_turn + 8
     kv = 2 * mcfg.num_hidden_layers * slots * mcfg.num_key_value_heads * seq * mcfg.head_dim * compute // split_kv
     head_fp32 = 4 * mcfg.vocab_size * mcfg.hidden_size if compute != 4 and engine == "torch" else 0
     what = "whole policy" if split_w == 1 else f"policy / {split_w} tensor-parallel GPUs"
     return [Row(f"engine weights ({engine}: {what}, compute dtype{', + fp32 LM head' if head_fp32 else ''})",
-                compute * n_policy // split_w + head_fp32, "gpu"),
-            Row(f"engine KV cache ({slots} slots x {seq} tokens)", kv, "gpu")]
+                compute * n_policy // split_w + head_fp32, where),
+            Row(f"engine KV cache ({slots} slots x {seq} tokens)", kv, where)]
 
 
 def plan(cfg: RunConfig) -> Plan:
@@ -229,19 +239,21 @@ def plan(cfg: RunConfig) -> Plan:
         rows.append(Row("KL anchor (frozen shard, compute dtype)",
                         compute * sum(shard_numel(s, world) for s in pol.values()), "gpu"))
     tokens = micro_batch_tokens(cfg)
-    recompute = bool(getattr(cfg.model, "moe_recompute", False))  # the MoE kernel's option, when the config has it
+    recompute = cfg.model.moe_recompute
     for ac in (False, True):
         used = ac == par.activation_checkpointing
         rows.append(Row(f"activations, {tokens} tokens, {'with' if ac else 'without'} activation checkpointing"
                         f"{'' if used else ' (not this run)'}",
                         activation_bytes(mcfg, tokens=tokens, dtype_bytes=compute, checkpointing=ac,
                                          moe_recompute=recompute), "gpu" if used else "-"))
-    rows += _engine_rows(cfg, mcfg, n_policy=sum(math.prod(s) for s in pol.values()), compute=compute)
+    rows += _engine_rows(cfg, mcfg, n_policy=sum(math.prod(s) for s in pol.values()), compute=compute, world=world)
     rows.append(Row("reserve (CUDA context, NCCL buffers, allocator slack)", RESERVE_BYTES, "gpu"))
     gpu = sum(x.bytes for x in rows if x.where == "gpu")
     host = sum(x.bytes for x in rows if x.where == "host") * par.gpus_per_node
+    engine_gpu = sum(x.bytes for x in rows if x.where == "engine GPU")
     return Plan(model=mcfg, source=source, params=count_params(mcfg), world=world, rows=rows, gpu_bytes=gpu,
-                host_bytes_per_node=host, gpu_limit=int(par.gpu_mem_gib * GIB), host_limit=int(par.host_mem_gib * GIB))
+                host_bytes_per_node=host, gpu_limit=int(par.gpu_mem_gib * GIB), host_limit=int(par.host_mem_gib * GIB),
+                engine_gpu_bytes=engine_gpu)
 
 
 def _with(cfg: RunConfig, section: str, **changes: object) -> RunConfig:
@@ -287,13 +299,16 @@ def format_plan(p: Plan, cfg: RunConfig) -> str:
     for row in p.rows:
         lines.append(f"{row.name:<78} {row.bytes / GIB:>9.2f}  {row.where}")
     lines.append(f"{'total on each GPU':<78} {p.gpu_bytes / GIB:>9.2f}  of {par.gpu_mem_gib:g}")
+    if p.engine_gpu_bytes:
+        lines.append(f"{f'each of the vLLM engine GPUs ({cfg.vllm.tensor_parallel_size}, besides the trainer ranks)':<78} "
+                     f"{p.engine_gpu_bytes / GIB:>9.2f}  of {par.gpu_mem_gib:g}")
     if par.cpu_offload:
         lines.append(f"{'host memory per node (offloaded state of its ranks)':<78} "
                      f"{p.host_bytes_per_node / GIB:>9.2f}  of {par.host_mem_gib:g}")
     engine = next(r for r in p.rows if r.name.startswith("engine weights"))
     if engine.bytes > p.gpu_limit:
         lines.append(f"the engine's weights alone ({engine.bytes / GIB:.1f} GiB) exceed one GPU: this model needs a "
-                     "tensor-parallel rollout engine (rollout.engine='vllm' with rollout.tensor_parallel_size)")
+                     "tensor-parallel rollout engine (rollout.engine='vllm' with vllm.tensor_parallel_size)")
     if not p.fits:
         found = fixes(cfg)
         lines.append("")

@@ -101,7 +101,10 @@ def load_models(cfg: RunConfig, tok: ChatTokenizer,
     name = cfg.model.name
     if Path(name).is_dir() and dp is not None and dp.distributed:
         policy = distributed.sharded_from_pretrained(Path(name), dp, dtype=dtype, **shard_options(cfg))
-        return policy, distributed.sharded_critic(policy, dp, **shard_options(cfg))
+        critic = distributed.sharded_critic(policy, dp, **shard_options(cfg))
+        for model in (policy, critic):
+            set_moe_recompute(model, cfg.model.moe_recompute)
+        return policy, critic
     if Path(name).is_dir():
         policy = MoEModel.from_pretrained(name, dtype=dtype)
     elif _is_preset(name):
