@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import t1core  # noqa: E402,F401  (thread settings before torch)
+import t1core.cpu_threads  # noqa: E402,F401  (thread settings before torch)
 import torch  # noqa: E402
 
 from kernels.logprob import token_logprobs  # noqa: E402

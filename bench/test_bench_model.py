@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.logprob import token_logprobs
+from t1core.checkpoint import save_pretrained
 from t1core.model import ModelConfig, MoEModel
 
 NUM_SEQS, SEQ_LEN, ROUNDS = 4, 512, 15
@@ -42,7 +43,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[MoEModel, torch.nn
     transformers = pytest.importorskip("transformers")
     ours = MoEModel(ModelConfig.tiny(), seed=0)
     path = Path(tmp_path_factory.mktemp("tiny"))
-    ours.save_pretrained(path)
+    save_pretrained(ours, path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     return ours.train(), hf.train()
 

@@ -20,6 +20,7 @@ import torch
 
 from rollout.engine import SamplingParams
 from rollout.torch_engine import EngineConfig, TorchEngine
+from t1core.checkpoint import save_pretrained
 from t1core.model import ModelConfig, MoEModel
 
 PROMPT_LEN, NEW_TOKENS, REPEATS = 32, 64, 3
@@ -77,7 +78,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[MoEModel, torch.nn
     transformers = pytest.importorskip("transformers")
     ours = MoEModel(ModelConfig.tiny(), seed=0)
     path = Path(tmp_path_factory.mktemp("tiny"))
-    ours.save_pretrained(path)
+    save_pretrained(ours, path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return ours, hf
 

@@ -30,7 +30,8 @@ from sandbox import suite
 from sandbox.cli import Parser, bad_input
 from sandbox.images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task
-from t1core.distributed import check_device
+from t1core.device import check_device
+from t1core.checkpoint import load_pretrained
 from t1core.model import ModelConfig, MoEModel
 from t1core.tokenizer import ChatTokenizer
 
@@ -57,7 +58,7 @@ def load_policy(checkpoint: str | None, *, device: str) -> tuple[MoEModel, ChatT
         model = MoEModel(ModelConfig.tiny(), seed=0, device=device)
         tok = ChatTokenizer.builtin()
     else:
-        model = MoEModel.from_pretrained(checkpoint, device=device)
+        model = load_pretrained(checkpoint, device=device)
         has_tok = (Path(checkpoint) / "tokenizer.json").is_file()
         tok = ChatTokenizer.from_pretrained(checkpoint) if has_tok else ChatTokenizer.builtin()
     if tok.vocab_size > model.config.vocab_size:

@@ -55,6 +55,7 @@ from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.vllm_convert import (finish_reason, flush_sampling_kwargs, max_new_tokens, moe_routing, sampled_logprobs,
                                   split_routing, vllm_sampling_kwargs)
 from rollout.vllm_weights import ValidatedStream, expected_hf_params
+from t1core.checkpoint import save_pretrained
 from t1core.model import ModelConfig, MoEModel
 
 Placement = Literal["colocated", "disaggregated"]
@@ -134,7 +135,7 @@ class VLLMEngine:
             vllm_api.check_trainer_device(wire, placement=placement, tensor_parallel_size=tensor_parallel_size)
         model_dir = tempfile.mkdtemp(prefix="t1-vllm-model-")
         try:
-            model.save_pretrained(model_dir)
+            save_pretrained(model, model_dir)
             args = vllm_api.engine_args(model_dir=model_dir, dtype=dtype, seed=seed,
                                         tensor_parallel_size=tensor_parallel_size,
                                         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,

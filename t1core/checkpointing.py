@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from t1core import distributed
+from t1core.checkpoint import save_pretrained
 from t1core.config import RunConfig, config_to_toml, load_config
 from t1core.distributed import DataParallel
 
@@ -157,7 +158,7 @@ def _write_step_dir(tmp: Path, *, step: int, policy: torch.nn.Module, critic: to
     if distributed.is_sharded(policy):
         distributed.save_hf(policy, tmp / "policy_hf", dp)
     elif hasattr(policy, "save_pretrained") and dp.is_main:
-        policy.save_pretrained(str(tmp / "policy_hf"))
+        save_pretrained(policy, str(tmp / "policy_hf"))
     if not dp.is_main:
         return
     in_dcp = set() if sharded is None else set(sharded["optimizers"])

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from t1core.device import check_device
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -137,20 +139,6 @@ class DataParallel:
         return merged
 
 
-def check_device(dev: torch.device, name: str = "run.device") -> None:
-    """A CUDA device that torch cannot use is an error naming why, raised before any task, image or model work
-    (torch's own error comes later, from deep inside the first `.to(device)`)."""
-    if dev.type != "cuda":
-        return
-    if not torch.cuda.is_available():
-        why = ("this torch build has no CUDA" if torch.version.cuda is None
-               else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU")
-        raise ValueError(f"{name}={str(dev)!r}: {why}; use {name}='cpu'")
-    count = torch.cuda.device_count()
-    if dev.index is not None and dev.index >= count:
-        raise ValueError(f"{name}={str(dev)!r}: torch sees {count} CUDA device(s), cuda:0..cuda:{count - 1}")
-
-
 def init_from_env(device: str) -> DataParallel:
     """Join the torchrun process group when WORLD_SIZE > 1 (NCCL on CUDA, gloo on CPU), with this rank's GPU
     (cuda:LOCAL_RANK) made the current device; otherwise the single-process stand-in."""
@@ -243,7 +231,7 @@ def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
 
 def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
                             param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> nn.Module:
-    """`MoEModel.from_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
+    """`t1core.checkpoint.load_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
     each rank reads only its own rows of every tensor, so no rank ever holds the whole model. Collective."""
     from t1core.checkpoint import read_config
     from t1core.model import MoEModel
@@ -306,7 +294,7 @@ def compute_dtype(model: nn.Module) -> torch.dtype:
 
 
 def save_hf(model: nn.Module, path: Path, dp: DataParallel, *, max_shard_bytes: int = 5 * 2**30) -> None:
-    """`model.save_pretrained(path)` (HF Qwen3-MoE, in its compute dtype) written by the main rank from a stream:
+    """`t1core.checkpoint.save_pretrained(model, path)` (HF Qwen3-MoE, in its compute dtype) written by the main rank from a stream:
     one decoder layer gathered at a time and written as it arrives, never the whole model in one place. The files
     are byte for byte what a single process's save_pretrained writes. Collective when sharded: every rank calls
     it (the others gather and drop)."""

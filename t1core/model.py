@@ -14,7 +14,6 @@ Inputs are packed 1-D token rows with `cu_seqlens`; the forward returns hidden s
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -561,18 +560,6 @@ class MoEModel(nn.Module):
         """
         return self.model.extend(input_ids_T, cache=cache, slot_ids=slot_ids, cu_seqlens=cu_seqlens,
                                  replay_routing=replay_routing)
-
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                        device: torch.device | str | None = None) -> MoEModel:
-        """Load a HF Qwen3-MoE checkpoint directory (config.json + safetensors, sharded or not)."""
-        from t1core.checkpoint import load_pretrained
-        return load_pretrained(path, dtype=dtype, device=device)
-
-    def save_pretrained(self, path: str | os.PathLike, *, max_shard_bytes: int = 5 * 2**30) -> None:
-        """Write config.json + safetensors with HF Qwen3-MoE tensor names (per-expert), sharded above the limit."""
-        from t1core.checkpoint import save_pretrained
-        save_pretrained(self, path, max_shard_bytes=max_shard_bytes)
 
 
 class ValueModel(nn.Module):

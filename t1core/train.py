@@ -34,6 +34,7 @@ from sandbox.families import FAMILIES
 from sandbox.cli import Parser, bad_input
 from sandbox.reap import reap
 from t1core import distributed, world
+from t1core.checkpoint import load_pretrained
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
 from t1core.distributed import DataParallel
@@ -348,7 +349,7 @@ def _anchor_from_hf(path: Path, policy: torch.nn.Module) -> torch.nn.Module:
     reads only its own rows) when the policy is sharded."""
     if not distributed.is_sharded(policy):
         param = next(policy.parameters())
-        ref = type(policy).from_pretrained(path, dtype=param.dtype, device=param.device)
+        ref = load_pretrained(path, dtype=param.dtype, device=param.device)
         return ref.eval().requires_grad_(False)
     return distributed.frozen_shards(policy, hf_dir=path).eval().requires_grad_(False)
 

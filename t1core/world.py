@@ -22,7 +22,8 @@ from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core import distributed
 from t1core.config import RunConfig
-from t1core.distributed import check_device
+from t1core.device import check_device
+from t1core.checkpoint import load_pretrained
 from t1core.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
 from t1core.tokenizer import ChatTokenizer
 
@@ -106,7 +107,7 @@ def load_models(cfg: RunConfig, tok: ChatTokenizer,
             set_moe_recompute(model, cfg.model.moe_recompute)
         return policy, critic
     if Path(name).is_dir():
-        policy = MoEModel.from_pretrained(name, dtype=dtype)
+        policy = load_pretrained(name, dtype=dtype)
     elif _is_preset(name):
         mcfg = PRESETS[name]()
         if mcfg.vocab_size < tok.vocab_size:
@@ -170,7 +171,7 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine | VLLMEngine:
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
                         max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
-        engine_model = MoEModel.from_pretrained(cfg.model.name, dtype=compute_dtype(cfg), device=cfg.run.device)
+        engine_model = load_pretrained(cfg.model.name, dtype=compute_dtype(cfg), device=cfg.run.device)
     else:
         engine_model = copy.deepcopy(policy).to(compute_dtype(cfg))  # fp32 masters: the engine serves model.dtype
     return TorchEngine(engine_model.eval().requires_grad_(False), ecfg)

@@ -41,7 +41,7 @@ from kernels.rows import batch_invariant_mode, mm_rows
 from rollout.sampling import sample_tokens, uniform
 from rollout.vllm_api import VllmApi
 from rollout.vllm_weights import wire_fields
-from t1core.model import MoEModel
+from t1core.checkpoint import load_pretrained
 
 BLOCK = 4
 """KV block size of the fake's prefix cache (small, so prompts end mid-block)."""
@@ -137,7 +137,7 @@ class FakeAsyncLLM:
         if engine_args.get("logprobs_mode") != "processed_logprobs" or not engine_args.get("skip_tokenizer_init"):
             raise ValueError(f"the fake reproduces processed_logprobs with token ids only, got {engine_args}")
         self.args = dict(engine_args)
-        self.model = MoEModel.from_pretrained(engine_args["model"], dtype=torch.float32).eval().requires_grad_(False)
+        self.model = load_pretrained(engine_args["model"], dtype=torch.float32).eval().requires_grad_(False)
         self.cfg = self.model.config
         self.max_model_len = int(engine_args["max_model_len"])
         self.capture = bool(engine_args.get("enable_return_routed_experts"))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from t1core.checkpoint import save_pretrained
 from t1core.checkpointing import (capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state,
                                   save_checkpoint)
 from t1core.config import RunConfig, load_config
@@ -316,7 +317,7 @@ def test_sharded_checkpoints_resume_and_reshard(tmp_path):
     # Streamed export vs the single-process save of the same weights.
     ref = MoEModel(_small_cfg(), seed=None)
     ref.load_state_dict(got["straight"]["policy"])
-    ref.save_pretrained(tmp_path / "ref_hf", max_shard_bytes=20_000)
+    save_pretrained(ref, tmp_path / "ref_hf", max_shard_bytes=20_000)
     files = sorted(p.name for p in (tmp_path / "ref_hf").iterdir())
     assert len(files) > 3 and files == sorted(p.name for p in (tmp_path / "hf").iterdir())
     assert all((tmp_path / "hf" / f).read_bytes() == (tmp_path / "ref_hf" / f).read_bytes() for f in files)

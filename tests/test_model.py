@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from t1core.checkpoint import hf_state_dict
+from t1core.checkpoint import hf_state_dict, load_pretrained, save_pretrained
 from t1core.model import (ModelConfig, MoEModel, NormRoPEFunction, RMSNormFunction, ValueModel, apply_rope,
                           apply_rope_reference, rope_cos_sin)
 
@@ -46,14 +46,14 @@ def test_hf_parity_both_ways(variant: dict, tmp_path) -> None:
     cfg = SMALL.replace(**variant)
     hf = _hf_model(cfg)
     hf.save_pretrained(tmp_path / "hf")
-    ours = MoEModel.from_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf")
     assert ours.config == cfg.replace(initializer_range=ours.config.initializer_range)
     ids = _ids(57, cfg.vocab_size)
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
         got = ours.compute_logits(ids)
     assert (got - ref).abs().max().item() <= 1e-4
-    ours.save_pretrained(tmp_path / "ours", max_shard_bytes=40_000)  # forces several shards
+    save_pretrained(ours, tmp_path / "ours", max_shard_bytes=40_000)  # forces several shards
     assert (tmp_path / "ours" / "model.safetensors.index.json").exists()
     back = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "ours").eval()
     with torch.no_grad():
@@ -64,7 +64,7 @@ def test_gradients_match_transformers(tmp_path) -> None:
     # The trunk's hand-written backwards (RMSNorm, RoPE, fused MoE) against autograd through HF's model.
     hf = _hf_model(SMALL)
     hf.save_pretrained(tmp_path)
-    ours = MoEModel.from_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path)
     ids = _ids(57, SMALL.vocab_size)
     probe = torch.randn(57, SMALL.vocab_size, generator=torch.Generator().manual_seed(3))
     (hf(ids[None]).logits[0] * probe).sum().backward()
@@ -122,15 +122,15 @@ def test_norm_rope_function_is_the_norm_then_the_rotation() -> None:
 
 def test_sharded_roundtrip_bitwise_and_fused_names(tmp_path) -> None:
     model = MoEModel(SMALL, seed=3)
-    model.save_pretrained(tmp_path / "a", max_shard_bytes=30_000)
+    save_pretrained(model, tmp_path / "a", max_shard_bytes=30_000)
     index = json.loads((tmp_path / "a" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 2
     assert "model.layers.0.mlp.experts.7.down_proj.weight" in index["weight_map"]
-    loaded = MoEModel.from_pretrained(tmp_path / "a")
+    loaded = load_pretrained(tmp_path / "a")
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2), n1
     # A single-file save after a sharded one replaces it (no stale shards left behind).
-    model.save_pretrained(tmp_path / "a")
+    save_pretrained(model, tmp_path / "a")
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["config.json", "model.safetensors"]
     # Fused on-disk expert tensors (gate_up_proj [E, 2F, D], down_proj [E, D, F]) load to the same weights.
     from safetensors.torch import save_file
@@ -143,26 +143,26 @@ def test_sharded_roundtrip_bitwise_and_fused_names(tmp_path) -> None:
     (tmp_path / "b").mkdir()
     save_file(tensors, tmp_path / "b" / "model.safetensors")
     (tmp_path / "b" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
-    fused = MoEModel.from_pretrained(tmp_path / "b")
+    fused = load_pretrained(tmp_path / "b")
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fused.state_dict().values()))
 
 
 def test_checkpoint_is_strict(tmp_path) -> None:
     model = MoEModel(SMALL, seed=0)
-    model.save_pretrained(tmp_path)
+    save_pretrained(model, tmp_path)
     from safetensors.torch import load_file, save_file
     tensors = load_file(tmp_path / "model.safetensors")
     save_file({**tensors, "model.layers.0.mlp.extra.weight": torch.zeros(2)}, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="does not use"):
-        MoEModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
     del tensors["model.layers.2.mlp.experts.3.up_proj.weight"]
     save_file(tensors, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="missing tensor"):
-        MoEModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "use_sliding_window": True}))
     with pytest.raises(ValueError, match="use_sliding_window"):
-        MoEModel.from_pretrained(tmp_path)
+        load_pretrained(tmp_path)
 
 
 def test_routing_capture_and_bitwise_replay() -> None:

@@ -282,7 +282,7 @@ def test_resume_keeps_the_saved_config(tmp_path: Path) -> None:
 
 
 def test_an_unusable_cuda_device_fails_before_any_work(tmp_path: Path, capsys) -> None:
-    from t1core.distributed import check_device
+    from t1core.device import check_device
 
     check_device(torch.device("cpu"))
     out = tmp_path / "run"

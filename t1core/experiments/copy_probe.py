@@ -20,6 +20,7 @@ import torch
 from sandbox.cli import Parser, bad_input
 from sandbox.families import FAMILIES, generate
 from sandbox.suite import SEED_STRIDE
+from t1core.checkpoint import load_pretrained
 from t1core.model import MoEModel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_family < 1:
         p.error(f"--per-family must be >= 1, got {args.per_family}")
     with bad_input(p):
-        model = MoEModel.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+        model = load_pretrained(args.checkpoint, dtype=torch.float32).eval()
         tok = ChatTokenizer.from_pretrained(args.checkpoint)
     results = probe(model, tok, families=families, per_family=args.per_family, seed_block=args.seed_block)
     total = Counter()

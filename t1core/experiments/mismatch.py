@@ -59,6 +59,7 @@ from sandbox.tasks import Task
 from t1core.batch import PackedBatch, pack
 from t1core.drift import CompletionLog
 from t1core.losses import mismatch_metrics
+from t1core.checkpoint import load_pretrained
 from t1core.model import ModelConfig, MoEModel
 from t1core.retokenize import retokenize
 from t1core.tokenizer import ChatTokenizer
@@ -300,7 +301,7 @@ def warm_start(cfg: MismatchConfig, tasks: list[Task], images: dict[str, TaskIma
                log: Callable[[str], None]) -> tuple[MoEModel, dict[str, float]]:
     """The fp32 policy: a checkpoint, or the tiny model after `sft_epochs` of SFT on reference transcripts."""
     if cfg.checkpoint is not None:
-        return MoEModel.from_pretrained(cfg.checkpoint, dtype=torch.float32).eval(), {}
+        return load_pretrained(cfg.checkpoint, dtype=torch.float32).eval(), {}
     policy = MoEModel(ModelConfig.tiny(), seed=cfg.model_seed)
     if cfg.sft_epochs == 0:
         return policy.eval(), {}
