@@ -1,23 +1,23 @@
 """Sandbox runtime: Docker containers driven through a persistent shell, the base image, task format, verifiers.
 
-No torch imports here: rollout workers use this package alone.
+No torch imports here: rollout workers and task checkers use this package alone. The names below load on first
+use, so that `python -m sandbox.reap` (or `.image`, `.run_task`) does not import its own module twice and a task
+parser does not load the Docker SDK.
 """
 
-from sandbox.docker_sandbox import CommandResult, DockerSandbox
-from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, ImageNotFound,
-                            SandboxError, ShellUnresponsive)
-from sandbox.pool import SandboxPool
-from sandbox.reap import reap
+import importlib
 
-__all__ = [
-    "CommandResult", "CommandTooLong", "ContainerDied", "DaemonUnreachable", "DockerSandbox", "FileTooLarge",
-    "ImageNotFound", "SandboxError", "SandboxPool", "ShellUnresponsive", "ensure_base_image", "reap",
-]
+_EXPORTS = {
+    "CommandResult": "sandbox.docker_sandbox", "DockerSandbox": "sandbox.docker_sandbox",
+    "CommandTooLong": "sandbox.errors", "ContainerDied": "sandbox.errors", "DaemonUnreachable": "sandbox.errors",
+    "FileTooLarge": "sandbox.errors", "ImageNotFound": "sandbox.errors", "SandboxError": "sandbox.errors",
+    "ShellUnresponsive": "sandbox.errors", "SandboxPool": "sandbox.pool", "reap": "sandbox.reap",
+    "ensure_base_image": "sandbox.image",
+}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):  # noqa: ANN202
-    # Lazy, so that `python -m sandbox.image build` does not import its own module twice.
-    if name == "ensure_base_image":
-        from sandbox.image import ensure_base_image
-        return ensure_base_image
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'sandbox' has no attribute {name!r}")

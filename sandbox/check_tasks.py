@@ -14,7 +14,6 @@ of the run are removed first).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError
+from sandbox.cli import Parser
 from sandbox.images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.run_task import ScriptRun, run_task_report
 from sandbox.signals import exit_on_signals
@@ -193,7 +193,8 @@ def format_table(rows: list[TaskCheck]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandbox.check_tasks", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m sandbox.check_tasks", description=__doc__.split("\n\n")[0],
+                    epilog="example: python -m sandbox.check_tasks /data/terminal-bench/tasks --parallel 4 --json")
     parser.add_argument("dir", type=Path, help="a directory of tasks (or one task)")
     parser.add_argument("--parallel", type=int, default=2, help="tasks checked at a time (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -218,10 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             overrides.setdefault(pattern, image)
         rows = check_tasks(paths, base_image_overrides=overrides, parallel=args.parallel)
     except (ValueError, SandboxError, OSError) as e:
-        print(f"check_tasks: {e}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"error": str(e)}))
-        return 2
+            print(json.dumps({"error": str(e)}), flush=True)
+        parser.error(str(e))
     if args.json:
         print(json.dumps({"summary": summary(rows), "tasks": [dataclasses.asdict(r) for r in rows]}))
     else:

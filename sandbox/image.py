@@ -18,7 +18,6 @@ it is not present locally); nothing is built then.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import os
@@ -34,6 +33,7 @@ import docker
 import docker.errors
 
 from sandbox.errors import ImageNotFound, SandboxError
+from sandbox.cli import Parser
 from sandbox.daemon import docker_client
 
 REPOSITORY = "t1-sandbox-base"
@@ -251,7 +251,8 @@ def _import(client: docker.APIClient, root: Path, ref: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandbox.image", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m sandbox.image", description=__doc__.split("\n\n")[0],
+                    epilog="example: python -m sandbox.image build   (the last line printed is the image reference)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     build = sub.add_parser("build", help="build the base image if missing; print its reference last")
     build.add_argument("--image", default=None, help=f"use this image instead (default: ${ENV_IMAGE})")

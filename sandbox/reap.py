@@ -62,11 +62,12 @@ def reap(run_id: str | None = None, *, everything: bool = False) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
+    from sandbox.cli import Parser
     from sandbox.image_cache import prune_task_images
 
-    parser = argparse.ArgumentParser(prog="python -m sandbox.reap", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m sandbox.reap", description=__doc__.split("\n\n")[0],
+                    epilog="examples: python -m sandbox.reap   (containers of dead runs);  "
+                           "python -m sandbox.reap --images --keep 50   (task images beyond the 50 last used)")
     parser.add_argument("--run-id", default=None, help="also remove every container of this run")
     parser.add_argument("--everything", action="store_true", help="every T1 container, live owners too")
     parser.add_argument("--images", action="store_true", help="prune cached task images instead")

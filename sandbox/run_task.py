@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sandbox.cli import Parser
 from sandbox.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
 from sandbox.images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
@@ -145,7 +146,10 @@ def report_json(task_name: str, result: VerifierResult | None, ran: ScriptRun | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandbox.run_task", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m sandbox.run_task", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog="examples:\n  python -m sandbox.run_task tasks/fixed/git-merge-branch --solution --json\n"
+                           "  python -m sandbox.run_task TASK_DIR --shell     # a person in the task's sandbox")
     parser.add_argument("task_dir", type=Path)
     act = parser.add_mutually_exclusive_group()
     act.add_argument("--solution", action="store_true", help="run the task's reference solution")
@@ -174,10 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         result, ran = run_task_report(task, script=script, base_image_overrides=overrides, interactive=args.shell,
                                       upload_solution=args.solution)
     except (TaskFormatError, TaskImageError, SandboxError, ValueError, OSError) as e:
-        print(f"run_task: {e}", file=sys.stderr)
         if args.json:
-            print(json.dumps(report_json(args.task_dir.name, None, None, str(e))))
-        return 2
+            print(json.dumps(report_json(args.task_dir.name, None, None, str(e))), flush=True)
+        parser.error(str(e))
     print(json.dumps(report_json(task.name, result, ran)) if args.json else format_table(task, result, ran))
     return 0
 

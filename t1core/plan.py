@@ -23,7 +23,6 @@ What a rank holds (t1core.distributed, rollout.torch_engine):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from sandbox.cli import Parser
 from t1core.config import RunConfig, load_config
 from t1core.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
@@ -322,14 +322,9 @@ def format_plan(p: Plan, cfg: RunConfig) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints the usage too)
-        print(f"python -m t1core.plan: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parse_args(argv: list[str] | None) -> RunConfig:
-    p = _Parser(prog="python -m t1core.plan", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m t1core.plan", description=__doc__.split("\n\n")[1].strip(),
+               epilog="example: python -m t1core.plan --config t1core/configs/qwen3_30b_a3b_harbor.toml --nodes 2")
     p.add_argument("--config", help="TOML file of the run (defaults: the embedded CPU run)")
     p.add_argument("--nodes", type=int, help="nodes (default: parallel.nodes)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: parallel.gpus_per_node)")
