@@ -31,6 +31,7 @@ import torch
 
 from t1core import distributed
 from t1core.checkpoint import save_pretrained
+from t1core.model import MoEModel
 from t1core.config import RunConfig, config_to_toml, load_config
 from t1core.distributed import DataParallel
 
@@ -135,6 +136,15 @@ def _read_latest(root: Path) -> str | None:
     return latest.read_text().strip() if latest.exists() else None
 
 
+def _export_hf(policy: torch.nn.Module, path: Path) -> None:
+    """The policy in HF format beside the checkpoint: T1's MoEModel through t1core.checkpoint, any other model that
+    can save itself (a transformers model) through its own save_pretrained; a model that cannot is not exported."""
+    if isinstance(policy, MoEModel):
+        save_pretrained(policy, str(path))
+    elif hasattr(policy, "save_pretrained"):
+        policy.save_pretrained(str(path))
+
+
 def _sharded_parts(policy: torch.nn.Module, critic: torch.nn.Module | None,
                    optimizers: Mapping[str, Stateful]) -> dict[str, Any] | None:
     """What DCP saves when the policy is FSDP2-sharded (None otherwise): this rank's shards of both models and of
@@ -157,8 +167,8 @@ def _write_step_dir(tmp: Path, *, step: int, policy: torch.nn.Module, critic: to
         dcp.save({k: v for k, v in sharded.items() if v is not None}, checkpoint_id=str(tmp / DCP_DIR))
     if distributed.is_sharded(policy):
         distributed.save_hf(policy, tmp / "policy_hf", dp)
-    elif hasattr(policy, "save_pretrained") and dp.is_main:
-        save_pretrained(policy, str(tmp / "policy_hf"))
+    elif dp.is_main:
+        _export_hf(policy, tmp / "policy_hf")
     if not dp.is_main:
         return
     in_dcp = set() if sharded is None else set(sharded["optimizers"])

@@ -152,8 +152,16 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
 
 def test_122b_preset_is_planned_and_names_what_it_lacks() -> None:
     """A 120.7B policy is more than one H200 in bf16: with TorchEngine (a whole copy per rank) it cannot fit, and
-    the planner says why rather than suggest settings that cannot help."""
-    out = _plan_cli("--config", str(REPO / "t1core/configs/moe_122b_harbor.toml"))
+    the planner says why rather than suggest settings that cannot help; the preset's disaggregated vLLM engine
+    (tensor parallel 8, on GPUs of its own) fits, and its GPUs are planned beside the trainer's."""
+    preset = str(REPO / "t1core/configs/moe_122b_harbor.toml")
+    out = _plan_cli("--config", preset, "--rollout.engine=torch")
     assert out.returncode == 1
     assert "120.68B parameters" in out.stdout and "needs a tensor-parallel rollout engine" in out.stdout
     assert out.stdout.splitlines()[-1].startswith("fits: no")
+    out = _plan_cli("--config", preset)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("fits: yes")
+    engine_gpu = [line for line in out.stdout.splitlines() if line.startswith("each of the vLLM engine GPUs (8")]
+    assert len(engine_gpu) == 1 and float(engine_gpu[0].split()[-3]) <= 140
+    trainer = plan(load_config(preset, []))
+    assert trainer.engine_gpu_bytes > 0 and not any(r.where == "gpu" and r.name.startswith("engine") for r in trainer.rows)

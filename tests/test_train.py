@@ -147,9 +147,6 @@ def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Pa
     a, b = _state(straight), _state(crashed)
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"resumed run differs in {differing[:5]}"
-    stats = [load_checkpoint(d / "checkpoints", restore_rng=False)["data_state"]["instance_stats"]
-             for d in (straight, crashed)]
-    assert stats[0] == stats[1] and sum(n for n, _ in stats[0].values()) > 1  # 4 steps, one group each, decayed
     drawn = [[json.loads(p.read_text())["task_name"] for p in sorted((d / "trajectories").glob("step_*/*.json"))]
              for d in (straight, crashed)]
     assert drawn[0] == drawn[1] and len(drawn[0]) == 8

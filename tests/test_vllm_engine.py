@@ -10,7 +10,6 @@ import importlib.util
 import sys
 import threading
 import types
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,7 @@ def _engines(model: MoEModel, **kw: object) -> tuple[VLLMEngine, TorchEngine]:
     vllm = VLLMEngine.from_model(model, max_model_len=MAX_LEN, dtype=torch.float32, **kw)
     ref = TorchEngine(MoEModel(model.config, seed=None).requires_grad_(False),
                       EngineConfig(max_batch=4, num_slots=8, max_seq_len=MAX_LEN, batch_invariant=True))
-    ref.update_weights(model.state_dict())
+    ref.update_weights(hf_state_dict(model).items())
     return vllm, ref
 
 
@@ -345,17 +344,12 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
         **{**fake_vllm.fake_api().__dict__, "make_llm": recording_llm}))
     update = VLLMEngine.update_weights
 
-    def bridged(self: VLLMEngine, named_tensors: object) -> int:
-        # Until #31 lands the trainer hands over a whole state dict under T1's names; the engine takes HF chunks.
-        if isinstance(named_tensors, Mapping):
-            m = MoEModel(self.config, seed=None)
-            m.load_state_dict(named_tensors)
-            named_tensors = hf_state_dict(m).items()
+    def recording(self: VLLMEngine, named_tensors: object) -> int:  # the weights of every version
         version = update(self, named_tensors)
         weights[version] = {k: v.clone() for k, v in self._llm.model.state_dict().items()}
         return version
 
-    monkeypatch.setattr(VLLMEngine, "update_weights", bridged)
+    monkeypatch.setattr(VLLMEngine, "update_weights", recording)
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
     out = tmp_path / "run"
