@@ -291,6 +291,7 @@ def _assert_states(got: dict, want: dict, *, exact: bool) -> None:
                 torch.testing.assert_close(got[part][k], v, rtol=1e-5, atol=1e-6, msg=f"{part}.{k}")
 
 
+@pytest.mark.torchrun
 def test_sharded_checkpoints_resume_and_reshard(tmp_path):
     """DCP: each of 2 ranks writes its shards; a fresh pair resumes bit for bit; one plain process resumes the same
     checkpoint (2 -> 1) and 2 ranks resume a single process's checkpoint (1 -> 2), both equal to the straight runs

@@ -167,6 +167,7 @@ def _loss_curve(*, mixed: bool, steps: int = 20) -> tuple[list[float], torch.opt
     return losses, opt, model, compute
 
 
+@pytest.mark.slow
 def test_bf16_mixed_precision_keeps_fp32_masters_and_tracks_fp32() -> None:
     """model.dtype bf16: layers compute in bf16 while parameters (the masters) and AdamW moments stay fp32, and the
     loss over 20 steps follows the fp32 run's. Tolerance: bf16 rounds activations to 8 bits of mantissa (~0.4%),
@@ -218,6 +219,7 @@ def _docker_ok() -> bool:
         return False
 
 
+@pytest.mark.docker
 @pytest.mark.skipif(not _docker_ok(), reason="no Docker daemon answers")
 def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None:
     """The trainer in one process with model.dtype=bfloat16 (fp32 masters on a one-rank FSDP2 group: DCP checkpoints,

@@ -281,11 +281,13 @@ def test_zero_entropy_coefficient_skips_the_entropy_gradient(cpu_path: str) -> N
     _assert_entropy_skip(_entropy_skip_case())
 
 
+@pytest.mark.interpreter
 def test_zero_entropy_coefficient_skips_the_entropy_gradient_triton_interpreter() -> None:
     out = _run_self("--entropy-skip", env_extra={"TRITON_INTERPRET": "1", "T1_KERNEL_BACKEND": "triton"})
     _assert_entropy_skip(json.loads(out.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_logprob_tiles_compile_for_sm90a_without_spills() -> None:
     """ptxas compiles the log-prob kernels at N = 64k (forward with and without entropy, backward with and without
     an entropy gradient) for sm_90a without register spills (`python -m kernels.aot_report`)."""

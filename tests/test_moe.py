@@ -330,6 +330,7 @@ def test_kernel_scratch_skips_the_deterministic_fill():
         torch.use_deterministic_algorithms(before)
 
 
+@pytest.mark.slow
 def test_production_tiles_compile_for_sm90a_without_spills():
     """ptxas (shipped in the triton wheel) compiles every MoE kernel at the production shapes for sm_90a; none
     may spill registers (`python -m kernels.aot_report`)."""

@@ -90,6 +90,7 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("world", [2, 4])
 def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, world: int) -> None:
     mp.spawn(_measure_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
@@ -118,6 +119,7 @@ def _plan_cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_verdicts_and_fixes() -> None:
     ok = _plan_cli("--model.name=tiny")
     assert ok.returncode == 0, ok.stderr
@@ -150,6 +152,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_122b_preset_is_planned_and_names_what_it_lacks() -> None:
     """A 120.7B policy is more than one H200 in bf16: with TorchEngine (a whole copy per rank) it cannot fit, and
     the planner says why rather than suggest settings that cannot help; the preset's disaggregated vLLM engine

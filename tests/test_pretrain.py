@@ -60,6 +60,7 @@ def _pretrained(steps: int) -> tuple[MoEModel, dict[str, float]]:
     return model, metrics
 
 
+@pytest.mark.slow
 def test_pretraining_lowers_the_loss_and_is_bitwise_reproducible() -> None:
     a, metrics = _pretrained(60)
     assert metrics["pretrain/steps"] == 60 and metrics["pretrain/tokens"] > 60 * 400

@@ -62,6 +62,7 @@ def overrides() -> dict[str, str]:
     return default_base_image_overrides(trust_host_ca=True)
 
 
+@pytest.mark.docker
 def test_base_has_python_and_pip_and_the_ca_layer_is_built_once(overrides: dict[str, str]) -> None:
     from sandbox.image import ensure_base_image, host_ca_bundle
 
@@ -185,6 +186,7 @@ def test_compose_with_many_services_or_no_build_says_what_it_needs(tmp_path: Pat
 
 # ---- fixture tasks on the daemon ------------------------------------------------------------------------------
 
+@pytest.mark.docker
 def test_tb1_compose_context_inherited_workdir_relative_tests_and_solution_yaml(tmp_path: Path,
                                                                               overrides: dict[str, str]) -> None:
     """TB1: the build context is the compose file's subfolder; the Dockerfile never sets WORKDIR, so /app comes
@@ -226,6 +228,7 @@ def test_tb1_compose_context_inherited_workdir_relative_tests_and_solution_yaml(
     assert (result.passed, result.total) == (2, 2), result.output
 
 
+@pytest.mark.docker
 def test_harbor_memory_solution_folder_and_copy_onto_a_directory(tmp_path: Path,
                                                                  overrides: dict[str, str]) -> None:
     """memory = "4G" is the container's cgroup limit; solve.sh uses a helper beside it in /solution and the
@@ -266,6 +269,7 @@ def test_harbor_memory_solution_folder_and_copy_onto_a_directory(tmp_path: Path,
                                         "regular file /opt/data.txt"], (img, r.output)
 
 
+@pytest.mark.docker
 def test_pip_in_run_python_command_and_test_dependencies(tmp_path: Path, overrides: dict[str, str]) -> None:
     """A python:* Dockerfile that pip-installs in RUN and calls `python` builds on the base; the package that
     run-tests.sh adds for the tests is baked in; one that cannot be installed is named by the verifier."""
@@ -293,6 +297,7 @@ def test_pip_in_run_python_command_and_test_dependencies(tmp_path: Path, overrid
     assert result.passed == 0 and "module 't1_no_such_package_e7c1'" in (result.error or ""), result
 
 
+@pytest.mark.docker
 def test_tb1_graded_by_run_tests_exit_status(tmp_path: Path, overrides: dict[str, str]) -> None:
     """No tests/test_*.py and the pytest parser: run-tests.sh's exit status is the one verifier (adapters print
     their summary line from it); other parsers are refused with a reason."""
@@ -310,6 +315,7 @@ def test_tb1_graded_by_run_tests_exit_status(tmp_path: Path, overrides: dict[str
         load_task(d)
 
 
+@pytest.mark.docker
 def test_build_failure_is_clean_and_leaves_no_images(tmp_path: Path, overrides: dict[str, str]) -> None:
     marker = secrets.token_hex(6)
     d = _harbor(tmp_path, "fails", "", {
@@ -328,6 +334,7 @@ def test_build_failure_is_clean_and_leaves_no_images(tmp_path: Path, overrides: 
     assert not leftovers
 
 
+@pytest.mark.docker
 def test_build_timeout_stops_the_build(tmp_path: Path, overrides: dict[str, str]) -> None:
     marker = secrets.token_hex(6)
     d = _harbor(tmp_path, "slow", "[environment]\nbuild_timeout_sec = 3\n", {
@@ -347,6 +354,7 @@ def test_build_timeout_stops_the_build(tmp_path: Path, overrides: dict[str, str]
     assert not running
 
 
+@pytest.mark.docker
 def test_copy_from_a_registry_image_is_explained(tmp_path: Path, overrides: dict[str, str]) -> None:
     d = _harbor(tmp_path, "copy-from", "", {
         "environment/Dockerfile": "FROM debian:bookworm\nCOPY --from=ghcr.io/astral-sh/uv:0.5.0 /uv /bin/\n",
@@ -355,6 +363,7 @@ def test_copy_from_a_registry_image_is_explained(tmp_path: Path, overrides: dict
         build_task_image(load_task(d), base_image_overrides=overrides)
 
 
+@pytest.mark.docker
 def test_task_images_are_labelled_and_pruned(tmp_path: Path, overrides: dict[str, str]) -> None:
     name = f"labelled-{secrets.token_hex(4)}"
     d = _harbor(tmp_path, name, "", {"environment/Dockerfile": f"FROM debian:bookworm\nRUN echo {name} > /n\n",
@@ -369,6 +378,7 @@ def test_task_images_are_labelled_and_pruned(tmp_path: Path, overrides: dict[str
         client.images.get(image.ref)
 
 
+@pytest.mark.docker
 def test_cli_json_on_failure_and_sigterm_removes_the_container(tmp_path: Path, overrides: dict[str, str]) -> None:
     out = subprocess.run([sys.executable, "-m", "sandbox.run_task", str(tmp_path), "--json"], capture_output=True,
                          text=True, timeout=60, cwd=REPO)
@@ -391,6 +401,7 @@ def test_cli_json_on_failure_and_sigterm_removes_the_container(tmp_path: Path, o
     assert not client.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
 
 
+@pytest.mark.docker
 def test_check_tasks_reports_builds_scores_and_reasons(tmp_path: Path, overrides: dict[str, str]) -> None:
     tests = {"tests/test_outputs.py": "from pathlib import Path\n\ndef test_out():\n"
                                       "    assert Path('/app/out.txt').read_text() == 'ok\\n'\n"}
@@ -407,6 +418,7 @@ def test_check_tasks_reports_builds_scores_and_reasons(tmp_path: Path, overrides
     assert summary(list(rows.values())) == {"tasks": 3, "builds": 2, "solution_full": 1, "nothing_full": 0}
 
 
+@pytest.mark.docker
 def test_no_containers_left_behind() -> None:
     left = docker_client().containers(all=True, filters={"label": LABEL_RUN})
     assert not [c for c in left if (c.get("Labels") or {}).get(LABEL_RUN, "").startswith(RUN_ID)]

@@ -276,6 +276,7 @@ def test_bad_requests_are_clear_errors() -> None:
         vllm.submit([1], SamplingParams())
 
 
+@pytest.mark.docker
 def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
     """4 concurrent multi-turn episodes in real sandboxes through the agent loop: the VLLMEngine's trajectories
     (tokens, log-probs, routing of every token) equal TorchEngine's, replay to the rollout log-probs, no drift."""
@@ -317,6 +318,7 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
         torch.testing.assert_close(logp[mask], a.rollout_logprobs[1:][mask], rtol=0, atol=5e-5)
 
 
+@pytest.mark.docker
 def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`rollout.engine=vllm` through the trainer (world.make_engine) on the fake: zero drift in both steps, and the
     routing of every saved trajectory equals what TorchEngine records for those tokens on that step's weights."""
@@ -376,6 +378,7 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
     assert len(versions) == 4 and versions[0] == versions[1] < versions[2] == versions[3]  # synced between steps
 
 
+@pytest.mark.slow
 def test_gpu_check_script_runs_on_the_fake() -> None:
     """bench/gpu_check_vllm.py --fake: the checks prepared for a GPU with vLLM, run here so they do not rot."""
     import subprocess
