@@ -42,7 +42,8 @@ from t1core.drift import CompletionLog
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, progress_line
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
-from t1core.update import flat_groups, ppo_update, score, sft_num_steps, sft_update
+from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, solved
+from t1core.update import ppo_update, score, sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
 
 WARMSTART_DIR = "warmstart"
@@ -76,8 +77,8 @@ class Trainer:
             distributed.checkpoint_layers_(self.critic)
         distributed.shard_(self.policy, dp, **world.shard_options(cfg))
         distributed.shard_(self.critic, dp, **world.shard_options(cfg))
-        self.state = {"step": 0, "warm_started": False}
-        rl_progress = (lambda: self.state["step"] / max(cfg.run.steps, 1)) if cfg.optim.actor_lr_decay else None
+        self.state = TrainerState()
+        rl_progress = (lambda: self.state.step / max(cfg.run.steps, 1)) if cfg.optim.actor_lr_decay else None
         self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
                                                                 progress=rl_progress)
         self.opt_critic, self.sched_critic = world.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
@@ -107,16 +108,6 @@ class Trainer:
         done = dp.gather_strided([(t, self.sampled.drift(t)) for t in trajs], len(specs))  # one collective for both
         return [t for t, _ in done], [d for _, d in done]
 
-    def rewards(self, trajs: list) -> list[float]:
-        """Dense verifier count + outcome bonus - optional per-turn and format penalties."""
-        a = self.cfg.algo
-        out = []
-        for t in trajs:
-            passed = t.verifier["passed"] if t.verifier else 0
-            out.append(passed + a.outcome_bonus * _solved(t) - a.turn_penalty * len(t.turns)
-                       - a.format_penalty * t.metrics.get("malformed_tool_calls", 0))
-        return out
-
     def warm_start(self) -> dict[str, float]:
         """Base pretraining (from-scratch presets only), then (a) SFT of the actor on reference transcripts;
         the critic-only steps (b) are part of the RL loop."""
@@ -140,7 +131,7 @@ class Trainer:
                 num_parallel=self.cfg.rollout.concurrency, pool_size=self.cfg.sandbox.pool_size, dp=dp)
             if dp.is_main:
                 save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
-        gen = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, 1 << 20))
+        gen = torch.Generator().manual_seed(seed_for(self.cfg.run.seed, Stream.SFT))
         planned = sft_num_steps([t.num_tokens for t in transcripts], epochs=w.sft_epochs,
                                 minibatch_tokens=w.sft_minibatch_tokens, generator=gen, dp=dp)
         if w.sft_max_steps is not None:
@@ -177,66 +168,58 @@ class Trainer:
         for name, tasks in (("family", self.tasks.heldout_family), ("fixed", self.tasks.heldout_fixed)):
             if not tasks:
                 continue
-            trajs, _ = self.collect(tasks, seed=derive_seed(self.cfg.run.seed, 1 << 21), desc=f"eval {tag} {name}",
+            trajs, _ = self.collect(tasks, seed=seed_for(self.cfg.run.seed, Stream.HELDOUT), desc=f"eval {tag} {name}",
                                     temperature=self.cfg.run.eval_temperature)
             if self.dp.is_main:
                 save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
                       for t in trajs]
-            solved = sum(map(_solved, trajs))
-            out[f"heldout/{name}_solved"] = float(solved)
+            num_solved = sum(map(solved, trajs))
+            out[f"heldout/{name}_solved"] = float(num_solved)
             out[f"heldout/{name}_episodes"] = float(len(trajs))
-            out[f"heldout/{name}_success"] = solved / len(trajs)
+            out[f"heldout/{name}_success"] = num_solved / len(trajs)
             out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
         return out
 
     def train_step(self, step: int) -> dict[str, float]:
         """collect -> score -> update -> sync."""
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, step))
+        gen = torch.Generator().manual_seed(seed_for(cfg.run.seed, Stream.UPDATE, step))
         n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
         instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()  # with replacement
         with self.clock.phase("collect"):
             batch = self._collect_step(step, instances)
-        metrics = batch["metrics"]
-        if not batch["trajs"]:
-            return {**metrics, "skipped/no_sampled_tokens": 1.0}
-        flat = cfg.algo.skip_flat_steps and max(batch["rewards"]) == min(batch["rewards"])
-        update_actor = step >= cfg.algo.critic_only_iterations and not flat
-        metrics["train/flat_step"] = float(flat)
+        if not batch.trajs:
+            return {**batch.metrics, "skipped/no_sampled_tokens": 1.0}
+        plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k)
         if cfg.optim.actor_lr_decay:
             world.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
-        no_push = None
-        if cfg.algo.skip_flat_groups and k >= 2:
-            no_push = flat_groups(batch["rewards"], batch["groups"])
-            metrics["train/flat_group_episode_frac"] = sum(no_push) / len(no_push)
-            update_actor = update_actor and not all(no_push)  # nothing left to push: as a flat step
         with self.clock.phase("update"):
-            scored, fidelity = score(batch["trajs"], batch["rewards"], policy=self.policy, critic=self.critic,
+            scored, fidelity = score(batch.trajs, batch.rewards, policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
-                                     group_ids=batch["groups"], no_push=no_push, dp=self.dp,
+                                     group_ids=batch.group_ids, no_push=plan.no_push, dp=self.dp,
                                      routing_agreement=_every(cfg.run.routing_agreement_every, step))
             upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
                              opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
                              algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,
-                             update_actor=update_actor, generator=gen, dp=self.dp)
+                             update_actor=plan.update_actor, generator=gen, dp=self.dp)
         with self.clock.phase("sync"):
             # Also after critic-only steps: it resets the engine's prefix cache at every step boundary,
             # so a resumed run (which starts with an empty cache) computes exactly what a straight run does.
             self.sync_engine()
-        return {**metrics, **fidelity, **upd, "train/actor_updated": float(update_actor)}
+        return {**batch.metrics, **plan.metrics, **fidelity, **upd, "train/actor_updated": float(plan.update_actor)}
 
-    def _collect_step(self, step: int, instances: list[int]) -> dict:
-        """Episodes (each instance rollout.group_size times, spread over the ranks), rewards, drift. Returns what
-        every rank trains on: {"trajs", "rewards", "groups", "metrics"} (trajs empty: nothing sampled)."""
+    def _collect_step(self, step: int, instances: list[int]) -> StepBatch:
+        """Episodes (each instance rollout.group_size times, spread over the ranks), rewards, drift: what every rank
+        trains on (no trajectory when nothing was sampled)."""
         cfg, k = self.cfg, self.cfg.rollout.group_size
         order = [i for i in instances for _ in range(k)]  # each instance sampled k times (its own sampling seeds)
         group_of = [j // k for j in range(len(order))]
-        trajs, drift_per = self.collect([self.tasks.rl[i] for i in order], seed=derive_seed(cfg.run.seed, step, 1),
-                                        desc=f"step {step} rollout")
+        trajs, drift_per = self.collect([self.tasks.rl[i] for i in order],
+                                        seed=seed_for(cfg.run.seed, Stream.ROLLOUT, step), desc=f"step {step} rollout")
         if self.dp.is_main:
             save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
-        rewards = self.rewards(trajs)
+        rewards = [shaped_reward(t, cfg.algo) for t in trajs]
         metrics = _rollout_metrics(trajs, rewards)
         kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
         train_trajs = [trajs[i] for i in kept]
@@ -246,8 +229,7 @@ class Trainer:
             train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
         if kept:
             metrics["tito/drift_tokens"] = float(drift)
-        return {"trajs": train_trajs, "rewards": [rewards[i] for i in kept], "groups": [group_of[i] for i in kept],
-                "metrics": metrics}
+        return StepBatch(train_trajs, [rewards[i] for i in kept], [group_of[i] for i in kept], metrics)
 
     def sync_engine(self) -> None:
         """Every rank's engine gets the policy's current weights, streamed one decoder layer at a time (gathered from
@@ -265,22 +247,22 @@ class Trainer:
             if logger is not None:  # one line per row for people (tqdm.write keeps terminal bars intact)
                 tqdm.write(progress_line(logger.log(step, metrics), total_steps=cfg.run.steps), file=sys.stdout)
                 sys.stdout.flush()
-        if not self.state["warm_started"]:
+        if not self.state.warm_started:
             warm = self.warm_start()
             # Saved once: a resumed run anchors its KL penalty to it, and later runs can start from it.
             self.save_hf(self.run_dir / WARMSTART_DIR)
             log(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
                 self.ref_policy = _frozen_copy(self.policy, self.dp)
-            self.state["warm_started"] = True
+            self.state.warm_started = True
         # RL leaves these as warm-started (pretraining and SFT trained them): no gradient, no optimizer step.
         frozen = set(self.actor_frozen)
         for name, p in self.policy.named_parameters():
             p.requires_grad_(name not in frozen)
-        for step in tqdm(range(self.state["step"], cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
+        for step in tqdm(range(self.state.step, cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
             m = self.train_step(step)
-            self.state["step"] = step + 1
+            self.state.step = step + 1
             if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
                 m.update(self.evaluate(f"step{step + 1}"))
             m.update(self.clock.pop(), **gpu_stats(), **{"time/step_s": time.perf_counter() - t0})
@@ -288,9 +270,9 @@ class Trainer:
             last = step + 1 == cfg.run.steps
             if last or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
                 self.checkpoint()
-        if self.state["step"] == cfg.run.steps and self.state.get("evaluated_at") != cfg.run.steps:
+        if self.state.step == cfg.run.steps and self.state.evaluated_at != cfg.run.steps:
             log(cfg.run.steps, self.evaluate("after"))
-            self.state["evaluated_at"] = cfg.run.steps
+            self.state.evaluated_at = cfg.run.steps
         if logger is not None:
             logger.close()
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
@@ -305,9 +287,9 @@ class Trainer:
 
     def checkpoint(self) -> Path | None:
         """Atomic checkpoint (collective when sharded: every rank writes its own shards, the main rank the rest)."""
-        return save_checkpoint(self.run_dir / "checkpoints", step=self.state["step"], policy=self.policy,
+        return save_checkpoint(self.run_dir / "checkpoints", step=self.state.step, policy=self.policy,
                                critic=self.critic, optimizers=self._optimizers(), rng_states=capture_rng_state(),
-                               data_state=dict(self.state), config=self.cfg, keep_last=2, dp=self.dp)
+                               data_state=self.state.to_dict(), config=self.cfg, keep_last=2, dp=self.dp)
 
     def _optimizers(self) -> dict:
         """Optimizers (with their models: sharded ones save and load as shards) and schedulers by name."""
@@ -321,7 +303,7 @@ class Trainer:
             # A run that died before its first checkpoint starts over; its partial metrics rows go.
             return -2 if (self.run_dir / "metrics.jsonl").exists() else None
         ckpt = load_checkpoint(ckpt_root, policy=self.policy, critic=self.critic, optimizers=self._optimizers())
-        self.state = dict(ckpt["data_state"])
+        self.state = TrainerState.from_dict(ckpt["data_state"])
         self.sync_engine()
         if self.cfg.algo.kl_coef > 0:
             ref_dir = self.run_dir / WARMSTART_DIR
@@ -329,8 +311,8 @@ class Trainer:
                 raise ValueError(f"resume with algo.kl_coef > 0: the KL reference policy {ref_dir} is missing")
             self.ref_policy = _anchor_from_hf(ref_dir, self.policy)
         if self.dp.is_main:
-            print(f"resumed from {ckpt['path']} at step {self.state['step']}")
-        return self.state["step"] - 1
+            print(f"resumed from {ckpt['path']} at step {self.state.step}")
+        return self.state.step - 1
 
     def close(self) -> None:
         self.engine.close()
@@ -359,12 +341,6 @@ def _every(n: int, step: int) -> bool:
     return n > 0 and step % n == 0
 
 
-def _solved(traj) -> bool:
-    """Every verifier passed: the verifier's own `outcome` (VerifierResult.outcome, as rollout.collect and
-    rollout.score count it); an episode that was never verified is not solved."""
-    return bool(traj.verifier and traj.verifier["outcome"])
-
-
 def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:
     n = len(trajs)
     verified = [t.verifier for t in trajs if t.verifier]
@@ -372,7 +348,7 @@ def _rollout_metrics(trajs: list, rewards: list[float]) -> dict[str, float]:
     out = {
         "reward/dense_mean": sum(v["passed"] for v in verified) / n,
         "reward/shaped_mean": sum(rewards) / n,
-        "outcome/rate": sum(map(_solved, trajs)) / n,
+        "outcome/rate": sum(map(solved, trajs)) / n,
         "rollout/turns_mean": sum(len(t.turns) for t in trajs) / n,
         "rollout/tokens": float(tokens),
         "rollout/sampled_tokens": float(sum(int(t.loss_mask.sum()) for t in trajs)),

@@ -100,7 +100,7 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
     """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step.
 
     `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group'). `no_push[i]`: trajectory
-    i gets advantage 0 on every token after normalisation (`flat_groups`); its values still train the critic.
+    i gets advantage 0 on every token after normalisation (`t1core.step.flat_groups`); its values still train the critic.
     `routing_agreement`: also measure how often the trainer's own router picks the replayed experts (one more
     policy forward per minibatch, without replay; only with algo.use_r3).
     With several ranks each minibatch is scored on one of them and every rank gets all results.
@@ -145,22 +145,6 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         for s in scored:
             s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * algo.negative_adv_scale, s.advantages_T)
     return scored, {k: sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
-
-
-def rewards_by_group(rewards: Sequence[float], group_ids: Sequence[int]) -> dict[int, list[float]]:
-    """Group id -> its episodes' rewards, in episode order."""
-    by_group: dict[int, list[float]] = defaultdict(list)
-    for g, r in zip(group_ids, rewards, strict=True):
-        by_group[g].append(r)
-    return by_group
-
-
-def flat_groups(rewards: Sequence[float], group_ids: Sequence[int]) -> list[bool]:
-    """Per trajectory: whether its group (the episodes of one task instance) has >= 2 episodes that all got the
-    same reward. Such a group says nothing about which of its actions were better; with the group as baseline
-    its advantages are the critic's per-token error alone."""
-    flat = {g: len(rs) >= 2 and max(rs) == min(rs) for g, rs in rewards_by_group(rewards, group_ids).items()}
-    return [flat[g] for g in group_ids]
 
 
 def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T: torch.Tensor, *,
