@@ -4,15 +4,10 @@ The rollout engine batches whichever requests are ready, so a token's forward sh
 rows that depends on sandbox timing. For the same seed to give the same tokens, each row's result must not depend
 on that set. With the CPU wheel's BLAS (MKL) and the weight stored [K, N] row-major ("NN"), a row of `x @ w` is
 bitwise the same for every row count from MIN_ROWS up, every column count and every intra-op thread count. Below
-that, MKL takes small-matrix paths that sum in another order (about 1 ulp apart), and where they start depends on
-the CPU (`tests/test_decode_attention.py` checks the rule on whatever machine runs it):
-- The boxes of the earlier sessions (their CPU model was not recorded; ~3x the GEMM rate of the next one): only
-  a single row (the matrix-vector path) differs.
-- AMD EPYC (AVX2), 2026-12-02: 1-3 rows differ on one thread, and 1-3, 5-7 and 9-11 rows on two; from 12 rows
-  up every count agrees. The same holds for columns: a row-major [M, K] @ [K, C] differs for C < 12.
-- A weight passed transposed, as nn.Linear passes its [N, K] weight, takes other kernels for 2-15 rows (earlier
-  boxes).
-So in batch-invariant mode the products here use a cached row-major copy of the weight (`t_cached`, made again
+that, MKL takes small-matrix paths that sum in another order (about 1 ulp apart); where they start depends on
+the CPU (up to 12 rows, and 12 columns, on the machines tried; EXPERIMENTS.md), and a weight passed transposed,
+as nn.Linear passes its [N, K] weight, takes other kernels for up to 15 rows. `tests/test_decode_attention.py`
+checks the rule on whatever machine runs it. So in batch-invariant mode the products here use a cached row-major copy of the weight (`t_cached`, made again
 when the weight changes) and run fewer than MIN_ROWS rows padded to MIN_ROWS (`pad_rows`): every call then takes
 the same kernel a large batch does.
 

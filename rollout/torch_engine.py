@@ -16,8 +16,9 @@ Prefix reuse: a slot remembers the token ids it caches, the weight version that 
 routing of those tokens. A new prompt takes the free slot sharing its longest prefix with the same version
 (truncating the rest), else the least recently used free slot. Shared prefixes (the same system prompt in
 many episodes) are reused too; their routing is served from the slot's history, so a request gets the
-prompt routing it asks for (`SamplingParams.prompt_routing_from`) whether or not its prefix was cached. `update_weights` waits for the running batch to drain, loads the
-weights (HF-named tensors, streamed), bumps the version and forgets every slot: nothing computed by older weights is ever reused.
+prompt routing it asks for (`SamplingParams.prompt_routing_from`) whether or not its prefix was cached.
+`update_weights` waits for the running batch to drain, loads the weights (HF-named tensors, streamed), bumps
+the version and forgets every slot: nothing computed by older weights is ever reused.
 """
 
 from __future__ import annotations
@@ -54,13 +55,13 @@ class EngineConfig:
     """Reuse cached KV of a slot whose tokens prefix the new prompt (same weight version only)."""
     batch_invariant: bool = False
     """CPU only (no effect on other devices): every token's log-probs, routing and sample independent of what ran
-    beside it (`kernels.rows`), so a seeded run is bit for bit whatever the batching; costs decode speed (tiny
-    model at batch 8: 1,278 -> 914 tok/s, bench/test_bench_rollout.py)."""
+    beside it (`kernels.rows`), so a seeded run is bit for bit whatever the batching; costs decode speed
+    (bench/test_bench_rollout.py prints both)."""
     cpu_parallel_min_tokens: int = 1024
     """On CPU, an extend of fewer tokens runs on one intra-op thread. A decode step is a few hundred small ops,
-    and waking the OpenMP team for each costs more than it saves (t1core sets OMP_WAIT_POLICY=PASSIVE so that
-    idle threads sleep; measured here at batch 8: 12.3 ms/step on 2 threads, 5.7 ms on 1). Prefill chunks
-    above about 1,000 tokens gain from the full team (4 x 1,000 tokens: 240 vs 377 ms)."""
+    and waking the OpenMP team for each costs more than it saves (t1core.cpu_threads makes idle threads sleep;
+    a batch-8 decode step took about twice as long on two threads as on one). Prefill chunks above about 1,000
+    tokens gain from the full team."""
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "num_slots", "max_seq_len", "max_prefill_tokens", "cpu_parallel_min_tokens"):

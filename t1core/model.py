@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.nn.utils import skip_init
 
 from kernels.moe import check_routing, fused_moe, route
+from kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, rope_cos_sin
 from kernels.rows import linear_rows
 from t1core.attention import AttnContext, CachedContext, KVCache, PackedContext
 
@@ -169,32 +169,6 @@ def _linear(in_features: int, out_features: int, *, bias: bool = False, **factor
     return skip_init(Linear, in_features, out_features, bias=bias, **factory)
 
 
-class RMSNormFunction(torch.autograd.Function):
-    """y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) over the last dim, for fp32/fp64 x.
-
-    The forward is F.rms_norm's own op sequence (bitwise equal to it, and so to HF). The backward is analytic,
-    dx = rstd * (g w - x_hat * mean(g w x_hat)) and dw = sum over rows of g x_hat (x_hat = x * rstd), a handful of
-    fused ops instead of autograd's pow / mean / rsqrt / mul chain (~17 norms per step on the tiny model).
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
-        x_hat = x * rstd
-        ctx.save_for_backward(x_hat, rstd, weight)
-        return x_hat * weight
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:  # type: ignore[override]
-        x_hat, rstd, weight = ctx.saved_tensors
-        g_xhat = grad_y * x_hat
-        d_weight = g_xhat.reshape(-1, weight.shape[0]).sum(0) if ctx.needs_input_grad[1] else None
-        mean_gw_xhat = (g_xhat @ weight).unsqueeze(-1).div_(weight.shape[0])
-        d_x = (grad_y * weight).mul_(rstd).addcmul_(x_hat, mean_gw_xhat.mul_(rstd), value=-1)
-        return d_x, d_weight, None
-
-
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, normalised in fp32 and cast back before the weight (as HF Qwen3 does)."""
 
@@ -207,105 +181,6 @@ class RMSNorm(nn.Module):
         if x.dtype in (torch.float32, torch.float64):
             return RMSNormFunction.apply(x, self.weight, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
-
-
-def rope_cos_sin(positions_T: torch.Tensor, *, head_dim: int, theta: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-folded sin tables [T, Dh] for rotate-half RoPE; angles in fp32 as HF computes them.
-
-    The second table is [-sin, sin] over the two halves, so `apply_rope` needs no negation: (-x2) * s equals
-    x2 * (-s) exactly in IEEE arithmetic.
-    """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions_T.device)
-                                / head_dim))
-    freqs_TF = positions_T.float()[:, None] * inv_freq[None, :]
-    emb_TD = torch.cat((freqs_TF, freqs_TF), dim=-1)  # full width, as HF: vectorised cos/sin tails may differ
-    sin_TD = emb_TD.sin()
-    half = head_dim // 2
-    return emb_TD.cos().to(dtype), torch.cat((-sin_TD[:, :half], sin_TD[:, half:]), dim=-1).to(dtype)
-
-
-def _rotate_halves(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor, *,
-                   transpose: bool) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin by halves, with no concatenated copy of x; transpose=True applies R^T.
-
-    With s = [-sin, sin]: y1 = x1 c + x2 s1, y2 = x2 c + x1 s2. The transpose (the backward) is the same with
-    s1 and s2 swapped: dx1 = g1 c + g2 s2, dx2 = g2 c + g1 s1. addcmul_ rounds its product and sum once (FMA):
-    within an ulp of HF's separate multiply and add.
-    """
-    half = x_THD.shape[-1] // 2
-    s_T1D = sin_signed_TD[:, None, :]
-    s_lo, s_hi = (s_T1D[..., half:], s_T1D[..., :half]) if transpose else (s_T1D[..., :half], s_T1D[..., half:])
-    y_THD = x_THD * cos_TD[:, None, :]
-    y_THD[..., :half].addcmul_(x_THD[..., half:], s_lo)
-    y_THD[..., half:].addcmul_(x_THD[..., :half], s_hi)
-    return y_THD
-
-
-class RoPEFunction(torch.autograd.Function):
-    """Rotate-half RoPE. Its backward is the transposed rotation of the gradient: nothing but the tables is saved,
-    where autograd would save the rotated copy and zero-fill slice gradients."""
-
-    @staticmethod
-    def forward(ctx, x_THD: torch.Tensor, cos_TD: torch.Tensor,  # type: ignore[override]
-                sin_signed_TD: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(cos_TD, sin_signed_TD)
-        return _rotate_halves(x_THD, cos_TD, sin_signed_TD, transpose=False)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_THD: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        assert not any(ctx.needs_input_grad[1:]), "RoPE tables are constants (built from positions)"
-        cos_TD, sin_signed_TD = ctx.saved_tensors
-        return _rotate_halves(grad_THD, cos_TD, sin_signed_TD, transpose=True), None, None
-
-
-def apply_rope(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor) -> torch.Tensor:
-    """x [T, H, Dh] rotated by the tables of `rope_cos_sin` [T, Dh]."""
-    return RoPEFunction.apply(x_THD, cos_TD, sin_signed_TD)
-
-
-def apply_rope_reference(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor) -> torch.Tensor:
-    """HF's form, x * cos + rotate_half(x) * sin, differentiable by autograd (tests compare apply_rope to it)."""
-    half = x_THD.shape[-1] // 2
-    swapped = torch.cat((x_THD[..., half:], x_THD[..., :half]), dim=-1)
-    return x_THD * cos_TD[:, None, :] + swapped * sin_signed_TD[:, None, :]
-
-
-class NormRoPEFunction(torch.autograd.Function):
-    """rope(rms_norm(x) * w) for fp32/fp64 x [T, X, Dh]: the per-head q/k norm and the rotation in one function.
-
-    With u = x * w, n = rstd * u and rope's halves, y1 = rstd (x1 w1 c + x2 w2 s1), y2 = rstd (x2 w2 c + x1 w1 s2):
-    the weight folds into [T, Dh] tables (shared by all heads), so the forward is one product, two half-width
-    FMAs and one scaling (four passes over x where the two functions take seven). Backward, with rg = R^T g:
-    dw = sum over rows of rstd rg x, dx = rstd (rg w) - x rstd^3 <rg w, x> / Dh. Same math as `RMSNormFunction`
-    then `RoPEFunction`, another rounding (tests compare the two in float64). On the tiny model's CPU training
-    step: 2.5% faster (245.8 -> 240.0 ms, medians of 12 interleaved steps each).
-    """
-
-    @staticmethod
-    def forward(ctx, x_TXD: torch.Tensor, weight_D: torch.Tensor, cos_TD: torch.Tensor,  # type: ignore[override]
-                sin_signed_TD: torch.Tensor, eps: float) -> torch.Tensor:
-        half = x_TXD.shape[-1] // 2
-        rstd_TX1 = torch.rsqrt(x_TXD.pow(2).mean(-1, keepdim=True).add_(eps))
-        # The rotation of x with w folded in: cos * w, and each sin half times the w of the half it multiplies.
-        sin_w_TD = torch.cat((sin_signed_TD[:, :half] * weight_D[half:], sin_signed_TD[:, half:] * weight_D[:half]), -1)
-        y_TXD = _rotate_halves(x_TXD, cos_TD * weight_D, sin_w_TD, transpose=False)
-        ctx.save_for_backward(x_TXD, weight_D, cos_TD, sin_signed_TD, rstd_TX1)
-        return y_TXD.mul_(rstd_TX1)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_TXD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None, None, None]:  # type: ignore[override]
-        assert not any(ctx.needs_input_grad[2:4]), "RoPE tables are constants (built from positions)"
-        x_TXD, weight_D, cos_TD, sin_signed_TD, rstd_TX1 = ctx.saved_tensors
-        head_dim = x_TXD.shape[-1]
-        rg_TXD = _rotate_halves(grad_TXD.contiguous(), cos_TD, sin_signed_TD, transpose=True)
-        t_RD = (rg_TXD * x_TXD).reshape(-1, head_dim)  # R = T * X rows
-        d_weight = torch.mv(t_RD.T, rstd_TX1.view(-1)) if ctx.needs_input_grad[1] else None
-        coef_TX1 = torch.mv(t_RD, weight_D).view(rstd_TX1.shape).mul_(rstd_TX1.pow(3)).div_(head_dim)
-        d_x = rg_TXD.mul_(weight_D).mul_(rstd_TX1).addcmul_(x_TXD, coef_TX1, value=-1)
-        return d_x, d_weight, None, None, None
 
 
 def norm_rope(norm: RMSNorm, x_TXD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor) -> torch.Tensor:

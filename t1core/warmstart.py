@@ -131,8 +131,8 @@ def _distinct_prompt_batches(keys: list[tuple[int, ...]], scripts: list[list[str
 
 def _warn_replies_over_cap(longest: dict[str, int], cap: int, *, quiet: bool = False) -> int:
     """SFT teaches replies the sampler then cuts at `cap` tokens: every such reply is malformed at rollout (an
-    unclosed tool call), so its task cannot be solved. Until 2026-11-30 the tiny default capped replies at 48
-    tokens, and two families whose reference replies are 57-65 tokens long scored 0 for that reason alone."""
+    unclosed tool call), so its task cannot be solved: a family whose reference replies are longer than the cap
+    scores 0 for that reason alone."""
     over = {name: n for name, n in longest.items() if n > cap}
     if over and not quiet:
         worst = sorted(over.items(), key=lambda kv: -kv[1])[:5]

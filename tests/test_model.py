@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from t1core.checkpoint import hf_state_dict, load_pretrained, save_pretrained
-from t1core.model import (ModelConfig, MoEModel, NormRoPEFunction, RMSNormFunction, ValueModel, apply_rope,
-                          apply_rope_reference, rope_cos_sin)
+from kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, apply_rope_reference, rope_cos_sin
+from t1core.model import ModelConfig, MoEModel, ValueModel
 
 transformers = pytest.importorskip("transformers")
 
