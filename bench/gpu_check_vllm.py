@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from kernels.logprob import token_logprobs  # noqa: E402
 from rollout.engine import Completion, SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
-from t1core.checkpoint import hf_state_dict  # noqa: E402
+from t1core.hf_io import hf_state_dict  # noqa: E402
 from t1core.model import ModelConfig, MoEModel  # noqa: E402
 
 RESULTS: list[tuple[str, bool, str]] = []

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.logprob import token_logprobs
-from t1core.checkpoint import save_pretrained
+from t1core.hf_io import save_pretrained
 from t1core.model import ModelConfig, MoEModel
 
 NUM_SEQS, SEQ_LEN, ROUNDS = 4, 512, 15

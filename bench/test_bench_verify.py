@@ -17,7 +17,7 @@ import pytest
 
 from sandbox import suite
 from sandbox.docker_sandbox import DockerSandbox
-from sandbox.images import build_task_image, default_base_image_overrides
+from sandbox.task_images import build_task_image, default_base_image_overrides
 from sandbox.run_task import run_script
 from sandbox.tasks import Task
 from sandbox.verify import VerifierResult, run_verifiers

@@ -29,7 +29,7 @@ from rollout.tito import TitoBuilder, glue_ids
 from rollout.trajectory import Trajectory
 from sandbox.docker_sandbox import MIN_OUTPUT_CAP, MIN_PIDS
 from sandbox.errors import SandboxError
-from sandbox.images import TaskImage
+from sandbox.task_images import TaskImage
 from sandbox.tasks import Task
 from sandbox.verify import run_verifiers
 from t1core.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
@@ -251,7 +251,7 @@ class EpisodeSpec:
     """One episode to run: a task (with its built image) and the episode's seed."""
 
     task: Task
-    image: str | TaskImage  # TaskImage: from sandbox.images.build_task_image (may carry preloaded files)
+    image: str | TaskImage  # TaskImage: from sandbox.task_images.build_task_image (may carry preloaded files)
     seed: int
 
 

@@ -28,10 +28,10 @@ from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectory
 from sandbox import suite
 from sandbox.cli import Parser, bad_input
-from sandbox.images import build_task_image, default_base_image_overrides, parse_override
+from sandbox.task_images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task
 from t1core.device import check_device
-from t1core.checkpoint import load_pretrained
+from t1core.hf_io import load_pretrained
 from t1core.model import ModelConfig, MoEModel
 from t1core.tokenizer import ChatTokenizer
 

@@ -36,7 +36,7 @@ from torch import nn
 from kernels.rows import batch_invariant_mode, mm_rows
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.sampling import sample_tokens, uniform
-from t1core.checkpoint import hf_parameter_views
+from t1core.hf_io import hf_parameter_views
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,7 +174,7 @@ class TorchEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load new policy weights between steps; returns the new version (see `rollout.engine.Engine`).
 
-        named_tensors: (HF Qwen3-MoE name, whole tensor) pairs as `t1core.checkpoint.hf_state_dict` names them
+        named_tensors: (HF Qwen3-MoE name, whole tensor) pairs as `t1core.hf_io.hf_state_dict` names them
         (per-expert `model.layers.N.mlp.experts.M.gate_proj.weight`, ...), consumed lazily one at a time and copied
         into place, so the caller may produce them one layer at a time. Every name the model has must arrive
         exactly once: a missing, unknown or repeated name or a wrong shape is a ValueError, after which the engine
@@ -183,7 +183,7 @@ class TorchEngine:
         are served with the new weights), then invalidates every cached slot."""
         if isinstance(named_tensors, (nn.Module, dict, torch.Tensor)):
             raise TypeError(f"named_tensors: expected an iterable of (HF name, tensor) pairs, got "
-                            f"{type(named_tensors).__name__} (e.g. pass t1core.checkpoint.hf_state_dict(model).items())")
+                            f"{type(named_tensors).__name__} (e.g. pass t1core.hf_io.hf_state_dict(model).items())")
         with self._cv:
             self._paused = True
             self._cv.wait_for(lambda: not self._running)

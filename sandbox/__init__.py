@@ -12,7 +12,7 @@ _EXPORTS = {
     "CommandTooLong": "sandbox.errors", "ContainerDied": "sandbox.errors", "DaemonUnreachable": "sandbox.errors",
     "FileTooLarge": "sandbox.errors", "ImageNotFound": "sandbox.errors", "SandboxError": "sandbox.errors",
     "ShellUnresponsive": "sandbox.errors", "SandboxPool": "sandbox.pool", "reap": "sandbox.reap",
-    "ensure_base_image": "sandbox.image",
+    "ensure_base_image": "sandbox.base_image",
 }
 __all__ = sorted(_EXPORTS)
 

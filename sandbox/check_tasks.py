@@ -28,7 +28,7 @@ from typing import Any
 
 from sandbox.errors import SandboxError
 from sandbox.cli import Parser
-from sandbox.images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
+from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.run_task import ScriptRun, run_task_report
 from sandbox.signals import exit_on_signals
 from sandbox.tasks import TaskFormatError, load_task, reference_solution
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                         help="map FROM images matching the glob PATTERN to a local IMAGE (repeatable)")
     parser.add_argument("--trust-host-ca", action="store_true",
-                        help="map onto the base image that trusts this host's CA bundle (sandbox.image)")
+                        help="map onto the base image that trusts this host's CA bundle (sandbox.base_image)")
     args = parser.parse_args(argv)
     if args.parallel < 1 or (args.sample is not None and args.sample < 1):
         parser.error(f"--parallel and --sample must be >= 1, got {args.parallel}, {args.sample}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
-from sandbox.images import TaskImage
+from sandbox.task_images import TaskImage
 
 
 class SandboxPool:

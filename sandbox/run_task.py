@@ -33,7 +33,7 @@ from typing import Any
 from sandbox.cli import Parser
 from sandbox.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
-from sandbox.images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
+from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.signals import exit_on_signals
 from sandbox.tasks import Task, TaskFormatError, load_task, reference_solution
 from sandbox.verify import VerifierResult, run_verifiers
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                         help="map FROM images matching the glob PATTERN to a local IMAGE (repeatable)")
     parser.add_argument("--trust-host-ca", action="store_true",
-                        help="map onto the base image that trusts this host's CA bundle (sandbox.image)")
+                        help="map onto the base image that trusts this host's CA bundle (sandbox.base_image)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     exit_on_signals()

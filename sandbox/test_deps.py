@@ -3,7 +3,7 @@
 Terminal-Bench 1's `run-tests.sh` and Harbor's `tests/test.sh` install their test dependencies at
 verification time from the internet (`uv add pandas`, `uvx -w numpy pytest ...`, `pip install requests`,
 `apt-get install -y jq`). T1 runs the tests itself with the image's own Python (sandbox.verify), offline, so
-those packages are read from the script here and installed at image build (sandbox.images). What the harness
+those packages are read from the script here and installed at image build (sandbox.task_images). What the harness
 only needed for its own download (uv, curl, pytest and its reporting plugins: the image carries pytest and T1
 reads JUnit XML) is left out.
 """

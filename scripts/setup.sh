@@ -11,4 +11,4 @@ if ! $PY -c "import torch" 2>/dev/null; then
 fi
 $PY -m pip install -q -e ".[dev]"
 bash scripts/ensure_docker.sh
-$PY -m sandbox.image build
+$PY -m sandbox.base_image build

@@ -3,7 +3,7 @@
 Legend: T packed tokens, B documents/slots, D model dim, F expert hidden dim, E experts, K top-k, L_moe MoE layers,
 V vocab, H query heads, Hkv KV heads, Dh head dim, S cache length.
 
-Semantics follow Hugging Face's Qwen3-MoE so real checkpoints load unchanged (t1core.checkpoint): pre-norm blocks
+Semantics follow Hugging Face's Qwen3-MoE so real checkpoints load unchanged (t1core.hf_io): pre-norm blocks
 with RMSNorm, rotate-half RoPE, grouped-query attention with per-head q/k RMSNorm, a softmax(fp32) top-k router
 with optional renormalisation (`norm_topk_prob`), SwiGLU experts, and dense SwiGLU layers where `mlp_only_layers`
 / `decoder_sparse_step` say so. Expert weights are stacked: w13 [E, 2F, D] (gate rows, then up rows), w2 [E, D, F].

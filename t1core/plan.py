@@ -60,7 +60,7 @@ class ParamCount:
 def model_shape(name: str) -> tuple[ModelConfig, str]:
     """(ModelConfig, where it came from) for model.name: a checkpoint's config.json (read, no weights), a
     ModelConfig preset, or a known checkpoint name when the directory is not on this machine."""
-    from t1core.checkpoint import config_from_hf
+    from t1core.hf_io import config_from_hf
     path = Path(name)
     if (path / "config.json").is_file():
         return config_from_hf(json.loads((path / "config.json").read_text())), f"{path / 'config.json'}"

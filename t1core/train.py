@@ -33,8 +33,8 @@ from rollout.trajectory import save_trajectories
 from sandbox.families import FAMILIES
 from sandbox.cli import Parser, bad_input
 from sandbox.reap import reap
-from t1core import distributed, world
-from t1core.checkpoint import load_pretrained
+from t1core import builders, distributed
+from t1core.hf_io import load_pretrained
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
 from t1core.distributed import DataParallel
@@ -58,30 +58,30 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, dp: DataParallel | None = None) -> None:
         self.cfg, self.run_dir = cfg, run_dir
         self.dp = dp = dp or DataParallel.single()
-        self.pretrains = world.pretrains(cfg)  # checked first: a config error must not wait for image builds
-        world.shard_options(cfg)
-        self.tok = world.load_tokenizer(cfg)
+        self.pretrains = builders.pretrains(cfg)  # checked first: a config error must not wait for image builds
+        builders.shard_options(cfg)
+        self.tok = builders.load_tokenizer(cfg)
         tasks = None
         if dp.is_main:  # one rank writes the task directories and builds the images; all ranks run sandboxes
             reap()  # containers left behind by crashed runs
-            tasks = world.load_tasks(cfg, run_dir)
-            world.build_images(tasks, cfg)
+            tasks = builders.load_tasks(cfg, run_dir)
+            builders.build_images(tasks, cfg)
         self.tasks = dp.broadcast(tasks)
-        self.policy, self.critic = world.load_models(cfg, self.tok, dp)
-        self.actor_frozen = world.frozen_parameters(self.policy, cfg.optim.actor_frozen)  # checked before SFT
+        self.policy, self.critic = builders.load_models(cfg, self.tok, dp)
+        self.actor_frozen = builders.frozen_parameters(self.policy, cfg.optim.actor_frozen)  # checked before SFT
         # Each rank's engine copy is taken before sharding (or read from the checkpoint); refreshed after updates.
-        self.engine = world.make_engine(self.policy, cfg)
+        self.engine = builders.make_engine(self.policy, cfg)
         self.sampled = CompletionLog(self.engine)  # what this rank's engine returned, to check drift against
         if cfg.parallel.activation_checkpointing:  # after the engine's copy: it must not share the wrapped forwards
             distributed.checkpoint_layers_(self.policy)
             distributed.checkpoint_layers_(self.critic)
-        distributed.shard_(self.policy, dp, **world.shard_options(cfg))
-        distributed.shard_(self.critic, dp, **world.shard_options(cfg))
+        distributed.shard_(self.policy, dp, **builders.shard_options(cfg))
+        distributed.shard_(self.critic, dp, **builders.shard_options(cfg))
         self.state = TrainerState()
         rl_progress = (lambda: self.state.step / max(cfg.run.steps, 1)) if cfg.optim.actor_lr_decay else None
-        self.opt_actor, self.sched_actor = world.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
+        self.opt_actor, self.sched_actor = builders.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
                                                                 progress=rl_progress)
-        self.opt_critic, self.sched_critic = world.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
+        self.opt_critic, self.sched_critic = builders.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
 
@@ -101,7 +101,7 @@ class Trainer:
         mine = specs[dp.rank::dp.world_size]
         bar = tqdm(total=len(mine), desc=desc, leave=False, file=sys.stdout, disable=None if dp.is_main else True)
         self.sampled.clear()
-        config = world.agent_config(self.cfg, temperature=temperature)
+        config = builders.agent_config(self.cfg, temperature=temperature)
         trajs = run_episodes(self.sampled, self.tok, mine, config=config, num_parallel=self.cfg.rollout.concurrency,
                              pool_size=self.cfg.sandbox.pool_size, on_done=lambda i, t: bar.update())
         bar.close()
@@ -127,7 +127,7 @@ class Trainer:
         with self.clock.phase("sft_transcripts"):  # each rank runs its share of the reference solutions
             transcripts, metrics = reference_transcripts(
                 self.tasks.train, self.tasks.images, tok=self.tok,
-                config=dataclasses.replace(world.agent_config(self.cfg), verify=w.verify_references),
+                config=dataclasses.replace(builders.agent_config(self.cfg), verify=w.verify_references),
                 num_parallel=self.cfg.rollout.concurrency, pool_size=self.cfg.sandbox.pool_size, dp=dp)
             if dp.is_main:
                 save_trajectories(transcripts, self.run_dir / "trajectories" / "sft")
@@ -136,7 +136,7 @@ class Trainer:
                                 minibatch_tokens=w.sft_minibatch_tokens, generator=gen, dp=dp)
         if w.sft_max_steps is not None:
             planned = min(planned, w.sft_max_steps)
-        opt, sched = world.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg,
+        opt, sched = builders.make_optimizer(self.policy, lr=w.sft_lr, cfg=self.cfg,
                                           decay_steps=planned if w.sft_lr_decay else None)
         steps, epochs, m = 0, 0, {}
         for _ in tqdm(range(w.sft_epochs), desc="sft", leave=False, file=sys.stdout, disable=None):
@@ -154,7 +154,7 @@ class Trainer:
         """Next-token training on synthetic instruction -> tool-call text (t1core.pretrain): the base model a
         from-scratch preset lacks. RL and held-out instructions are kept out of the corpus."""
         w, t = self.cfg.warmstart, self.tasks
-        opt, sched = world.make_optimizer(self.policy, lr=w.pretrain_lr, cfg=self.cfg)
+        opt, sched = builders.make_optimizer(self.policy, lr=w.pretrain_lr, cfg=self.cfg)
         families = list(self.cfg.tasks.families) or list(FAMILIES)
         avoid = {task.instruction.strip() for task in t.rl + t.heldout_family}
         with self.clock.phase("pretrain"):
@@ -193,7 +193,7 @@ class Trainer:
             return {**batch.metrics, "skipped/no_sampled_tokens": 1.0}
         plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k)
         if cfg.optim.actor_lr_decay:
-            world.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
+            builders.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
         with self.clock.phase("update"):
             scored, fidelity = score(batch.trajs, batch.rewards, policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
@@ -234,7 +234,7 @@ class Trainer:
     def sync_engine(self) -> None:
         """Every rank's engine gets the policy's current weights, streamed one decoder layer at a time (gathered from
         the shards when sharded; collective then), in the engine's dtype."""
-        dtype = world.compute_dtype(self.cfg)
+        dtype = builders.compute_dtype(self.cfg)
         self.engine.update_weights(distributed.iter_hf_tensors(self.policy, dtype=dtype))
 
     # ---- the loop ----
@@ -415,7 +415,7 @@ def precision_notice(cfg: RunConfig) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     with bad_input(_parser()):
         cfg, run_dir = parse_args(argv)
-        world.check_config(cfg)
+        builders.check_config(cfg)
     dp = distributed.init_from_env(cfg.run.device)
     try:
         run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's

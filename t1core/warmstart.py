@@ -18,7 +18,7 @@ import torch
 from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.trajectory import Trajectory
-from sandbox.images import TaskImage
+from sandbox.task_images import TaskImage
 from sandbox.suite import reference_turns
 from sandbox.tasks import Task
 from t1core.distributed import DataParallel

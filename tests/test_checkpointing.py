@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from t1core.checkpoint import save_pretrained
+from t1core.hf_io import save_pretrained
 from t1core.checkpointing import (capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state,
                                   save_checkpoint)
 from t1core.config import RunConfig, load_config
@@ -195,7 +195,7 @@ def _trainer_parts(dp, seed: int):
     """Policy, critic (sharded when dp is distributed) and their optimizers/schedulers, as the trainer names them."""
     from t1core.distributed import ModelOptimizer, shard_
     from t1core.model import MoEModel, ValueModel
-    from t1core.world import make_optimizer
+    from t1core.builders import make_optimizer
     cfg = load_config(None, ["--optim.warmup_steps=3"])
     policy = shard_(MoEModel(_small_cfg(), seed=seed), dp)
     critic = shard_(ValueModel.from_policy(MoEModel(_small_cfg(), seed=seed + 1)), dp)

@@ -22,7 +22,7 @@ BAD_INPUT = {
                      (["--resume", "/nonexistent-run"], "no config.toml there")],
     "rollout.collect": [(["--out", "/tmp/t1-cli-test", "--checkpoint", "/nonexistent-ckpt"], "/nonexistent-ckpt"),
                         (["--out", "/tmp/t1-cli-test", "--episodes", "0"], "--episodes must be >= 1")],
-    "rollout.score": [(["/nonexistent-trajs"], "no trajectories")],
+    "rollout.report": [(["/nonexistent-trajs"], "no trajectories")],
     "t1core.experiments.mismatch": [(["--seeds", "a"], "--seeds: expected comma-separated integers")],
     "t1core.experiments.copy_probe": [(["/nonexistent-ckpt"], "/nonexistent-ckpt"),
                                       (["/nonexistent-ckpt", "--families", "nope"], "--families: unknown")],
@@ -33,7 +33,7 @@ BAD_INPUT = {
     "sandbox.check_tasks": [(["/nonexistent-dir"], "/nonexistent-dir: not a directory"),
                             (["/tmp", "--parallel", "0"], "--parallel and --sample must be >= 1")],
     "sandbox.reap": [(["--keep", "x"], "--keep: invalid int value")],
-    "sandbox.image": [(["frobnicate"], "invalid choice: 'frobnicate'")],
+    "sandbox.base_image": [(["frobnicate"], "invalid choice: 'frobnicate'")],
 }
 
 

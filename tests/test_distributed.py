@@ -18,12 +18,12 @@ import torch.multiprocessing as mp
 
 from t1core.config import AlgoSection, load_config
 from rollout.torch_engine import EngineConfig, TorchEngine
-from t1core.checkpoint import hf_state_dict
+from t1core.hf_io import hf_state_dict
 from t1core.distributed import DataParallel, full_state_dict, iter_hf_tensors, shard_
 from t1core.losses import sft_loss
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import policy_logprobs, score, sft_update
-from t1core.world import make_optimizer
+from t1core.builders import make_optimizer
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -254,7 +254,7 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
 
 def test_shard_options_follow_the_config() -> None:
     """bf16 is mixed precision over fp32 masters, fp32 plain; CPU offload is refused off CUDA, naming why."""
-    from t1core.world import shard_options
+    from t1core.builders import shard_options
     assert shard_options(load_config(None, [])) == {"param_dtype": None, "cpu_offload": False}
     assert shard_options(load_config(None, ["--model.dtype=bfloat16"]))["param_dtype"] == torch.bfloat16
     with pytest.raises(ValueError, match="parallel.cpu_offload=true.*run.device='cuda'"):

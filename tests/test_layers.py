@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kernels", "t1core", "rollout", "sandbox")
 MODEL_LAYER = {"t1core", "t1core.model", "t1core.attention", "t1core.block_attention", "t1core.decode_attention",
-               "t1core.tokenizer", "t1core.checkpoint", "t1core.cpu_threads", "t1core.device"}
+               "t1core.tokenizer", "t1core.hf_io", "t1core.cpu_threads", "t1core.device"}
 """The floor above kernels: the policy's math, its tokenizer and its HF files. The rest of t1core is the trainer."""
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from t1core.checkpoint import hf_state_dict, load_pretrained, save_pretrained
+from t1core.hf_io import hf_state_dict, load_pretrained, save_pretrained
 from kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, apply_rope_reference, rope_cos_sin
 from t1core.model import ModelConfig, MoEModel, ValueModel
 
@@ -323,7 +323,7 @@ def test_tiny_model_learns() -> None:
 
 def test_real_qwen3_30b_config_maps_to_preset() -> None:
     """config.json as published for Qwen/Qwen3-30B-A3B (transformers 4.51 era keys) -> the preset."""
-    from t1core.checkpoint import config_from_hf, config_to_hf
+    from t1core.hf_io import config_from_hf, config_to_hf
     published = {
         "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from t1core.checkpoint import config_from_hf, config_to_hf
+from t1core.hf_io import config_from_hf, config_to_hf
 from t1core.model import ModelConfig
 from t1core.plan import count_params, plan, policy_shapes
 from t1core.config import load_config
@@ -75,7 +75,7 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         from t1core.distributed import DataParallel, shard_
         from t1core.model import MoEModel
-        from t1core.world import make_optimizer
+        from t1core.builders import make_optimizer
         model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world))
         opt, _ = make_optimizer(model, lr=1e-3, cfg=load_config(None, []))
         ids = torch.arange(40) % SMALL.vocab_size

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sandbox.families import generate
-from t1core import world
+from t1core import builders
 from t1core.config import load_config
 from t1core.model import ModelConfig, MoEModel
 from sandbox.suite import SEED_STRIDE
@@ -72,8 +72,8 @@ def test_pretraining_lowers_the_loss_and_is_bitwise_reproducible() -> None:
 def test_from_scratch_model_on_a_task_directory_must_opt_out_of_pretraining(tmp_path) -> None:
     cfg = load_config(None, [f"--tasks.source={tmp_path}"])
     with pytest.raises(ValueError, match="warmstart.pretrain_steps=0"):
-        world.pretrains(cfg)
-    assert not world.pretrains(load_config(None, [f"--tasks.source={tmp_path}", "--warmstart.pretrain_steps=0"]))
-    assert world.pretrains(load_config(None, []))
+        builders.pretrains(cfg)
+    assert not builders.pretrains(load_config(None, [f"--tasks.source={tmp_path}", "--warmstart.pretrain_steps=0"]))
+    assert builders.pretrains(load_config(None, []))
     with pytest.raises(ValueError, match="warmstart.pretrain_seed_block"):
         load_config(None, ["--warmstart.pretrain_seed_block=1"])  # the RL instances' block

@@ -26,7 +26,7 @@ from rollout.tito import retokenization_drift, sampled_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
 from sandbox import suite
 from sandbox.docker_sandbox import DockerSandbox
-from sandbox.images import TaskImage, build_task_image, default_base_image_overrides
+from sandbox.task_images import TaskImage, build_task_image, default_base_image_overrides
 from sandbox.tasks import Task
 from t1core.drift import CompletionLog
 from t1core.model import ModelConfig, MoEModel

@@ -374,7 +374,7 @@ def test_base_image_is_idempotent(image, api):
     assert ensure_base_image() == image
     assert time.monotonic() - t0 < 5.0
     assert api.inspect_image(image)["Config"]["Labels"]["t1.image.content"]
-    out = subprocess.run([sys.executable, "-m", "sandbox.image", "build"], cwd=REPO, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "sandbox.base_image", "build"], cwd=REPO, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True).stdout
     assert out.strip().splitlines()[-1] == image
 

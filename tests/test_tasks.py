@@ -27,7 +27,7 @@ from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
 from sandbox.families.common import FILE_MTIME, TURN_BREAK
-from sandbox.images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
+from sandbox.task_images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
                             build_task_images, default_base_image_overrides)
 from sandbox.run_task import run_task
 from sandbox.tasks import Task, TaskFormatError, load_task
@@ -590,7 +590,7 @@ def test_base_listing_container_carries_owner_labels(tmp_path: Path, overrides: 
     """The one container build_task_image starts itself (listing the base's directories) is reapable."""
     from docker.models.containers import ContainerCollection
 
-    import sandbox.images as images
+    import sandbox.task_images as images
 
     seen, real_run = [], ContainerCollection.run
 

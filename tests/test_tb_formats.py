@@ -29,7 +29,7 @@ from sandbox.docker_build import clean_text
 from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.image_cache import LABEL_KIND, LABEL_TASK, prune_task_images
-from sandbox.images import TaskImageError, _preload_plan, build_task_image, default_base_image_overrides
+from sandbox.task_images import TaskImageError, _preload_plan, build_task_image, default_base_image_overrides
 from sandbox.run_task import run_task_report
 from sandbox.tasks import TaskFormatError, load_task, reference_solution
 from sandbox.test_deps import parse_test_deps
@@ -64,7 +64,7 @@ def overrides() -> dict[str, str]:
 
 @pytest.mark.docker
 def test_base_has_python_and_pip_and_the_ca_layer_is_built_once(overrides: dict[str, str]) -> None:
-    from sandbox.image import ensure_base_image, host_ca_bundle
+    from sandbox.base_image import ensure_base_image, host_ca_bundle
 
     ca_ref = overrides["debian:*"]
     assert ensure_base_image(trust_host_ca=True) == ca_ref  # found, not rebuilt

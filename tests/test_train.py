@@ -209,28 +209,28 @@ def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: 
 
 
 def test_actor_frozen_pattern_that_matches_nothing_is_an_error() -> None:
-    from t1core import world
+    from t1core import builders
     from t1core.model import ModelConfig, MoEModel
 
     model = MoEModel(ModelConfig.tiny().replace(num_hidden_layers=1), seed=0)
-    assert world.frozen_parameters(model, ["lm_head.*"]) == ["lm_head.weight"]
+    assert builders.frozen_parameters(model, ["lm_head.*"]) == ["lm_head.weight"]
     with pytest.raises(ValueError, match=r"optim.actor_frozen: \['lm_hed.\*'\] match no parameter"):
-        world.frozen_parameters(model, ["lm_head.*", "lm_hed.*"])
+        builders.frozen_parameters(model, ["lm_head.*", "lm_hed.*"])
     with pytest.raises(ValueError, match="optim.actor_frozen: expected non-empty patterns"):
         train.load_config(None, ['--optim.actor_frozen=[""]'])
 
 
 def test_actor_lr_decay_follows_the_rl_step() -> None:
-    from t1core import world
+    from t1core import builders
 
     cfg = train.load_config(None, ["--optim.warmup_steps=4", "--optim.actor_lr_decay=true"])
     done = {"frac": 0.0}
-    opt, sched = world.make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, cfg=cfg, progress=lambda: done["frac"])
+    opt, sched = builders.make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, cfg=cfg, progress=lambda: done["frac"])
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 4)  # warmup step 1 of 4
     opt.step()
     sched.step()
     done["frac"] = 0.75
-    world.refresh_lr(sched)  # the trainer calls this at each RL step
+    builders.refresh_lr(sched)  # the trainer calls this at each RL step
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 4 * 0.25)
 
 
@@ -329,12 +329,12 @@ def test_drift_check_sees_an_altered_sampled_token() -> None:
 
 
 def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> None:
-    from t1core import world
+    from t1core import builders
 
     fams = "--tasks.families=[\"create_file\", \"count_lines\"]"
     cfg, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
                                "--tasks.num_heldout_per_family=4"])
-    sets = world.load_tasks(cfg, tmp_path)
+    sets = builders.load_tasks(cfg, tmp_path)
     family = sets.rl  # by default RL practises unseen family instances only
     assert len(family) == 10 and all("-train-" in t.name for t in family)
     instructions = [{t.instruction for t in ts if t.name.split("-")[0] in ("create_file", "count_lines")}
@@ -342,11 +342,11 @@ def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> N
     assert [len(s) for s in instructions] == [6, 10, 8]  # no repeat within a set either
     assert not (instructions[0] & instructions[1]) and not (instructions[2] & (instructions[0] | instructions[1]))
     # On request the fixed train tasks are practised in RL too; 0 RL instances means RL on the SFT instances.
-    with_fixed = world.load_tasks(train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
+    with_fixed = builders.load_tasks(train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
                                                     "--tasks.rl_fixed_tasks=true"])[0], tmp_path / "c")
     assert [t.name for t in with_fixed.rl] == [t.name for t in family] + [t.name for t in sets.train[6:]]
     cfg0, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=0"])
-    same = world.load_tasks(cfg0, tmp_path / "b")
+    same = builders.load_tasks(cfg0, tmp_path / "b")
     assert [t.name for t in same.rl] == [t.name for t in same.train]
 
 

@@ -15,7 +15,7 @@ from kernels.logprob import token_logprobs
 from t1core.step import flat_groups
 from t1core.update import (Scored, _normalise_advantages, policy_logprobs, score, sft_num_steps,
                            sft_update)
-from t1core.world import make_optimizer
+from t1core.builders import make_optimizer
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -23,7 +23,7 @@ from rollout.vllm_convert import (finish_reason, max_new_tokens, moe_routing, sa
                                   vllm_sampling_kwargs)
 from rollout.vllm_engine import VLLMEngine
 from rollout.vllm_weights import ValidatedStream, expected_hf_params
-from t1core.checkpoint import hf_state_dict
+from t1core.hf_io import hf_state_dict
 from t1core.model import ModelConfig, MoEModel
 from tests import fake_vllm
 
@@ -288,7 +288,7 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
     from kernels.logprob import token_logprobs
     from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
     from sandbox import suite
-    from sandbox.images import build_task_image, default_base_image_overrides
+    from sandbox.task_images import build_task_image, default_base_image_overrides
     from t1core.drift import CompletionLog
     from t1core.tokenizer import ChatTokenizer
 

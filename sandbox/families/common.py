@@ -147,7 +147,7 @@ def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, 
     for sub in sorted((env / "app").rglob("*"), reverse=True) if spec.files else ():  # children before parents
         if sub.is_dir():
             os.utime(sub, (FILE_MTIME, FILE_MTIME))
-    # COPY-only: sandbox.images preloads the files into the base image's container instead of building an image.
+    # COPY-only: sandbox.task_images preloads the files into the base image's container instead of building an image.
     copy = "COPY app/ /app/\n" if spec.files else ""  # WORKDIR creates /app (a preloaded directory entry)
     (env / "Dockerfile").write_text(f"FROM debian:bookworm\n{copy}WORKDIR /app\n")
     (out_dir / "solution").mkdir()

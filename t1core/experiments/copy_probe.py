@@ -20,7 +20,7 @@ import torch
 from sandbox.cli import Parser, bad_input
 from sandbox.families import FAMILIES, generate
 from sandbox.suite import SEED_STRIDE
-from t1core.checkpoint import load_pretrained
+from t1core.hf_io import load_pretrained
 from t1core.model import MoEModel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
 

@@ -54,12 +54,12 @@ from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox import suite
 from sandbox.cli import Parser, bad_input
-from sandbox.images import TaskImage, build_task_image, default_base_image_overrides
+from sandbox.task_images import TaskImage, build_task_image, default_base_image_overrides
 from sandbox.tasks import Task
 from t1core.batch import PackedBatch, pack
 from t1core.drift import CompletionLog
 from t1core.losses import mismatch_metrics
-from t1core.checkpoint import load_pretrained
+from t1core.hf_io import load_pretrained
 from t1core.model import ModelConfig, MoEModel
 from t1core.retokenize import retokenize
 from t1core.tokenizer import ChatTokenizer

@@ -1,4 +1,4 @@
-"""rollout.score on trajectories written by `save_trajectory`: family tables and the paired comparison against
+"""rollout.report on trajectories written by `save_trajectory`: family tables and the paired comparison against
 plain per-sample loops over the same outcomes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout import score
+from rollout import report
 from rollout.trajectory import Trajectory, Turn, save_trajectory
 
 
@@ -40,7 +40,7 @@ TASKS = [f"{fam}-heldout-{i}" for fam in ("create_file", "sort_file") for i in r
 def test_family_table_matches_a_plain_count(tmp_path: Path) -> None:
     outcomes = _outcomes(0, TASKS, k=3)
     _write(tmp_path, outcomes)
-    table = score.family_table(score.load_samples(tmp_path))
+    table = report.family_table(report.load_samples(tmp_path))
     assert list(table) == ["create_file", "git-find-secret", "sort_file", "total"]
     for fam in ("create_file", "sort_file", "git-find-secret"):
         mine = [o for o in outcomes if o[0].startswith(fam)]
@@ -58,8 +58,8 @@ def test_paired_change_and_its_interval(tmp_path: Path) -> None:
     old, new = _outcomes(1, TASKS, k=4), _outcomes(2, TASKS, k=4)
     _write(tmp_path / "old", old)
     _write(tmp_path / "new", new)
-    a, b = score.load_samples(tmp_path / "new"), score.load_samples(tmp_path / "old")
-    got = score.paired_change(a, b)
+    a, b = report.load_samples(tmp_path / "new"), report.load_samples(tmp_path / "old")
+    got = report.paired_change(a, b)
 
     def rate(outs: list[tuple[str, int, int]], task: str) -> float:
         mine = [p == t for n, p, t in outs if n == task]
@@ -69,26 +69,26 @@ def test_paired_change_and_its_interval(tmp_path: Path) -> None:
     assert got["change"] == pytest.approx(sum(diffs) / len(diffs))
     assert got["up"] == sum(d > 0 for d in diffs) and got["down"] == sum(d < 0 for d in diffs)
     assert got["ci_low"] <= got["change"] <= got["ci_high"] and got["ci_low"] < got["ci_high"]
-    same = score.paired_change(b, b)
+    same = report.paired_change(b, b)
     assert same["change"] == same["ci_low"] == same["ci_high"] == 0.0
 
 
 def test_bad_directories_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
-        score.main([str(tmp_path)])
+        report.main([str(tmp_path)])
     assert "no trajectories" in capsys.readouterr().err
     _write(tmp_path / "a", [("x-heldout-0", 1, 1)])
     _write(tmp_path / "b", [("y-heldout-0", 1, 1)])
     with pytest.raises(SystemExit):
-        score.main([str(tmp_path / "a"), "--baseline", str(tmp_path / "b")])
+        report.main([str(tmp_path / "a"), "--baseline", str(tmp_path / "b")])
     assert "no task in common" in capsys.readouterr().err
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "000000.json").write_text("{not json")
     with pytest.raises(SystemExit):
-        score.main([str(tmp_path / "c")])
+        report.main([str(tmp_path / "c")])
     assert "000000.json: not JSON" in capsys.readouterr().err
 
 
 def test_family_of_strips_the_split_suffix() -> None:
-    assert [score.family_of(n) for n in ("create_file-train-100011", "grep_lines-heldout-3", "git-merge-branch")] == \
+    assert [report.family_of(n) for n in ("create_file-train-100011", "grep_lines-heldout-3", "git-merge-branch")] == \
         ["create_file", "grep_lines", "git-merge-branch"]

@@ -16,14 +16,14 @@ import torch
 from rollout.agent import AgentConfig, SandboxLimits
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_engine import VLLMEngine
-from sandbox.images import TaskImage, build_task_images, default_base_image_overrides
-from sandbox.image import ensure_base_image
+from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
+from sandbox.base_image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core import distributed
 from t1core.config import RunConfig
 from t1core.device import check_device
-from t1core.checkpoint import load_pretrained
+from t1core.hf_io import load_pretrained
 from t1core.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
 from t1core.tokenizer import ChatTokenizer
 

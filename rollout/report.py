@@ -1,6 +1,6 @@
 """Score collected trajectories per task family: success rate, pass@k, and a paired comparison of two policies.
 
-    python -m rollout.score DIR [--baseline DIR] [--json]
+    python -m rollout.report DIR [--baseline DIR] [--json]
 
 DIR is what `rollout.collect` (or the trainer) wrote: NNNNNN.json per episode. Episodes of one task are its
 samples (`rollout.collect --episodes N` cycles through the tasks, so N = k * tasks gives k samples each). Per
@@ -121,8 +121,8 @@ def _format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m rollout.score", description=__doc__.split("\n\n")[0],
-               epilog="example: python -m rollout.score runs/exp1/heldout_final --baseline runs/exp1/heldout_warmstart")
+    p = Parser(prog="python -m rollout.report", description=__doc__.split("\n\n")[0],
+               epilog="example: python -m rollout.report runs/exp1/heldout_final --baseline runs/exp1/heldout_warmstart")
     p.add_argument("directory", help="trajectories to score (NNNNNN.json files)")
     p.add_argument("--baseline", default=None, help="trajectories of the policy to compare against, same tasks")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")

@@ -1,6 +1,6 @@
 """The default sandbox base image: a Debian bookworm root filesystem built offline-friendly, without a registry.
 
-`python -m sandbox.image build` runs `debootstrap --variant=minbase` with the packages below, then imports the
+`python -m sandbox.base_image build` runs `debootstrap --variant=minbase` with the packages below, then imports the
 tree with the Docker API (`docker import`). The image carries a content label (hash of the package list, the
 suite and this recipe's version); a second call finds it and does nothing. The last line printed is the image
 reference, e.g. `t1-sandbox-base:3f2a9c1b7d4e`; `t1-sandbox-base:latest` is tagged too.
@@ -187,7 +187,7 @@ def _ensure_ca_layer(client: docker.APIClient, base_ref: str, *, log: bool) -> s
 
 def _say(log: bool, msg: str) -> None:
     if log:
-        print(f"sandbox.image: {msg}", file=sys.stderr, flush=True)
+        print(f"sandbox.base_image: {msg}", file=sys.stderr, flush=True)
 
 
 def _build(client: docker.APIClient, ref: str, *, log: bool) -> None:
@@ -251,8 +251,8 @@ def _import(client: docker.APIClient, root: Path, ref: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m sandbox.image", description=__doc__.split("\n\n")[0],
-                    epilog="example: python -m sandbox.image build   (the last line printed is the image reference)")
+    parser = Parser(prog="python -m sandbox.base_image", description=__doc__.split("\n\n")[0],
+                    epilog="example: python -m sandbox.base_image build   (the last line printed is the image reference)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     build = sub.add_parser("build", help="build the base image if missing; print its reference last")
     build.add_argument("--image", default=None, help=f"use this image instead (default: ${ENV_IMAGE})")

@@ -70,7 +70,7 @@ class TaskImageError(RuntimeError):
 def default_base_image_overrides(*, trust_host_ca: bool | None = None) -> dict[str, str]:
     """debian:*, ubuntu:*, python:* and Terminal-Bench's base images -> the local sandbox base image (built if
     missing); `trust_host_ca` (None: $T1_TRUST_HOST_CA): its layer that trusts this host's CA bundle."""
-    from sandbox.image import ensure_base_image  # the runtime's base image (Debian bookworm minbase)
+    from sandbox.base_image import ensure_base_image  # the runtime's base image (Debian bookworm minbase)
 
     base = ensure_base_image(trust_host_ca=trust_host_ca)
     return {pattern: base for pattern in DEFAULT_OVERRIDE_PATTERNS}
