@@ -181,8 +181,9 @@ class Trainer:
                 continue
             # The greedy runs keep their seed of old (i = 0, 1 share it); the sampled run has its own.
             seed = derive_seed(cfg.run.seed, 1 << 21) if i < 2 else derive_seed(cfg.run.seed, 1 << 21, i)
-            trajs, _ = self.collect([t for t in tasks for _ in range(k)], seed=seed, desc=f"eval {tag} {name}",
-                                    temperature=temperature)
+            with self.clock.phase("eval"):
+                trajs, _ = self.collect([t for t in tasks for _ in range(k)], seed=seed,
+                                        desc=f"eval {tag} {name}", temperature=temperature)
             if self.dp.is_main:
                 save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
@@ -295,7 +296,7 @@ class Trainer:
         after = None
         if self.state["step"] == cfg.run.steps and self.state.get("evaluated_at") != cfg.run.steps:
             after = self.evaluate("after")
-            log(cfg.run.steps, after)
+            log(cfg.run.steps, {**after, **self.clock.pop()})
             self.state["evaluated_at"] = cfg.run.steps
         if logger is not None:
             logger.close()
