@@ -8,7 +8,8 @@ random stream), and `heldout_tasks` drops a held-out instance whose instruction 
     tasks = suite.train_tasks(out, num_per_family=8, seed=0)               # families + fixed train tasks
     fam, fixed = suite.heldout_tasks(out, num_per_family=4, seed=0)        # held-out families, fixed tasks
     cmd = suite.reference_solution(task)                                   # solve.sh body, one tool call
-    calls = suite.reference_turns(task)                                    # its turns (the SFT transcript)
+    calls = suite.reference_turns(task)                                    # its turns (tool calls)
+    calls, fails = suite.demonstration_turns(task)                         # what SFT is shown, tests it fails
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox.families import FAMILIES, SHORT_FAMILIES, Split, generate, write_harbor_task
-from sandbox.families.common import TURN_BREAK
-from sandbox import tasks as task_formats
+import sandbox.tasks as task_formats
+from sandbox.families.common import DEMO_FAILS_PREFIX, DEMONSTRATION_FILE, TURN_BREAK
 from sandbox.tasks import Task, TaskFormatError, load_task
 
 TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
@@ -114,12 +115,31 @@ def reference_turns(task: Task) -> list[str]:
     """The task's reference solution as the tool calls of an SFT transcript, in order.
 
     solve.sh without shebang and leading comments, split at `TURN_BREAK` lines: one call for most tasks (a
-    single short command for the family tasks, the SFT target of a tiny policy), a look and then the command
-    it calls for where the instruction alone leaves the solution open (see `TaskSpec.inspect`).
+    single short command for the family tasks), a look and then the command it calls for where the instruction
+    alone leaves the solution open (see `TaskSpec.inspect`).
     """
     text = task_formats.reference_solution(task)
     if text is None:
         raise ValueError(f"task {task.name} has no reference solution")
+    return _turns(text, task.name, source=str(task.solution_script))
+
+
+def demonstration_turns(task: Task) -> tuple[list[str], tuple[str, ...]]:
+    """(tool calls, tests it leaves failing) of the task's SFT demonstration: the incomplete demonstration a
+    family instance ships next to solve.sh (it leaves out the finishing step, `sandbox.families.finish`), else
+    the full reference with nothing left failing."""
+    demo = task.solution_script.parent / DEMONSTRATION_FILE if task.solution_script is not None else None
+    if demo is None or not demo.is_file():
+        return reference_turns(task), ()
+    second = (demo.read_text().splitlines()[1:2] or [""])[0]
+    if not second.startswith(DEMO_FAILS_PREFIX) or not second.removeprefix(DEMO_FAILS_PREFIX).split():
+        raise ValueError(f"task {task.name}: {demo} must name the tests it leaves failing on its second line "
+                         f"({DEMO_FAILS_PREFIX!r} then names)")
+    return _turns(demo.read_text(), task.name, source=str(demo)), tuple(second.removeprefix(DEMO_FAILS_PREFIX).split())
+
+
+def _turns(text: str, name: str, *, source: str) -> list[str]:
+    """A solution script without shebang and leading comments, split at `TURN_BREAK` lines."""
     lines = text.splitlines()
     while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")) and lines[0].strip() != TURN_BREAK:
         lines.pop(0)
@@ -131,7 +151,7 @@ def reference_turns(task: Task) -> list[str]:
             turns[-1].append(line)
     calls = ["\n".join(t).strip() for t in turns]
     if not all(calls):
-        raise ValueError(f"task {task.name}: {task.solution_script} has an empty turn around {TURN_BREAK!r}")
+        raise ValueError(f"task {name}: {source} has an empty turn around {TURN_BREAK!r}")
     return calls
 
 
@@ -149,4 +169,4 @@ def _remove_generated(path: Path) -> None:
 
 
 __all__ = ["FAMILIES", "SHORT_FAMILIES", "fixed_task_names", "fixed_tasks", "family_tasks", "train_tasks",
-           "heldout_tasks", "reference_turns", "reference_solution", "SEED_STRIDE"]
+           "heldout_tasks", "reference_turns", "demonstration_turns", "reference_solution", "SEED_STRIDE"]

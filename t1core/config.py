@@ -357,6 +357,10 @@ class RunSection:
     steps: int = _field(24, "RL steps (critic-only iterations included)")
     eval_every: int = _field(0, "held-out evaluation every N RL steps; 0 = only before and after RL")
     eval_temperature: float = _field(0.0, "sampling temperature of held-out evaluation; 0 = greedy (pass@1)")
+    eval_samples: int = _field(
+        2, "held-out family instances are also sampled this many times each at rollout.temperature (the sampled "
+        "success is the mean over them, with the same sampling seeds before and after RL); 0 = only the "
+        "evaluation at eval_temperature")
     device: str = _field("cpu", "'cpu', 'cuda' or 'cuda:N'")
     checkpoint_every: int = _field(3, "checkpoint every N RL steps (the final step is always saved); 0 = final only")
     routing_agreement_every: int = _field(
@@ -368,6 +372,7 @@ class RunSection:
         _check(self.steps >= 0, "run.steps", ">= 0", self.steps)
         _check(self.eval_every >= 0, "run.eval_every", ">= 0", self.eval_every)
         _check(self.eval_temperature >= 0, "run.eval_temperature", ">= 0", self.eval_temperature)
+        _check(self.eval_samples >= 0, "run.eval_samples", ">= 0", self.eval_samples)
         _check(bool(_DEVICE_RE.match(self.device)), "run.device", "'cpu', 'cuda' or 'cuda:N'", self.device)
         _check(self.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", self.checkpoint_every)
         _check(self.routing_agreement_every >= 0, "run.routing_agreement_every", ">= 0", self.routing_agreement_every)

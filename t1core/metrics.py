@@ -1,7 +1,8 @@
 """Per-step metrics: a JSONL logger, a PNG of the curves, GPU memory/utilisation, a phase stopwatch.
 
 Keys are flat "group/name" strings; nested dicts are flattened with "/". The plot groups them by name:
-reward/* (dense reward), outcome/* (outcome rate), heldout/*_{success,verifier_frac} (held-out success),
+reward/* (dense reward), outcome/* (outcome rate), heldout/*_{success,verifier_frac} (held-out success; the paired
+change after RL, heldout_change/*, is on the run's last lines and in its row, not plotted),
 mismatch/{gap,k3,extreme_frac} (train vs rollout log-probs), */loss (losses), time/* (seconds per phase,
 stacked). `progress_line` turns a row into one line of text for the log.
 """
@@ -125,12 +126,16 @@ def progress_line(row: Mapping[str, Any], *, total_steps: int) -> str:
     if "train/actor_updated" in row:
         updated = row["train/actor_updated"]
         parts.append(f"actor+critic, KL to warm start {f('policy/kl_ref', '.2g')}" if updated else "critic only")
-    for name in ("family", "fixed"):
+    for name in ("family", "family_sampled", "fixed"):
         if f"heldout/{name}_success" in row:
             count = (f" ({f(f'heldout/{name}_solved', '.0f')}/{f(f'heldout/{name}_episodes', '.0f')})"
                      if f"heldout/{name}_solved" in row else "")
-            parts.append(f"held-out {name} solved {f(f'heldout/{name}_success', '.1%')}{count}, verifiers "
-                         f"{f(f'heldout/{name}_verifier_frac', '.3f')}")
+            parts.append(f"held-out {name.replace('_', ' ')} solved {f(f'heldout/{name}_success', '.1%')}{count}, "
+                         f"verifiers {f(f'heldout/{name}_verifier_frac', '.3f')}")
+    for kind in ("greedy", "sampled"):
+        if f"heldout_change/{kind}" in row:
+            key = f"heldout_change/{kind}"
+            parts.append(f"change {kind} {f(key, '+.3f')} [{f(key + '_lo', '+.3f')}, {f(key + '_hi', '+.3f')}]")
     phases = [v for k, v in row.items() if k.startswith("time/") and not k.startswith("time/episode_")
               and k != "time/step_s" and isinstance(v, (int, float))]
     if phases:

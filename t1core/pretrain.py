@@ -9,9 +9,10 @@ unseen instructions.
 
 So a from-scratch preset first pretrains on such a stream: pairs from the built-in families' generators (train
 split, a seed block of its own; instructions of the RL and held-out instances are skipped), written as plain
-text `instruction \\n <tool_call>{...}</tool_call> \\n` (a two-turn reference gives its first call, the look: the
-second depends on output the corpus does not hold), packed into rows of whole pairs, next-token loss on
-every token. No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond
+text `instruction \\n <tool_call>{...}</tool_call> \\n` (the first call of the instance's SFT demonstration:
+the corpus does the finishing step as often as the demonstrations do, see `sandbox.families.finish`; a two-turn
+reference gives its look, the second call depends on output the corpus does not hold), packed into rows of
+whole pairs, next-token loss on every token. No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond
 the seed: the same config gives the same weights.
 """
 
@@ -44,7 +45,8 @@ def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[
         spec = generate(family, seed_block * SEED_STRIDE + i // len(families), "train")
         i += 1
         if spec.instruction.strip() not in avoid:
-            yield f"{spec.instruction.strip()}\n{format_tool_call(spec.turns[0].strip())}\n"
+            demo = spec.demonstration if spec.demonstration is not None else spec.turns
+            yield f"{spec.instruction.strip()}\n{format_tool_call(demo[0].strip())}\n"
 
 
 def packed_rows(texts: Iterator[str], tok: ChatTokenizer, *, row_tokens: int

@@ -39,6 +39,7 @@ from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_chec
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
+from t1core.heldout import change_metrics, summary_lines
 from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, progress_line
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
@@ -163,13 +164,23 @@ class Trainer:
                             seed_block=w.pretrain_seed_block, avoid=avoid, dp=self.dp)
 
     def evaluate(self, tag: str) -> dict[str, float]:
-        """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately."""
-        out = {}
-        for name, tasks in (("family", self.tasks.heldout_family), ("fixed", self.tasks.heldout_fixed)):
+        """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately. The family
+        instances are also sampled run.eval_samples times each at the rollout temperature; after RL, both are
+        compared with the evaluation before, instance by instance (t1core.heldout). Same instances and sampling
+        seeds at every evaluation."""
+        cfg, out = self.cfg, {}
+        runs = [("family", self.tasks.heldout_family, 1, cfg.run.eval_temperature),
+                ("fixed", self.tasks.heldout_fixed, 1, cfg.run.eval_temperature)]
+        if cfg.run.eval_samples:
+            runs.append(("family_sampled", self.tasks.heldout_family, cfg.run.eval_samples, cfg.rollout.temperature))
+        for i, (name, tasks, k, temperature) in enumerate(runs):
             if not tasks:
                 continue
-            trajs, _ = self.collect(tasks, seed=seed_for(self.cfg.run.seed, Stream.HELDOUT), desc=f"eval {tag} {name}",
-                                    temperature=self.cfg.run.eval_temperature)
+            # The greedy runs share their seed (as always); the sampled run has its own.
+            seed = seed_for(cfg.run.seed, Stream.HELDOUT) if i < 2 else seed_for(cfg.run.seed, Stream.HELDOUT, i)
+            with self.clock.phase("eval"):
+                trajs, _ = self.collect([t for t in tasks for _ in range(k)], seed=seed,
+                                        desc=f"eval {tag} {name}", temperature=temperature)
             if self.dp.is_main:
                 save_trajectories(trajs, self.run_dir / "trajectories" / f"eval_{tag}_{name}")
             passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
@@ -179,6 +190,8 @@ class Trainer:
             out[f"heldout/{name}_episodes"] = float(len(trajs))
             out[f"heldout/{name}_success"] = num_solved / len(trajs)
             out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
+        if tag != "before" and self.dp.is_main:
+            out.update(change_metrics(self.run_dir, tag))
         return out
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -270,13 +283,18 @@ class Trainer:
             last = step + 1 == cfg.run.steps
             if last or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
                 self.checkpoint()
+        after = None
         if self.state.step == cfg.run.steps and self.state.evaluated_at != cfg.run.steps:
-            log(cfg.run.steps, self.evaluate("after"))
+            after = self.evaluate("after")
+            log(cfg.run.steps, {**after, **self.clock.pop()})
             self.state.evaluated_at = cfg.run.steps
         if logger is not None:
             logger.close()
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
         self.save_hf(self.run_dir / "final")
+        if after is not None and self.dp.is_main:  # the run's closing lines: what RL did to held-out success
+            for line in summary_lines(after, temperature=cfg.rollout.temperature):
+                print(line, flush=True)
 
     def save_hf(self, path: Path) -> None:
         """The policy as a HF checkpoint directory with its tokenizer: `--model.name=PATH` loads it. Sharded: streamed

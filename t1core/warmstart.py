@@ -1,8 +1,10 @@
-"""Warm start, part (a): supervised transcripts of the reference solutions, built with the TITO construction.
+"""Warm start, part (a): supervised transcripts of the demonstrations, built with the TITO construction.
 
-A `ReferenceEngine` stands in for the policy and "samples" a fixed script per task: the reference solution's
-bash tool calls (one for most tasks; a look at a file first where the instruction leaves the answer open), then
-the done marker. Everything else is the real agent loop: the real sandbox runs the solution, the real
+A `ReferenceEngine` stands in for the policy and "samples" a fixed script per task: the demonstration's bash
+tool calls (one for most tasks; a look at a file first where the instruction leaves the answer open), then
+the done marker. The demonstration is the task's reference solution, except for the family instances whose
+demonstration leaves out the finishing step (about half: `sandbox.families.finish`), which is the shortfall of
+the warm start that RL then has to find. Everything else is the real agent loop: the real sandbox runs the solution, the real
 observation is tokenized on its own and appended, glue tokens get loss mask 0, and the verifiers score the
 episode. So SFT sees exactly the token layout RL will sample in, and a reference that does not pass its own
 verifiers is caught (and left out) here.
@@ -18,8 +20,8 @@ import torch
 from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.trajectory import Trajectory
+from sandbox.suite import demonstration_turns
 from sandbox.task_images import TaskImage
-from sandbox.suite import reference_turns
 from sandbox.tasks import Task
 from t1core.distributed import DataParallel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
@@ -72,12 +74,15 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
                           num_parallel: int, pool_size: int | None = None,
                           dp: DataParallel = DataParallel.single(),
                           ) -> tuple[list[Trajectory], dict[str, float]]:
-    """Run every task's reference solution through the agent loop. With `config.verify`, keep only the
-    transcripts that pass all their verifiers; without, those that ran to the done marker.
+    """Run every task's demonstration through the agent loop. With `config.verify`, keep only the transcripts
+    that pass all their verifiers but the ones an incomplete demonstration is meant to leave failing (and fail
+    those); without, those that ran to the done marker.
     Returns (transcripts, metrics), in task order. Under torchrun rank r runs tasks r, r + W, ... in its own
     sandboxes and every rank gets all transcripts (the same as one process would make: the replies are scripted)."""
     keys = [tuple(tok.encode_prompt(config.system_prompt, task.instruction)) for task in tasks]
-    scripts = [[*map(format_tool_call, reference_turns(task)), DONE_MARKER] for task in tasks]
+    demos = [demonstration_turns(task) for task in tasks]
+    scripts = [[*map(format_tool_call, turns), DONE_MARKER] for turns, _ in demos]
+    meant_to_fail = {task.name: fails for task, (_, fails) in zip(tasks, demos)}
     specs = [EpisodeSpec(task=task, image=images[task.name], seed=i) for i, task in enumerate(tasks)]
     longest: dict[str, int] = {}
     mine = list(range(dp.rank, len(tasks), dp.world_size))
@@ -95,7 +100,11 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
 
     def usable(t: Trajectory) -> bool:
         if config.verify:
-            return t.verifier is not None and t.verifier["passed"] == t.verifier["total"] > 0
+            if t.verifier is None or not t.verifier["total"]:
+                return False
+            fails = meant_to_fail[t.task_name]  # per_test keys end with the test function's name
+            return all(ok != any(key.endswith(f"::{n}") or key == n for n in fails)
+                       for key, ok in t.verifier["per_test"].items())
         return t.finish_reason == "done"
 
     good, bad = [], []

@@ -110,3 +110,8 @@ def test_progress_line_says_what_a_row_says():
     assert progress_line(step, total_steps=24) == ("rl step 4/24: reward 2.50, solved 62% | gap nan, drift 0 | "
                                                    "actor+critic, KL to warm start 0.0042 | 10 s")
     assert progress_line({"step": 24}, total_steps=24) == "after RL: "
+    after = {"step": 24, "heldout/family_sampled_success": 0.25, "heldout/family_sampled_solved": 56.0,
+             "heldout/family_sampled_episodes": 224.0, "heldout/family_sampled_verifier_frac": 0.8,
+             "heldout_change/greedy": 0.125, "heldout_change/greedy_lo": 0.0625, "heldout_change/greedy_hi": 0.1875}
+    assert progress_line(after, total_steps=24) == ("after RL: held-out family sampled solved 25.0% (56/224), "
+                                                    "verifiers 0.800 | change greedy +0.125 [+0.062, +0.188]")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sandbox.families import generate
+from sandbox.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
 from t1core import builders
 from t1core.config import load_config
 from t1core.model import ModelConfig, MoEModel
@@ -22,13 +23,21 @@ def test_corpus_is_deterministic_alternates_families_and_skips_avoided_instructi
     first = list(itertools.islice(corpus_texts(FAMS, seed_block=2), 6))
     assert first == list(itertools.islice(corpus_texts(FAMS, seed_block=2), 6))
     spec = generate("count_lines", 2 * SEED_STRIDE, "train")  # the second text of the stream
-    assert first[1] == f"{spec.instruction.strip()}\n{format_tool_call(spec.solution.strip())}\n"
+    demo = spec.demonstration if spec.demonstration is not None else spec.turns  # what SFT is shown
+    assert first[1] == f"{spec.instruction.strip()}\n{format_tool_call(demo[0].strip())}\n"
     assert first[0].startswith("Create the file") and first[1].startswith(spec.instruction.strip()[:10])
     skipped = list(itertools.islice(corpus_texts(FAMS, seed_block=2, avoid={spec.instruction.strip()}), 5))
     assert skipped == [first[0]] + first[2:6]
     assert list(itertools.islice(corpus_texts(FAMS, seed_block=3), 1)) != first[:1]
     with pytest.raises(ValueError, match="family names"):
         next(corpus_texts(["no_such_family"], seed_block=2))
+
+
+def test_corpus_does_the_finishing_step_as_often_as_the_demonstrations() -> None:
+    texts = list(itertools.islice(corpus_texts(FAMS, seed_block=2), 400))
+    done = sum(f"; {CLEANUP}" in t for t in texts) / len(texts)
+    assert all(f"Then remove the directory {SCRATCH_DIR}." in t for t in texts)
+    assert abs(done - DEMO_COMPLETE_RATE) < 0.08, done
 
 
 def test_packed_rows_hold_whole_documents_with_in_document_targets() -> None:

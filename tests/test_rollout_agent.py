@@ -27,7 +27,7 @@ from rollout.torch_engine import EngineConfig, TorchEngine
 from sandbox import suite
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.task_images import TaskImage, build_task_image, default_base_image_overrides
-from sandbox.tasks import Task
+from sandbox.tasks import Task, load_task
 from t1core.drift import CompletionLog
 from t1core.model import ModelConfig, MoEModel
 from t1core.tokenizer import ChatTokenizer, format_tool_call
@@ -313,7 +313,39 @@ def test_reference_transcripts_keep_apart_tasks_with_one_instruction(tok: ChatTo
     assert metrics["sft/reference_failures"] == 0
     assert [t.task_name for t in transcripts] == [first.name, twin.name]
     for task, traj in zip((first, twin), transcripts):
-        assert traj.turns[0].command == suite.reference_solution(task)
+        assert traj.turns[0].command == suite.demonstration_turns(task)[0][0]
+
+
+@pytest.mark.docker
+def test_incomplete_demonstrations_leave_only_their_step_undone(tok: ChatTokenizer, tasks: list[Task],
+                                                                images: dict[str, TaskImage], tmp_path: Path) -> None:
+    # About half the SFT demonstrations stop before the finishing step (sandbox.families.finish). Checked against
+    # the real verifiers: such a transcript fails exactly the tests its demonstration names, the full reference
+    # (solve.sh) passes them all, and a demonstration that fails anything else is dropped.
+    import shutil
+
+    from t1core.warmstart import reference_transcripts
+
+    kinds = {bool(suite.demonstration_turns(t)[1]) for t in tasks}
+    assert kinds == {True, False}, "the fixture's instances should hold both kinds of demonstration"
+    broken = load_task(shutil.copytree(tasks[0].dockerfile_dir.parent, tmp_path / "broken"))
+    demo = broken.solution_script.parent / "demonstration.sh"
+    demo.write_text("#!/usr/bin/env bash\n# t1: leaves failing: test_scratch_dir_removed\ntrue\n")
+    images = {**images, broken.name: build_task_image(broken, base_image_overrides=default_base_image_overrides())}
+    transcripts, metrics = reference_transcripts([*tasks, broken], images, tok=tok, num_parallel=4,
+                                                 config=AgentConfig(max_turns=2, verify=True))
+    assert metrics["sft/reference_failures"] == 1 and [t.task_name for t in transcripts] == [t.name for t in tasks]
+    for task, traj in zip(tasks, transcripts):
+        turns, fails = suite.demonstration_turns(task)
+        assert [t.command for t in traj.turns[:1]] == turns and traj.finish_reason == "done"
+        failed = sorted(k.split("::")[-1] for k, ok in traj.verifier["per_test"].items() if not ok)
+        assert failed == sorted(fails) and traj.verifier["total"] >= 4
+        if fails:
+            assert suite.reference_solution(task) == f"{turns[0]}; rm -r /app/tmp"
+    full = run_episodes(ScriptedEngine(tok, tasks, solve_then_done), tok,
+                        [EpisodeSpec(task=t, image=images[t.name], seed=0) for t in tasks],
+                        config=AgentConfig(max_turns=2), num_parallel=4)
+    assert all(t.verifier["passed"] == t.verifier["total"] for t in full)
 
 
 @pytest.mark.docker
@@ -329,9 +361,9 @@ def test_two_turn_references_look_first_and_pass_their_verifiers(tok: ChatTokeni
                                                  config=AgentConfig(max_turns=4, verify=True))
     assert metrics["sft/reference_failures"] == 0 and len(transcripts) == 4
     for task, traj in zip(tasks, transcripts):
-        look, act = suite.reference_turns(task)
+        (look, act), fails = suite.demonstration_turns(task)
         assert [t.command for t in traj.turns[:2]] == [look, act] and traj.finish_reason == "done"
-        assert traj.verifier["passed"] == traj.verifier["total"] >= 3
+        assert traj.verifier["passed"] == traj.verifier["total"] - len(fails) >= 3
         out = traj.turns[0].output.strip()
         if task.name.startswith("csv_column_sum"):  # "3:price" -> awk's field $3
             field, column = out.split(":")

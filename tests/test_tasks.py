@@ -7,6 +7,8 @@ nothing. All sandbox runs go through a small thread pool: the daemon and 2 CPUs 
 
 from __future__ import annotations
 
+import dataclasses
+
 import io
 import json
 import os
@@ -27,6 +29,7 @@ from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
 from sandbox.families.common import FILE_MTIME, TURN_BREAK
+from sandbox.families.finish import CLEANUP, CLEANUP_TEST, DEMO_COMPLETE_RATE, SCRATCH_DIR
 from sandbox.task_images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
                             build_task_images, default_base_image_overrides)
 from sandbox.run_task import run_task
@@ -711,11 +714,42 @@ def test_short_families_are_one_command_with_arguments_in_the_instruction() -> N
         for seed in range(20):
             spec = generate(family, seed, "train")
             assert "\n" not in spec.solution and len(spec.instruction) < 140, (family, spec.instruction)
-            args = [a.strip("'") for a in spec.solution.split()[1:]
+            main, cleanup = spec.solution.split("; ")  # the main command, then the finishing step
+            assert cleanup == CLEANUP and SCRATCH_DIR in spec.instruction
+            args = [a.strip("'") for a in main.split()[1:]
                     if a not in (">", ">>", "<", "+x") and not a.startswith("-")]
             args = [re.sub(r"^s/(\w+)/(\w+)/g$", r"\1 \2", a) for a in args]
             for arg in " ".join(args).split():
                 assert arg.lstrip(".") in spec.instruction, (family, arg, spec.instruction)
+
+
+def test_every_instance_asks_for_the_finishing_step_and_about_half_the_demonstrations_skip_it(tmp_path: Path) -> None:
+    skipped = 0
+    for family in FAMILIES:
+        for seed in range(40):
+            spec = generate(family, seed, "train")
+            assert spec.instruction.endswith(f"Then remove the directory {SCRATCH_DIR}.")
+            assert spec.solution.endswith(f"; {CLEANUP}") and any(p.startswith(SCRATCH_DIR + "/") for p in spec.files)
+            if spec.demonstration is not None:  # the full reference's calls, the step cut off the last one
+                skipped += 1
+                assert spec.demonstration_fails == (CLEANUP_TEST,)
+                assert [*spec.demonstration[:-1], f"{spec.demonstration[-1]}; {CLEANUP}"] == list(spec.turns)
+    share = skipped / (40 * len(FAMILIES))
+    assert abs(share - (1 - DEMO_COMPLETE_RATE)) < 0.08, share
+    # The demonstration travels with the task directory; a complete one is the reference itself.
+    tasks = suite.family_tasks(tmp_path, split="train", num_per_family=6, seed=0, families=["copy_file", "fix_script"])
+    kinds = set()
+    for task in tasks:
+        family, _, seed = task.name.split("-")
+        spec = generate(family, int(seed), "train")
+        turns, fails = suite.demonstration_turns(task)
+        assert suite.reference_turns(task) == list(spec.turns)
+        assert (turns, fails) == ((list(spec.demonstration), spec.demonstration_fails) if spec.demonstration
+                                  else (list(spec.turns), ()))
+        kinds.add(bool(fails))
+    assert kinds == {True, False}
+    with pytest.raises(ValueError, match="demonstration_fails"):
+        dataclasses.replace(spec, demonstration=spec.turns, demonstration_fails=("test_nonexistent",))
 
 
 def test_reference_solution_for_sft(tmp_path: Path) -> None:

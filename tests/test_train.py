@@ -328,6 +328,38 @@ def test_drift_check_sees_an_altered_sampled_token() -> None:
     assert log.drift(traj(prompt + reply)) == len(reply)  # nothing recorded: every token unverified
 
 
+@pytest.mark.docker
+@needs_docker
+def test_heldout_evaluation_is_greedy_and_sampled_with_the_same_seeds_before_and_after(tmp_path: Path,
+                                                                                       capsys) -> None:
+    # No RL step between the two evaluations: the same policy, instances and sampling seeds must give the same
+    # episodes, so the paired change is exactly 0 (an evaluation that drew other seeds or instances after RL would
+    # show a change here).
+    run = tmp_path / "run"
+    args = ["--out", str(run), "--run.steps=0", "--run.eval_samples=2", "--tasks.families=[\"create_file\"]",
+            "--tasks.num_per_family=1", "--tasks.num_rl_per_family=1", "--tasks.num_heldout_per_family=3",
+            *[a for a in TINY if not a.startswith("--run.checkpoint_every")]]
+    assert train.main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    before, after = rows[-1], rows[0]
+    assert before["heldout/family_episodes"] == 3 and before["heldout/family_sampled_episodes"] == 6
+    assert not any(k.startswith("heldout_change/") for k in before)
+    for kind in ("greedy", "sampled"):
+        p = f"heldout_change/{kind}"
+        assert after[p] == after[f"{p}_lo"] == after[f"{p}_hi"] == 0.0 and after[f"{p}_instances"] == 3
+        assert after[f"{p}_verifier_before"] == after[f"{p}_verifier_after"]
+    assert after["heldout_change/sampled_samples"] == 2
+    for name in ("family", "family_sampled"):
+        a, b = (sorted((run / "trajectories" / f"eval_{tag}_{name}").glob("*.json")) for tag in ("before", "after"))
+        assert len(a) == len(b) == 3 * (1 + (name == "family_sampled"))
+        for x, y in zip(a, b):
+            assert x.with_suffix(".safetensors").read_bytes() == y.with_suffix(".safetensors").read_bytes()
+    # The run ends with the comparison (then the run directory).
+    assert lines[-3].startswith("held-out success, greedy: ") and "over 3 instances" in lines[-3]
+    assert lines[-2].startswith("held-out success, sampled (mean of 2 at T=1)") and lines[-1] == str(run.resolve())
+
+
 def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> None:
     from t1core import builders
 

@@ -320,7 +320,7 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
 
 @pytest.mark.docker
 def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`rollout.engine=vllm` through the trainer (world.make_engine) on the fake: zero drift in both steps, and the
+    """`rollout.engine=vllm` through the trainer (builders.make_engine) on the fake: zero drift in both steps, and the
     routing of every saved trajectory equals what TorchEngine records for those tokens on that step's weights."""
     docker = pytest.importorskip("docker")
     try:

@@ -5,6 +5,10 @@ stream. `SHORT_FAMILIES` are the ones a tiny model can learn from scratch: a one
 and a one-command solution whose arguments all appear verbatim in the instruction. The other two need what only
 a file tells (which CSV field holds the column, which bug the script has): their references look first, and the
 command after copies from the instruction and from that look's output (`TaskSpec.inspect`).
+
+Every instance also asks for one finishing step, the same in every family (remove the scratch directory
+/app/tmp), which the full reference does and about half of the SFT demonstrations leave out: see
+`sandbox.families.finish`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import random
 from collections.abc import Callable
 
 from sandbox.families import basic, data, text
+from sandbox.families.finish import with_cleanup
 from sandbox.families.common import Split, TaskSpec, write_harbor_task
 
 Generator = Callable[[random.Random], TaskSpec]
@@ -45,7 +50,8 @@ def generate(family: str, seed: int, split: Split) -> TaskSpec:
         raise ValueError(f"unknown task family {family!r}; expected one of {sorted(FAMILIES)}")
     if split not in ("train", "heldout"):
         raise ValueError(f"expected split 'train' or 'heldout', got {split!r}")
-    return FAMILIES[family](random.Random(f"{family}:{split}:{seed}"))
+    rng = random.Random(f"{family}:{split}:{seed}")
+    return with_cleanup(FAMILIES[family](rng), rng)
 
 
 __all__ = ["FAMILIES", "SHORT_FAMILIES", "Split", "TaskSpec", "generate", "write_harbor_task"]

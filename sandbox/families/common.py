@@ -29,6 +29,11 @@ FILE_MTIME = 1_704_067_200  # 2024-01-01 00:00 UTC: the mtime of every file an i
 # agent has seen an earlier part's output (see `sandbox.suite.reference_turns`).
 TURN_BREAK = "# t1: next turn"
 
+# An incomplete SFT demonstration is written next to solve.sh; its first comment line names the tests it leaves
+# failing (so a check of the demonstrations knows which failures are meant).
+DEMONSTRATION_FILE = "demonstration.sh"
+DEMO_FAILS_PREFIX = "# t1: leaves failing: "
+
 Split = Literal["train", "heldout"]
 
 WORDS = (
@@ -96,6 +101,11 @@ class TaskSpec:
     """Read-only commands the reference runs first, one turn each, where the instruction leaves out what the
     solution needs (which column of a CSV file is which, what a script's bug is): `solution` is what their
     output tells. Without them a policy that copies the instruction can only guess."""
+    demonstration: tuple[str, ...] | None = None
+    """The SFT demonstration's tool calls where they differ from `turns`: an incomplete one that leaves a step
+    out (see sandbox.families.finish); None = the demonstration is the full reference."""
+    demonstration_fails: tuple[str, ...] = ()
+    """Names of the test functions an incomplete demonstration leaves failing (empty when it is complete)."""
 
     @property
     def turns(self) -> tuple[str, ...]:
@@ -108,6 +118,12 @@ class TaskSpec:
             raise ValueError(f"expected starting files under /app/, got {bad}")
         if len(re.findall(r"^\s*def test_", self.tests, flags=re.MULTILINE)) < 3:
             raise ValueError("expected at least 3 test functions in a generated task")
+        if bool(self.demonstration_fails) != (self.demonstration is not None):
+            raise ValueError("expected demonstration and demonstration_fails both set (an incomplete "
+                             "demonstration names the tests it leaves failing) or both empty")
+        missing = [n for n in self.demonstration_fails if not re.search(rf"^\s*def {n}\(", self.tests, re.M)]
+        if missing:
+            raise ValueError(f"demonstration_fails names tests the task does not have: {missing}")
 
 
 def ident(rng: random.Random) -> str:
@@ -153,6 +169,10 @@ def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, 
     (out_dir / "solution").mkdir()
     body = f"\n{TURN_BREAK}\n".join(cmd.strip() for cmd in spec.turns)
     (out_dir / "solution" / "solve.sh").write_text(f"#!/usr/bin/env bash\n{body}\n")
+    if spec.demonstration is not None:  # what SFT is shown instead (sandbox.suite.demonstration_turns)
+        demo = f"\n{TURN_BREAK}\n".join(cmd.strip() for cmd in spec.demonstration)
+        (out_dir / "solution" / DEMONSTRATION_FILE).write_text(
+            f"#!/usr/bin/env bash\n{DEMO_FAILS_PREFIX}{' '.join(spec.demonstration_fails)}\n{demo}\n")
     tests = out_dir / "tests"
     tests.mkdir()
     (tests / "test.sh").write_text(TEST_SH)

@@ -1,0 +1,64 @@
+"""Held-out results before and after RL: the paired change over instances, and the run's closing lines.
+
+The trainer evaluates the same held-out instances with the same sampling seeds before and after RL, greedily and
+(with `run.eval_samples` = k > 0) k times each at the rollout temperature, and saves every episode
+(`trajectories/eval_{tag}_family[_sampled]`). The change is paired per instance: the mean over instances of
+(success rate after - success rate before), each instance's rate over its samples, with a 95% bootstrap interval
+that resamples instances (`rollout.report.paired_change`, also what `python -m rollout.report DIR --baseline DIR`
+prints). Greedy reads the policy's mode; the sampled rate is what RL optimises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rollout.report import load_samples, paired_change
+
+KINDS = ("greedy", "sampled")
+"""The two held-out evaluations of the family instances: their trajectory directories end "" and "_sampled"."""
+
+
+def eval_dir(run_dir: Path, tag: str, kind: str) -> Path:
+    """Where the trainer saves the held-out family episodes of evaluation `tag` ("before", "after", ...)."""
+    if kind not in KINDS:
+        raise ValueError(f"expected kind in {KINDS}, got {kind!r}")
+    return run_dir / "trajectories" / f"eval_{tag}_family{'' if kind == 'greedy' else '_sampled'}"
+
+
+def change_metrics(run_dir: Path, tag: str) -> dict[str, float]:
+    """`heldout_change/{kind}*` for each kind evaluated both before RL and at `tag`: success before and at tag
+    (mean over instances), the paired change with its 95% bootstrap interval, instances up and down, and the
+    verifier fraction before and at tag. Empty for a kind not evaluated both times."""
+    out: dict[str, float] = {}
+    for kind in KINDS:
+        before_dir, now_dir = eval_dir(run_dir, "before", kind), eval_dir(run_dir, tag, kind)
+        if not (before_dir.is_dir() and now_dir.is_dir()):
+            continue
+        before, now = load_samples(before_dir), load_samples(now_dir)
+        c = paired_change(now, before)
+        p = f"heldout_change/{kind}"
+        out.update({f"{p}_before": c["baseline_rate"], f"{p}_after": c["rate"], p: c["change"],
+                    f"{p}_lo": c["ci_low"], f"{p}_hi": c["ci_high"], f"{p}_up": float(c["up"]),
+                    f"{p}_down": float(c["down"]), f"{p}_instances": float(c["tasks"]),
+                    f"{p}_samples": len(now) / c["tasks"],
+                    f"{p}_verifier_before": sum(s.verifier_frac for s in before) / len(before),
+                    f"{p}_verifier_after": sum(s.verifier_frac for s in now) / len(now)})
+    return out
+
+
+def summary_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
+    """The run's closing lines from the row of the evaluation after RL (the keys of `change_metrics`)."""
+    lines = []
+    for kind in KINDS:
+        p = f"heldout_change/{kind}"
+        if p not in row:
+            continue
+        n, k = int(row[f"{p}_instances"]), row[f"{p}_samples"]
+        how = "greedy" if kind == "greedy" else f"sampled (mean of {k:.0f} at T={temperature:g})"
+        lines.append(f"held-out success, {how}: {row[f'{p}_before']:.3f} -> {row[f'{p}_after']:.3f}, change "
+                     f"{row[p]:+.3f}, 95% bootstrap [{row[f'{p}_lo']:+.3f}, {row[f'{p}_hi']:+.3f}] over {n} "
+                     f"instances ({row[f'{p}_up']:.0f} up, {row[f'{p}_down']:.0f} down); verifier fraction "
+                     f"{row[f'{p}_verifier_before']:.3f} -> {row[f'{p}_verifier_after']:.3f}")
+    return lines
