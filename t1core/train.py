@@ -44,7 +44,7 @@ from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, pr
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
 from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, solved
-from t1core.update import ppo_update, score, sft_num_steps, sft_update
+from t1core.update import ActorCritic, ppo_update, score, sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
 
 WARMSTART_DIR = "warmstart"
@@ -207,15 +207,16 @@ class Trainer:
         plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k)
         if cfg.optim.actor_lr_decay:
             builders.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
+        if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "colocated":
+            self.engine.sleep()  # vLLM gives the shared GPUs back for the update; the weight sync wakes it
         with self.clock.phase("update"):
             scored, fidelity = score(batch.trajs, batch.rewards, policy=self.policy, critic=self.critic,
                                      ref_policy=self.ref_policy, algo=cfg.algo, temperature=cfg.rollout.temperature,
                                      group_ids=batch.group_ids, no_push=plan.no_push, dp=self.dp,
                                      routing_agreement=_every(cfg.run.routing_agreement_every, step))
-            upd = ppo_update(scored, policy=self.policy, critic=self.critic, opt_actor=self.opt_actor,
-                             opt_critic=self.opt_critic, sched_actor=self.sched_actor, sched_critic=self.sched_critic,
-                             algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,
-                             update_actor=plan.update_actor, generator=gen, dp=self.dp)
+            upd = ppo_update(scored, self.actor_critic(), algo=cfg.algo, optim=cfg.optim,
+                             temperature=cfg.rollout.temperature, update_actor=plan.update_actor, generator=gen,
+                             dp=self.dp)
         with self.clock.phase("sync"):
             # Also after critic-only steps: it resets the engine's prefix cache at every step boundary,
             # so a resumed run (which starts with an empty cache) computes exactly what a straight run does.
@@ -232,7 +233,7 @@ class Trainer:
                                         seed=seed_for(cfg.run.seed, Stream.ROLLOUT, step), desc=f"step {step} rollout")
         if self.dp.is_main:
             save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
-        rewards = [shaped_reward(t, cfg.algo) for t in trajs]
+        rewards = self.rewards(trajs)
         metrics = _rollout_metrics(trajs, rewards)
         kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
         train_trajs = [trajs[i] for i in kept]
@@ -243,6 +244,14 @@ class Trainer:
         if kept:
             metrics["tito/drift_tokens"] = float(drift)
         return StepBatch(train_trajs, [rewards[i] for i in kept], [group_of[i] for i in kept], metrics)
+
+    def rewards(self, trajs: list) -> list[float]:
+        """Each episode's reward for the update (`t1core.step.shaped_reward`)."""
+        return [shaped_reward(t, self.cfg.algo) for t in trajs]
+
+    def actor_critic(self) -> ActorCritic:
+        return ActorCritic(self.policy, self.critic, self.opt_actor, self.opt_critic, self.sched_actor,
+                           self.sched_critic, self.ref_policy)
 
     def sync_engine(self) -> None:
         """Every rank's engine gets the policy's current weights, streamed one decoder layer at a time (gathered from

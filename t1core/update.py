@@ -247,14 +247,25 @@ def _summarise(metrics: dict[str, list[float]]) -> dict[str, float]:
     return {k: sum(v) if k.startswith("skipped/") else sum(v) / len(v) for k, v in metrics.items()}
 
 
-def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.nn.Module,
-               opt_actor: torch.optim.Optimizer, opt_critic: torch.optim.Optimizer,
-               sched_actor: torch.optim.lr_scheduler.LRScheduler | None,
-               sched_critic: torch.optim.lr_scheduler.LRScheduler | None,
-               algo: AlgoSection, optim: OptimSection, temperature: float, update_actor: bool,
-               generator: torch.Generator, dp: DataParallel = _SINGLE) -> dict[str, float]:
+@dataclass
+class ActorCritic:
+    """What an RL update moves: the policy and the critic with their optimizers and schedulers, and the frozen
+    KL anchor (None until the warm start is done, or when algo.kl_coef is 0)."""
+
+    policy: torch.nn.Module
+    critic: torch.nn.Module
+    opt_actor: torch.optim.Optimizer
+    opt_critic: torch.optim.Optimizer
+    sched_actor: torch.optim.lr_scheduler.LRScheduler | None
+    sched_critic: torch.optim.lr_scheduler.LRScheduler | None
+    ref_policy: torch.nn.Module | None = None
+
+
+def ppo_update(scored: list[Scored], ac: ActorCritic, *, algo: AlgoSection, optim: OptimSection, temperature: float,
+               update_actor: bool, generator: torch.Generator, dp: DataParallel = _SINGLE) -> dict[str, float]:
     """`algo.ppo_epochs` passes over the scored minibatches (shuffled by `generator`, one per rank per step)."""
     metrics: dict[str, list[float]] = defaultdict(list)
+    policy, critic = ac.policy, ac.critic
     actor_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = [p for p in critic.parameters() if p.requires_grad]
     device = _device(policy)
@@ -274,14 +285,14 @@ def ppo_update(scored: list[Scored], *, policy: torch.nn.Module, critic: torch.n
                 if s.ref_logp_T is not None:
                     kl, m_kl = kl_penalty(logp_T, s.ref_logp_T, b.loss_mask_T)
                     loss, m = loss + algo.kl_coef * kl, {**m, **m_kl}
-                _step(loss, actor_params, opt_actor, sched_actor, optim.grad_clip, "policy", metrics, dp=dp,
+                _step(loss, actor_params, ac.opt_actor, ac.sched_actor, optim.grad_clip, "policy", metrics, dp=dp,
                       weight=weight)
                 if weight:
                     for k, v in {**m, **m_ent}.items():
                         metrics[k].append(float(v))
             values_T = critic_values(critic, b, replay=algo.use_r3)
             v_loss, m = value_loss(values_T, s.old_values_T, s.returns_T, b.loss_mask_T, algo.value_clip_eps)
-            _step(algo.vf_coef * v_loss, critic_params, opt_critic, sched_critic, optim.grad_clip, "value", metrics,
+            _step(algo.vf_coef * v_loss, critic_params, ac.opt_critic, ac.sched_critic, optim.grad_clip, "value", metrics,
                   dp=dp, weight=weight)
             if weight:
                 for k, v in m.items():

@@ -20,6 +20,7 @@ import torch
 from kernels import logprob_torch
 from kernels.logprob import token_logprobs
 from kernels.logprob_torch import N_CHUNK, fits_one_tile, reference_token_logprobs, vocab_chunk
+from tests.aot import aot_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 # fp32 accumulation over D and over ~1e5 vocabulary columns against float64. Values: ~1e-6 relative. Gradients
@@ -291,17 +292,7 @@ def test_zero_entropy_coefficient_skips_the_entropy_gradient_triton_interpreter(
 def test_logprob_tiles_compile_for_sm90a_without_spills() -> None:
     """ptxas compiles the log-prob kernels at N = 64k (forward with and without entropy, backward with and without
     an entropy gradient) for sm_90a without register spills (`python -m kernels.aot_report`)."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "T1_KERNEL_BACKEND")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    probe = subprocess.run([sys.executable, "-c", "from kernels.aot_report import ptxas_can_run; "
-                            "print(ptxas_can_run(90) or '')"], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=120)
-    if probe.returncode != 0 or probe.stdout.strip():
-        pytest.skip(f"ptxas cannot run here: {probe.stdout.strip() or probe.stderr[-500:]}")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "kernels.aot_report", "--only", "logprob", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows, proc = aot_rows("logprob")
     variants = {(r["kernel"], r["constexprs"].get("WITH_ENTROPY", r["constexprs"].get("HAS_GEN"))) for r in rows}
     assert variants == {("_logprob_fwd_kernel", False), ("_logprob_fwd_kernel", True),
                         ("_logprob_bwd_dz_kernel", False), ("_logprob_bwd_dz_kernel", True)}, proc.stderr[-3000:]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import (CommandTooLong, ContainerDied, DaemonUnreachable, DockerSandbox, FileTooLarge, ImageNotFound,
-                     SandboxError, SandboxPool, ensure_base_image, reap)
+                     SandboxError, SandboxPool, ensure_base_image)
+from sandbox.reap import reap
 from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.shell import OutputCap, encode_command
 
