@@ -134,6 +134,18 @@ class Engine(Protocol):
         ...
 
 
+def check_request(prompt: list[int], params: SamplingParams, *, vocab_size: int) -> None:
+    """What every engine refuses at `submit` (ValueError naming the problem): an empty prompt, ids outside
+    [0, vocab_size), prompt routing asked from beyond the prompt."""
+    if not prompt:
+        raise ValueError("prompt must not be empty")
+    if params.prompt_routing_from > len(prompt):
+        raise ValueError(f"params.prompt_routing_from={params.prompt_routing_from} exceeds the prompt length "
+                         f"{len(prompt)}")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise ValueError(f"prompt ids must be in [0, {vocab_size}), got min {min(prompt)} max {max(prompt)}")
+
+
 def generate_via_submit(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
     """`Engine.generate` in terms of `submit`: every prompt gets its own derived seed, then all are awaited."""
     futures = [engine.submit(p, params.replace(seed=request_seed(params.seed, i))) for i, p in enumerate(prompts)]

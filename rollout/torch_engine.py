@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from kernels.rows import batch_invariant_mode, mm_rows
-from rollout.engine import Completion, SamplingParams, generate_via_submit
+from rollout.engine import Completion, SamplingParams, check_request, generate_via_submit
 from rollout.sampling import sample_tokens, uniform
 from t1core.hf_io import hf_parameter_views
 
@@ -143,17 +143,10 @@ class TorchEngine:
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
         """Queue one request; thread-safe. ValueError for an empty or too long prompt."""
-        if not prompt:
-            raise ValueError("prompt must not be empty")
+        check_request(prompt, params, vocab_size=self.model.lm_head.weight.shape[0])
         if len(prompt) >= self.config.max_seq_len:
             raise ValueError(f"prompt has {len(prompt)} tokens; the engine's max_seq_len is "
                              f"{self.config.max_seq_len} (a reply needs room for at least one token)")
-        if params.prompt_routing_from > len(prompt):
-            raise ValueError(f"params.prompt_routing_from={params.prompt_routing_from} exceeds the prompt length "
-                             f"{len(prompt)}")
-        vocab = self.model.lm_head.weight.shape[0]
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt ids must be in [0, {vocab}), got min {min(prompt)} max {max(prompt)}")
         fut: Future[Completion] = Future()
         with self._cv:
             if self._closed:

@@ -51,7 +51,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from rollout import vllm_api
-from rollout.engine import Completion, SamplingParams, generate_via_submit
+from rollout.engine import Completion, SamplingParams, check_request, generate_via_submit
 from rollout.vllm_convert import (finish_reason, flush_sampling_kwargs, max_new_tokens, moe_routing, sampled_logprobs,
                                   split_routing, vllm_sampling_kwargs)
 from rollout.vllm_weights import ValidatedStream, expected_hf_params
@@ -153,14 +153,7 @@ class VLLMEngine:
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
         """Queue one request; thread-safe. ValueError for a prompt or params this engine cannot serve."""
-        if not prompt:
-            raise ValueError("prompt must not be empty")
-        vocab = self.config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt ids must be in [0, {vocab}), got min {min(prompt)} max {max(prompt)}")
-        if params.prompt_routing_from > len(prompt):
-            raise ValueError(f"params.prompt_routing_from={params.prompt_routing_from} exceeds the prompt length "
-                             f"{len(prompt)}")
+        check_request(prompt, params, vocab_size=self.config.vocab_size)
         budget = max_new_tokens(prompt_len=len(prompt), requested=params.max_new_tokens,
                                 max_model_len=self.max_model_len)
         kwargs = vllm_sampling_kwargs(params, max_tokens=budget)  # ValueError for top_p < 1
