@@ -42,15 +42,11 @@ import t1core.cpu_threads  # noqa: E402,F401  (thread settings before torch)
 import torch  # noqa: E402
 
 from kernels.logprob import token_logprobs  # noqa: E402
+from bench import Verdicts  # noqa: E402
 from t1core.model import ModelConfig, MoEModel  # noqa: E402
 
-RESULTS: list[tuple[str, bool | None, str]] = []  # (check, ok (None: report only), detail)
-
-
-def record(name: str, ok: bool | None, detail: str) -> None:
-    RESULTS.append((name, ok, detail))
-    tag = "info" if ok is None else ("ok  " if ok else "FAIL")
-    print(f"[{tag}] {name}: {detail}", flush=True)
+VERDICTS = Verdicts()
+record = VERDICTS.record
 
 
 @contextlib.contextmanager
@@ -400,12 +396,7 @@ def main() -> int:
             traceback.print_exc()
             record(name, False, "raised (traceback above)")
         print(f"  ({name}: {time.perf_counter() - t0:.1f} s)", flush=True)
-    failed = [n for n, ok, _ in RESULTS if ok is False]
-    print("\nSUMMARY")
-    for name, ok, detail in RESULTS:
-        print(f"  {'info' if ok is None else ('ok  ' if ok else 'FAIL')} {name}: {detail}")
-    print("ALL CHECKS PASSED" if not failed else f"FAILED: {failed}")
-    return 1 if failed else 0
+    return VERDICTS.summary()
 
 
 if __name__ == "__main__":

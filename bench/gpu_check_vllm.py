@@ -33,16 +33,13 @@ import torch  # noqa: E402
 from kernels.logprob import token_logprobs  # noqa: E402
 from rollout.engine import Completion, SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
+from bench import Verdicts  # noqa: E402
 from t1core.hf_io import hf_state_dict  # noqa: E402
 from t1core.model import ModelConfig, MoEModel  # noqa: E402
 
-RESULTS: list[tuple[str, bool, str]] = []
+VERDICTS = Verdicts()
+record = VERDICTS.record
 CFG = ModelConfig.tiny().replace(num_hidden_layers=4, mlp_only_layers=(1,))  # L = 4, L_moe = 3
-
-
-def record(name: str, ok: bool, detail: str) -> None:
-    RESULTS.append((name, ok, detail))
-    print(f"[{'ok  ' if ok else 'FAIL'}] {name}: {detail}", flush=True)
 
 
 def build(model: MoEModel, args: argparse.Namespace) -> VLLMEngine:
@@ -152,12 +149,7 @@ def main() -> int:
             check()
     finally:
         engine.close()
-    failed = [name for name, ok, _ in RESULTS if not ok]
-    print("\nSUMMARY")
-    for name, ok, detail in RESULTS:
-        print(f"  {'ok  ' if ok else 'FAIL'} {name}: {detail}")
-    print("ALL CHECKS PASSED" if not failed else f"FAILED: {failed}")
-    return 1 if failed else 0
+    return VERDICTS.summary()
 
 
 if __name__ == "__main__":
