@@ -69,10 +69,29 @@ def pad_rows(a_MX: torch.Tensor) -> torch.Tensor:
 
 
 def mm_rows(a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
-    """`a @ w.T` for 2-D a and a weight w stored [N, K]; row-invariant in batch-invariant mode."""
+    """`a @ w.T` for 2-D a and a weight w stored [N, K]; row-invariant in batch-invariant mode (differentiable:
+    the trainer's bitwise forward, `t1core.update`, runs the engine's products and takes gradients through them)."""
     if not batch_invariant() or a_MK.device.type != "cpu":
         return torch.mm(a_MK, w_NK.t())
+    if torch.is_grad_enabled() and (a_MK.requires_grad or w_NK.requires_grad):
+        return _RowsMM.apply(a_MK, w_NK)
     return torch.mm(pad_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
+
+
+class _RowsMM(torch.autograd.Function):
+    """The batch-invariant `a @ w.T` with the plain product's gradients (only the forward's bits matter)."""
+
+    @staticmethod
+    def forward(ctx, a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a_MK, w_NK)
+        return torch.mm(pad_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
+
+    @staticmethod
+    def backward(ctx, g_MN: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # type: ignore[override]
+        a_MK, w_NK = ctx.saved_tensors
+        da_MK = g_MN @ w_NK if ctx.needs_input_grad[0] else None
+        dw_NK = g_MN.t() @ a_MK if ctx.needs_input_grad[1] else None
+        return da_MK, dw_NK
 
 
 def linear_rows(x_MK: torch.Tensor, weight_NK: torch.Tensor, bias_N: torch.Tensor | None = None) -> torch.Tensor:
@@ -80,4 +99,25 @@ def linear_rows(x_MK: torch.Tensor, weight_NK: torch.Tensor, bias_N: torch.Tenso
     if x_MK.dim() != 2 or not batch_invariant() or x_MK.device.type != "cpu":
         return F.linear(x_MK, weight_NK, bias_N)
     y_MN = mm_rows(x_MK, weight_NK)
-    return y_MN if bias_N is None else y_MN.add_(bias_N)
+    return y_MN if bias_N is None else y_MN + bias_N
+
+
+def tempered_log_softmax(logits_BV: torch.Tensor, temperature_B: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits / temperature) per row, temperature [B] (> 0): the one formula the engine's sampler
+    (`rollout.sampling`) and the trainer's bitwise log-probs (`t1core.update`) share, so that both round alike."""
+    return torch.log_softmax(logits_BV / temperature_B[:, None], dim=-1)
+
+
+def token_logprobs_rows(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor, *,
+                        temperature: float, return_entropy: bool = False
+                        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`kernels.logprob.token_logprobs` computed as the engine's sampler computes it: fp32 logits from
+    `mm_rows`, then `tempered_log_softmax`. Materialises [N, V] (the bitwise CPU mode's price; the fused kernel
+    walks the vocabulary in tiles, another reduction order). Differentiable through autograd."""
+    logits_NV = mm_rows(hidden_ND.float(), weight_VD.float())
+    temp_N = torch.full((logits_NV.shape[0],), float(temperature), dtype=torch.float32, device=logits_NV.device)
+    logp_NV = tempered_log_softmax(logits_NV, temp_N)
+    logp_N = logp_NV.gather(1, targets_N.long()[:, None]).squeeze(1)
+    if not return_entropy:
+        return logp_N
+    return logp_N, -(logp_NV.exp() * logp_NV).sum(-1)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.rows import tempered_log_softmax
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -68,7 +70,7 @@ def sample_tokens(logits_BV: torch.Tensor, *, temperature_B: torch.Tensor, top_p
     logits_BV = logits_BV.float()
     # Greedy rows get temperature 1 for their reported log-prob (module docstring).
     temp_B = torch.where(temperature_B <= 0, 1.0, temperature_B.float()) if any_greedy else temperature_B.float()
-    logp_BV = torch.log_softmax(logits_BV / temp_B[:, None], dim=-1)
+    logp_BV = tempered_log_softmax(logits_BV, temp_B)
     probs_BV = logp_BV.exp()
     order_BV = None
     if any_top_p:

@@ -68,6 +68,10 @@ def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: tor
     same as int32/int64 offsets on the tensors' device (for flash-attn), `pad_index_T` the padded layout from
     `padded_index` (None: no padding).
     """
+    if q_THD.device.type == "cpu" and batch_invariant():
+        # The engine's fixed-order sums (decode_attention): a token's output is the bits it had at rollout.
+        return torch.cat([InvariantCausalAttention.apply(q_NHD, k_NKD, v_NKD, scale) for q_NHD, k_NKD, v_NKD
+                          in zip(q_THD.split(doc_lens), k_TKD.split(doc_lens), v_TKD.split(doc_lens))], dim=0)
     if uses_flash_attn(q_THD):
         flash = _flash_attn_varlen()
         cu_B1 = cu_seqlens_B1.to(device=q_THD.device, dtype=torch.int32)
@@ -93,6 +97,32 @@ def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: tor
     outs = [_causal_docs(q_NHD[None], k_NKD[None], v_NKD[None], scale=scale)[0]
             for q_NHD, k_NKD, v_NKD in zip(q_THD.split(doc_lens), k_TKD.split(doc_lens), v_TKD.split(doc_lens))]
     return torch.cat(outs, dim=0)
+
+
+class InvariantCausalAttention(torch.autograd.Function):
+    """Causal attention of one document, q [N, H, Dh], k/v [N, Hkv, Dh] -> [N, H, Dh], whose forward is the
+    engine's batch-invariant `decode_attention` (each query's sums in the order it had when the engine ran it,
+    in prefill, decode or after a prefix-cache hit) and whose backward is `block_causal_attention`'s, recomputed:
+    the bits that must match are the forward's; the gradient is the same function's, rounded otherwise."""
+
+    @staticmethod
+    def forward(ctx, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor,  # type: ignore[override]
+                scale: float) -> torch.Tensor:
+        num_n = q_NHD.shape[0]
+        causal_11NN = torch.ones(num_n, num_n, dtype=torch.bool, device=q_NHD.device).tril_()[None, None]
+        o_1HND = decode_attention(*(x.transpose(0, 1)[None] for x in (q_NHD, k_NKD, v_NKD)), mask_B1NS=causal_11NN,
+                                  scale=scale)
+        ctx.save_for_backward(q_NHD, k_NKD, v_NKD)
+        ctx.scale = scale
+        return o_1HND[0].transpose(0, 1).contiguous()
+
+    @staticmethod
+    def backward(ctx, do_NHD: torch.Tensor):  # type: ignore[override]
+        q_NHD, k_NKD, v_NKD = (x.detach().requires_grad_() for x in ctx.saved_tensors)
+        with torch.enable_grad():
+            o_1NHD = block_attention.block_causal_attention(q_NHD[None], k_NKD[None], v_NKD[None], scale=ctx.scale)
+        dq, dk, dv = torch.autograd.grad(o_1NHD, (q_NHD, k_NKD, v_NKD), do_NHD[None])
+        return dq, dk, dv, None
 
 
 def _causal_docs(q_BNHD: torch.Tensor, k_BNKD: torch.Tensor, v_BNKD: torch.Tensor, *, scale: float) -> torch.Tensor:

@@ -246,6 +246,12 @@ class AlgoSection:
     format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
     use_tito: bool = _field(True, "train on the exact sampled token IDs (false: re-tokenize the transcript)")
     use_r3: bool = _field(True, "replay the rollout's expert routing in every training forward")
+    bitwise: Literal["auto", "on", "off"] = _field(
+        "auto", "'on': the trainer's policy forward runs the batch-invariant engine's products, attention and "
+        "log-softmax (kernels.rows), so its log-probs and routing equal the rollout's bit for bit; every step checks "
+        "mismatch/max_abs == 0 and stops the run at the first token that differs. Needs run.device='cpu', "
+        "model.dtype='float32', rollout.engine='torch', rollout.batch_invariant and algo.use_tito (GPU plan: "
+        "ARCHITECTURE.md). 'auto': 'on' where those hold, else 'off'")
     advantage_norm: AdvantageNorm = _field(
         "group", "per-step advantage normalisation: 'center' subtracts the token mean, 'group' subtracts the "
         "token mean of the episodes of the same task instance (needs rollout.group_size >= 2: tokens the "
@@ -423,6 +429,16 @@ class RunConfig:
         _check(self.algo.advantage_norm != "group" or self.rollout.group_size >= 2, "algo.advantage_norm",
                "'group' only with rollout.group_size >= 2 (a lone episode would be its own baseline)",
                self.algo.advantage_norm)
+        needs = {"run.device": (self.run.device, "cpu"), "model.dtype": (self.model.dtype, "float32"),
+                 "rollout.engine": (self.rollout.engine, "torch"),
+                 "rollout.batch_invariant": (self.rollout.batch_invariant, True), "algo.use_tito": (self.algo.use_tito, True)}
+        if self.algo.bitwise == "on":
+            for name, (got, want) in needs.items():
+                _check(got == want, name, f"{want!r} with algo.bitwise='on' (bit-equal log-probs are built for the "
+                       "CPU engine; set algo.bitwise='off')", got)
+        elif self.algo.bitwise == "auto":  # resolved here, so the run's config.toml says what ran
+            on = all(got == want for got, want in needs.values())
+            object.__setattr__(self, "algo", dataclasses.replace(self.algo, bitwise="on" if on else "off"))
         w, t = self.warmstart, self.tasks
         _check(w.pretrain_steps == 0 or w.pretrain_seed_block not in (t.train_seed, t.rl_seed),
                "warmstart.pretrain_seed_block", "a seed block other than tasks.train_seed and tasks.rl_seed",

@@ -282,6 +282,19 @@ def mismatch_metrics(logp_train_T: torch.Tensor, logp_rollout_T: torch.Tensor, m
     }
 
 
+def first_mismatch(logp_train_T: torch.Tensor, logp_rollout_T: torch.Tensor, mask_T: torch.Tensor,
+                   cu_seqlens_B1: torch.Tensor) -> tuple[int, int, float, float] | None:
+    """The first loss token whose train and rollout log-probs are not the same bits, in packing order, as
+    (trajectory row b, index of the sampled token within trajectory b, logp_train, logp_rollout); None when every
+    loss token is equal. (Position t scores target t + 1, so the sampled token sits one after its row.)"""
+    bad_T = mask_T & (logp_train_T.detach().float() != logp_rollout_T.detach().float())
+    if not bool(bad_T.any()):  # sync: one flag per minibatch
+        return None
+    t = int(bad_T.nonzero()[0, 0])
+    b = int(torch.searchsorted(cu_seqlens_B1.to(torch.int64), torch.tensor(t), right=True)) - 1
+    return b, t + 1 - int(cu_seqlens_B1[b]), float(logp_train_T[t]), float(logp_rollout_T[t])
+
+
 def routing_agreement(router_topk_TLK: torch.Tensor, replayed_TLK: torch.Tensor, *,
                       mask_T: torch.Tensor | None = None) -> torch.Tensor:
     """Share of (token, layer) pairs whose top-k expert SET (order ignored) matches the replayed one.

@@ -55,6 +55,22 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def fidelity_line(rows: list[Mapping[str, Any]], *, bitwise: bool) -> str | None:
+    """A closing line on the train-vs-rollout log-prob mismatch over every RL step of `rows` (a metrics file's):
+    the largest gap and max |d| seen, and, in algo.bitwise='on', whether both were exactly 0.0 at every step."""
+    steps = [r for r in rows if r.get("mismatch/gap") is not None and r.get("mismatch/max_abs") is not None]
+    if not steps:
+        return None
+    gap, worst = max(r["mismatch/gap"] for r in steps), max(r["mismatch/max_abs"] for r in steps)
+    drift = sum(r.get("tito/drift_tokens") or 0 for r in steps)
+    line = (f"train/rollout log-probs over {len(steps)} RL steps: gap at most {gap:.3g}, max |d| at most {worst:.3g}, "
+            f"TITO drift {drift:.0f} tokens")
+    if bitwise:
+        exact = gap == 0.0 and worst == 0.0
+        line += " (bitwise: exactly 0.0 at every step)" if exact else " (bitwise: NOT 0.0 at every step)"
+    return line
+
+
 class MetricsLogger:
     """Appends one JSON row per step ({"step", "wall_time", ...metrics}) and flushes it at once.
 
@@ -96,7 +112,8 @@ _PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("dense reward", lambda k: k.startswith("reward/")),
     ("outcome rate", lambda k: k.startswith("outcome/")),
     ("held-out success", lambda k: k.startswith("heldout/") and k.endswith(("_success", "_verifier_frac"))),
-    ("train/rollout log-prob gap", lambda k: k in ("mismatch/gap", "mismatch/k3", "mismatch/extreme_frac")),
+    ("train/rollout log-prob gap", lambda k: k in ("mismatch/gap", "mismatch/max_abs", "mismatch/k3",
+                                                 "mismatch/extreme_frac")),
     ("losses", lambda k: k.endswith("/loss")),
     ("time split (s)", lambda k: k.startswith("time/")),
 )
@@ -122,7 +139,8 @@ def progress_line(row: Mapping[str, Any], *, total_steps: int) -> str:
     if "outcome/rate" in row:
         parts.append(f"reward {f('reward/dense_mean', '.2f')}, solved {f('outcome/rate', '.0%')}")
     if "mismatch/gap" in row:
-        parts.append(f"gap {f('mismatch/gap', '.1e')}, drift {f('tito/drift_tokens', '.0f')}")
+        parts.append(f"gap {f('mismatch/gap', '.1e')} (max {f('mismatch/max_abs', '.1e')}), "
+                     f"drift {f('tito/drift_tokens', '.0f')}")
     if "train/actor_updated" in row:
         updated = row["train/actor_updated"]
         parts.append(f"actor+critic, KL to warm start {f('policy/kl_ref', '.2g')}" if updated else "critic only")

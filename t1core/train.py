@@ -40,7 +40,8 @@ from t1core.config import RunConfig, config_to_toml, format_config, load_config
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.heldout import change_metrics, summary_lines
-from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, progress_line
+from t1core.metrics import (MetricsLogger, Stopwatch, fidelity_line, gpu_stats, plot_metrics, progress_line,
+                            read_metrics)
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
 from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, solved
@@ -301,8 +302,9 @@ class Trainer:
             logger.close()
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
         self.save_hf(self.run_dir / "final")
-        if after is not None and self.dp.is_main:  # the run's closing lines: what RL did to held-out success
-            for line in summary_lines(after, temperature=cfg.rollout.temperature):
+        if after is not None and self.dp.is_main:  # the run's closing lines: fidelity, what RL did to held-out success
+            fidelity = fidelity_line(read_metrics(self.run_dir / "metrics.jsonl"), bitwise=cfg.algo.bitwise == "on")
+            for line in ([fidelity] if fidelity else []) + summary_lines(after, temperature=cfg.rollout.temperature):
                 print(line, flush=True)
 
     def save_hf(self, path: Path) -> None:

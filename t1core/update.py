@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.logprob import token_logprobs
+from kernels.rows import batch_invariant_mode, token_logprobs_rows
 from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to
 from t1core.config import AlgoSection, OptimSection
 from t1core.distributed import DataParallel, reshard_
-from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
+from t1core.losses import (entropy_bonus, first_mismatch, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
                            ppo_policy_loss, routing_agreement, sft_loss, value_loss)
 
 
@@ -38,6 +39,8 @@ class Scored:
     ref_logp_T: torch.Tensor | None
     traj_ids: list[int] = field(default_factory=list)
     """Index, in the step's trajectory list, of each trajectory packed here (in packing order)."""
+    mismatch: tuple[int, int, float, float] | None = None
+    """algo.bitwise='on': `losses.first_mismatch` with the step's trajectory index, or None (all bits equal)."""
 
     def to(self, device: torch.device | str) -> Scored:
         return tensors_to(self, device)
@@ -49,17 +52,21 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature: float, replay: bool,
-                    return_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    return_entropy: bool = False, bitwise: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp_T, entropy_T | None) of each position's target under the policy; 0 where nothing is trained.
 
     Only the loss rows go through the LM head: prompt and observation positions are most of an agent
     trajectory (~80% of the default run's tokens), and their [V]-wide logits would be computed for nothing.
+    `bitwise` (algo.bitwise, CPU): the forward runs the batch-invariant engine's products, attention and
+    sampler log-softmax (`kernels.rows`), so each log-prob is the bits the engine sampled with.
     """
     routing = batch.routing_TLK if replay else None
-    hidden_TD = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing)
-    rows_N = batch.loss_mask_T.nonzero().squeeze(1)
-    out = token_logprobs(hidden_TD.index_select(0, rows_N), policy.lm_head.weight, batch.targets_T[rows_N],
-                         temperature=temperature, return_entropy=return_entropy)
+    with batch_invariant_mode(bitwise):
+        hidden_TD = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing)
+        rows_N = batch.loss_mask_T.nonzero().squeeze(1)
+        head = token_logprobs_rows if bitwise else token_logprobs
+        out = head(hidden_TD.index_select(0, rows_N), policy.lm_head.weight, batch.targets_T[rows_N],
+                   temperature=temperature, return_entropy=return_entropy)
     T = hidden_TD.shape[0]
     if return_entropy:
         return _to_rows(out[0], rows_N, T), _to_rows(out[1], rows_N, T)
@@ -114,7 +121,12 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         metrics = defaultdict(list)
         batch = pack([trajectories[i] for i in group], rewards=[rewards[i] for i in group],
                      with_routing=algo.use_r3).to(device)
-        old_logp_T, _ = policy_logprobs(policy, batch, temperature=temperature, replay=algo.use_r3)
+        old_logp_T, _ = policy_logprobs(policy, batch, temperature=temperature, replay=algo.use_r3,
+                                        bitwise=algo.bitwise == "on")
+        mismatch = None
+        if algo.bitwise == "on":
+            mismatch = first_mismatch(old_logp_T, batch.rollout_logp_T, batch.loss_mask_T, batch.cu_seqlens)
+            mismatch = mismatch and (group[mismatch[0]], *mismatch[1:])
         values_T = critic_values(critic, batch, replay=algo.use_r3)
         rewards_T = place_terminal_rewards(batch.reward_B, batch.loss_mask_T, batch.cu_seqlens)
         adv_T, ret_T = gae(rewards_T, values_T, batch.loss_mask_T, batch.cu_seqlens, gamma=algo.gamma,
@@ -125,10 +137,12 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
                            lam=algo.critic_lambda)
         ref_T = None
         if ref_policy is not None:
-            ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3)
-        for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3 and routing_agreement).items():
+            ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3,
+                                       bitwise=algo.bitwise == "on")  # KL exactly 0 while the anchor's weights
+        for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3 and routing_agreement,
+                                      bitwise=algo.bitwise == "on").items():
             metrics[k].append((v, batch.reward_B.numel()))
-        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group).to("cpu"), dict(metrics)
+        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, mismatch).to("cpu"), dict(metrics)
 
     scored, metrics = [], defaultdict(list)
     for one, rows in dp.map(groups, score_group):
@@ -136,6 +150,8 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         for k, v in rows.items():
             metrics[k].extend(v)
     reshard_([policy, critic, ref_policy], dp)
+    if algo.bitwise == "on":  # every rank holds every minibatch's result here, so all ranks raise together
+        _check_bitwise(scored, trajectories, metrics)
     _normalise_advantages(scored, algo.advantage_norm, group_ids)
     if no_push is not None and any(no_push):
         for s in scored:
@@ -144,18 +160,43 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
     if algo.negative_adv_scale != 1.0:
         for s in scored:
             s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * algo.negative_adv_scale, s.advantages_T)
-    return scored, {k: sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
+    return scored, {k: max(v for v, _ in rows) if k == "mismatch/max_abs"
+                    else sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
+
+
+class BitwiseMismatch(RuntimeError):
+    """algo.bitwise='on' found a loss token whose train and rollout log-probs differ, or a router that left the
+    rollout's experts: a bug in the bitwise path, never noise."""
+
+
+def _check_bitwise(scored: list[Scored], trajectories: Sequence, metrics: dict[str, list]) -> None:
+    found = sorted(s.mismatch for s in scored if s.mismatch is not None)
+    if found:
+        i, token, train, rollout = found[0]
+        t = trajectories[i]
+        turn = next((n for n, tn in enumerate(t.turns) if tn.start <= token < tn.end), None)
+        raise BitwiseMismatch(
+            f"algo.bitwise: logp_train != logp_rollout first at trajectory {i} of the step (task {t.task_name!r}), "
+            f"token {token} (turn {turn}, id {int(t.token_ids[token])}): train {train!r} vs rollout {rollout!r} "
+            f"(|d| = {abs(train - rollout):.3g}; {len(found)} minibatch(es) affected). The trainer's forward left "
+            "the engine's reduction order somewhere (kernels.rows); set algo.bitwise='off' to train regardless")
+    agree = [v for v, _ in metrics.get("fidelity/routing_agreement", [])]
+    if agree and min(agree) != 1.0:
+        raise BitwiseMismatch(f"algo.bitwise: the trainer's own router picked other experts than the rollout "
+                              f"recorded (routing agreement {min(agree)!r} in a minibatch, expected exactly 1.0): "
+                              "its router logits are not the engine's bits")
 
 
 def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T: torch.Tensor, *,
-                      replayed: bool) -> dict[str, float]:
+                      replayed: bool, bitwise: bool = False) -> dict[str, float]:
     """Train-vs-rollout gap of the logp the update uses; with R3 also how often the trainer's own router
-    agrees with the replayed experts (a forward without replay)."""
+    agrees with the replayed experts (a forward without replay, in the same numerics as the scoring one)."""
     n = int(batch.reward_B.numel())
     out = {k: float(v) for k, v in mismatch_metrics(logp_train_T, batch.rollout_logp_T, batch.loss_mask_T,
                                                      batch.traj_index_T, num_trajectories=n).items()}
     if replayed:
-        _, own_TLK = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, return_routing=True)
+        with batch_invariant_mode(bitwise):
+            _, own_TLK = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, return_routing=True)
         out["fidelity/routing_agreement"] = float(routing_agreement(own_TLK, batch.routing_TLK))
     return out
 
@@ -276,7 +317,7 @@ def ppo_update(scored: list[Scored], ac: ActorCritic, *, algo: AlgoSection, opti
             b = s.batch
             if update_actor:
                 logp_T, ent_T = policy_logprobs(policy, b, temperature=temperature, replay=algo.use_r3,
-                                                return_entropy=True)
+                                                return_entropy=True, bitwise=algo.bitwise == "on")
                 loss, m = ppo_policy_loss(logp_T, s.old_logp_T, b.rollout_logp_T, s.advantages_T, b.loss_mask_T,
                                           clip_eps=algo.clip_eps, tis_cap=algo.tis_cap, icepop=algo.icepop)
                 ent_term, m_ent = entropy_term(ent_T, b.loss_mask_T, coef=algo.entropy_coef)
