@@ -431,7 +431,8 @@ class RunConfig:
                self.algo.advantage_norm)
         needs = {"run.device": (self.run.device, "cpu"), "model.dtype": (self.model.dtype, "float32"),
                  "rollout.engine": (self.rollout.engine, "torch"),
-                 "rollout.batch_invariant": (self.rollout.batch_invariant, True), "algo.use_tito": (self.algo.use_tito, True)}
+                 "rollout.batch_invariant": (self.rollout.batch_invariant, True),
+                 "algo.use_tito": (self.algo.use_tito, True)}
         if self.algo.bitwise == "on":
             for name, (got, want) in needs.items():
                 _check(got == want, name, f"{want!r} with algo.bitwise='on' (bit-equal log-probs are built for the "
