@@ -114,5 +114,9 @@ def test_small_run_drift_and_gap_ordering(small_run: tuple[MismatchResult, list[
     if b["loss_tokens_flipped"] > 0:  # where the routing flipped, replay is what closes the gap
         assert c["mean_abs_d_flipped"] < b["mean_abs_d_flipped"]
     assert 0 < rows["tito_r3"]["gap"] < 0.1 and rows["tito"]["loss_tokens"] == result.episodes["sampled_tokens"]
+    # (d): the fp32 batch-invariant engine's own episodes under the bitwise forward: not small, zero.
+    d = rows["bitwise"]
+    assert d["loss_tokens"] > 0 and d["gap"] == 0.0 and d["max_abs"] == 0.0 and d["drift_tokens"] == 0
+    assert d["routing_agreement"] == 1.0
     table = format_table(result)
     assert all(label in table for label in CONDITIONS.values())

@@ -14,6 +14,9 @@ flips on some (token, layer) pairs, and every condition below is measured on the
     (c) TITO + R3      the exact ids, the experts the engine chose replayed in every MoE layer
     control            the bf16 rollout model itself, as a full forward with exact ids + R3: what incremental
                        decoding and batch shapes alone leave (no dtype difference)
+    (d) bitwise        episodes of their own (same seeds), sampled by an fp32 batch-invariant engine and scored
+                       with algo.bitwise's forward (`t1core.update.policy_logprobs(bitwise=True)`): exact ids +
+                       R3 + the engine's reduction order, so gap and max |d| are exactly 0
 
 Per condition, with d = logp_train - logp_rollout over the loss tokens (`t1core.losses.mismatch_metrics`): gap =
 mean |d| per trajectory then over trajectories, k3 KL, the share of |d| > ln 2, max |d|. Drift = loss-region
@@ -73,6 +76,7 @@ CONDITIONS: dict[str, str] = {
     "tito": "(b) TITO (exact ids), no replay",
     "tito_r3": "(c) TITO + R3 (exact ids + replay)",
     "control": "control: rollout model, full fwd, (c)",
+    "bitwise": "(d) bitwise: fp32 engine order, (c)",
 }
 
 
@@ -255,9 +259,10 @@ def _routing_counts(own_TLK: torch.Tensor, recorded_TLK: torch.Tensor) -> tuple[
 
 
 def _score(model: MoEModel, batch: PackedBatch, trained: list[Trajectory], tito: list[Trajectory],
-           sampled: dict[tuple[int, ...], list[list[int]]], *, replay: bool, temperature: float) -> ConditionScores:
+           sampled: dict[tuple[int, ...], list[list[int]]], *, replay: bool, temperature: float,
+           bitwise: bool = False) -> ConditionScores:
     with torch.no_grad(), router_choices(model) as picks:
-        logp_T, _ = policy_logprobs(model, batch, temperature=temperature, replay=replay)
+        logp_T, _ = policy_logprobs(model, batch, temperature=temperature, replay=replay, bitwise=bitwise)
     counts, flipped_T = None, None
     if batch.routing_TLK is not None:
         own_TLK = torch.stack(picks, dim=1)
@@ -268,15 +273,21 @@ def _score(model: MoEModel, batch: PackedBatch, trained: list[Trajectory], tito:
                            len(trained), drift, counts, flipped_T)
 
 
-def measure(policy: MoEModel, rollout_model: MoEModel, trajs: list[Trajectory], record: CompletionLog,
-            tok: ChatTokenizer, *, temperature: float) -> dict[str, ConditionScores]:
-    """Score the collected episodes under every condition of the module docstring."""
+def _kept(trajs: list[Trajectory]) -> list[Trajectory]:
+    """The episodes with sampled tokens (each with its routing)."""
     kept = [t for t in trajs if bool(t.loss_mask.any())]
     if not kept:
         raise RuntimeError(f"none of {len(trajs)} episodes has sampled tokens (finish reasons: "
                            f"{sorted({t.finish_reason for t in trajs})})")
     if any(t.routing is None for t in kept):
         raise RuntimeError("an episode came back without routing: the engine must capture it for R3")
+    return kept
+
+
+def measure(policy: MoEModel, rollout_model: MoEModel, trajs: list[Trajectory], record: CompletionLog,
+            tok: ChatTokenizer, *, temperature: float) -> dict[str, ConditionScores]:
+    """Score the collected episodes under conditions (a), (b), (c) and the control of the module docstring."""
+    kept = _kept(trajs)
     retok = [retokenize(t, tok)[0] for t in kept]
     exact = pack(kept, with_routing=True)
     plan = {"retokenized": (policy, pack(retok, with_routing=False), retok, False),
@@ -318,11 +329,19 @@ def warm_start(cfg: MismatchConfig, tasks: list[Task], images: dict[str, TaskIma
     return policy.eval().requires_grad_(False), {**metrics, "sft/nll_last_epoch": m["sft/nll"]}
 
 
+def measure_bitwise(policy: MoEModel, trajs: list[Trajectory], record: CompletionLog, *,
+                    temperature: float) -> ConditionScores:
+    """Condition (d): episodes from the fp32 batch-invariant engine, scored with the bitwise forward + R3."""
+    kept = _kept(trajs)
+    return _score(policy, pack(kept, with_routing=True), kept, kept, record.sampled, replay=True,
+                  temperature=temperature, bitwise=True)
+
+
 def collect(rollout_model: MoEModel, tasks: list[Task], images: dict[str, TaskImage], tok: ChatTokenizer,
-            cfg: MismatchConfig, *, seed: int) -> tuple[list[Trajectory], CompletionLog]:
+            cfg: MismatchConfig, *, seed: int, batch_invariant: bool = False) -> tuple[list[Trajectory], CompletionLog]:
     """`num_episodes` real episodes sampled by a fresh engine over `rollout_model`, and the engine's record."""
     ecfg = EngineConfig(max_batch=cfg.num_parallel, num_slots=2 * cfg.num_parallel,
-                        max_seq_len=cfg.max_tokens + cfg.max_reply_tokens + 8)
+                        max_seq_len=cfg.max_tokens + cfg.max_reply_tokens + 8, batch_invariant=batch_invariant)
     specs = [EpisodeSpec(task=tasks[i % len(tasks)], image=images[tasks[i % len(tasks)].name],
                          seed=derive_seed(seed, i)) for i in range(cfg.num_episodes)]
     with TorchEngine(rollout_model, ecfg) as engine:
@@ -393,6 +412,8 @@ def run_experiment(config: MismatchConfig | None = None, *,
             log(f"seed {seed}: {cfg.num_episodes} episodes ({time.perf_counter() - t0:.0f}s)")
             trajs, record = collect(rollout_model, tasks, images, tok, cfg, seed=seed)
             scores = measure(policy, rollout_model, trajs, record, tok, temperature=cfg.temperature)
+            bw_trajs, bw_record = collect(policy, tasks, images, tok, cfg, seed=seed, batch_invariant=True)
+            scores["bitwise"] = measure_bitwise(policy, bw_trajs, bw_record, temperature=cfg.temperature)
             per_seed[seed] = {name: s.summary() for name, s in scores.items()}
             for name, s in scores.items():
                 parts[name].append(s)
@@ -430,6 +451,10 @@ def format_table(result: MismatchResult) -> str:
     flips = b["routing_flips"]
     lines.append(f"routing flips (token, layer) bf16 engine vs fp32 trainer: {flips:.0f}; "
                  f"gap (c) < (b) < (a): {'yes' if result.ordering_holds else 'NO'}")
+    d = result.rows["bitwise"]
+    exact = d["gap"] == 0.0 and d["max_abs"] == 0.0 and d["drift_tokens"] == 0
+    lines.append(f"(d) on {d['trajectories']:.0f} episodes of its own ({d['loss_tokens']:.0f} sampled tokens) from the "
+                 f"fp32 batch-invariant engine: gap and max |d| exactly 0, drift 0: {'yes' if exact else 'NO'}")
     return "\n".join(lines)
 
 
