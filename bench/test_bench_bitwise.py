@@ -1,0 +1,103 @@
+"""What algo.bitwise costs on the CPU: the trainer's step (score + PPO update) with the bitwise forward vs the
+default fused one, on the same trajectories and weights.
+
+Run: `python -m pytest bench/test_bench_bitwise.py -q -s`. Gates on correctness first (bitwise: gap and max |d|
+exactly 0; default: small, not 0), prints seconds per step and the ratio, never asserts on speed.
+
+The trajectories are sampled by the batch-invariant `TorchEngine` (the default engine, so the rollout side costs
+the same in both modes; its price against plain products is in bench/test_bench_rollout.py) from the tiny model:
+8 episodes shaped like the default run's (a few hundred prompt tokens, replies of up to 96 tokens, 2 turns).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+from rollout.engine import SamplingParams
+from rollout.sampling import derive_seed
+from rollout.torch_engine import EngineConfig, TorchEngine
+from rollout.trajectory import Trajectory, Turn
+from t1core.config import AlgoSection, OptimSection
+from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1core.update import ActorCritic, ppo_update, score
+
+EPISODES, ROUNDS = 8, 3
+
+
+def _episodes(policy: MoEModel) -> list[Trajectory]:
+    g = torch.Generator().manual_seed(0)
+    engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    trajs = []
+    with TorchEngine(engine_model, EngineConfig(max_batch=8, num_slots=16, max_seq_len=2048,
+                                                batch_invariant=True)) as engine:
+        state = [{"ids": torch.randint(8, 4096, (int(torch.randint(250, 600, (1,), generator=g)),),
+                                       generator=g).tolist(), "mask": [], "logp": [], "routing": [], "turns": []}
+                 for _ in range(EPISODES)]
+        for s in state:
+            s["mask"], s["logp"] = [False] * len(s["ids"]), [0.0] * len(s["ids"])
+        for turn in range(2):
+            futures = [engine.submit(s["ids"], SamplingParams(max_new_tokens=96, seed=derive_seed(i, turn),
+                                                              prompt_routing_from=sum(r.shape[0] for r in s["routing"])))
+                       for i, s in enumerate(state)]
+            for s, f in zip(state, futures):
+                c = f.result()
+                start = len(s["ids"])
+                s["routing"] += [c.prompt_routing, c.routing]
+                s["ids"] += c.token_ids
+                s["mask"] += [True] * len(c.token_ids)
+                s["logp"] += c.logprobs.tolist()
+                s["turns"].append(Turn(start=start, end=len(s["ids"]), finish_reason=c.finish_reason, text=""))
+                if turn == 0:  # an observation the engine never sampled
+                    obs = torch.randint(8, 4096, (60,), generator=g).tolist()
+                    s["ids"] += obs
+                    s["mask"] += [False] * 60
+                    s["logp"] += [0.0] * 60
+    for s in state:
+        n = sum(r.shape[0] for r in s["routing"])
+        trajs.append(Trajectory(token_ids=torch.tensor(s["ids"][:n]), loss_mask=torch.tensor(s["mask"][:n]),
+                                rollout_logprobs=torch.tensor(s["logp"][:n], dtype=torch.float32),
+                                routing=torch.cat(s["routing"]), prompt_len=0, turns=s["turns"], task_name="bench",
+                                finish_reason="done", policy_version=0))
+    return trajs
+
+
+def _step(policy: MoEModel, critic: ValueModel, trajs: list[Trajectory], bitwise: str) -> tuple[float, dict]:
+    """One trainer step (score + one PPO epoch) on copies of the models; (seconds, score metrics)."""
+    pol, cri = copy.deepcopy(policy).train(), copy.deepcopy(critic).train()
+    ac = ActorCritic(policy=pol, critic=cri, opt_actor=torch.optim.AdamW(pol.parameters(), lr=1e-4, foreach=False),
+                     opt_critic=torch.optim.AdamW(cri.parameters(), lr=1e-3, foreach=False),
+                     sched_actor=None, sched_critic=None)
+    algo = AlgoSection(bitwise=bitwise, advantage_norm="center")
+    rewards = [float(i % 3) for i in range(len(trajs))]
+    t0 = time.perf_counter()
+    scored, metrics = score(trajs, rewards, policy=pol, critic=cri, ref_policy=None, algo=algo, temperature=1.0)
+    ppo_update(scored, ac, algo=algo, optim=OptimSection(), temperature=1.0, update_actor=True,
+               generator=torch.Generator().manual_seed(0))
+    return time.perf_counter() - t0, metrics
+
+
+def test_bench_bitwise_trainer_step() -> None:
+    policy = MoEModel(ModelConfig.tiny(), seed=0)
+    critic = ValueModel.from_policy(policy)
+    trajs = _episodes(policy)
+    tokens = sum(t.num_tokens for t in trajs)
+    sampled = sum(int(t.loss_mask.sum()) for t in trajs)
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    gap = {}
+    for _ in range(ROUNDS):
+        for mode in ("off", "on"):
+            seconds, metrics = _step(policy, critic, trajs, mode)
+            times[mode].append(seconds)
+            gap[mode] = metrics["mismatch/gap"]
+            if mode == "on":
+                assert metrics["mismatch/gap"] == 0.0 and metrics["mismatch/max_abs"] == 0.0
+            else:
+                assert 0.0 < metrics["mismatch/max_abs"] < 1e-3
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    print(f"\n[bitwise] {EPISODES} episodes, {tokens} tokens, {sampled} sampled; trainer step (score + 1 PPO epoch, "
+          f"{torch.get_num_threads()} threads), median of {ROUNDS}: default {off:.2f} s, bitwise {on:.2f} s, "
+          f"x{on / off:.2f}; gap default {gap['off']:.2e}, bitwise {gap['on']:.1f}")
