@@ -195,3 +195,17 @@ def test_sections_are_frozen_and_keyword_only():
     with pytest.raises(ValueError, match="tasks.families: expected"):
         TasksSection(families=["a"])  # type: ignore[arg-type]
     assert dataclasses.replace(cfg.algo, gamma=0.5).gamma == 0.5
+
+
+def test_bitwise_auto_resolves_to_what_the_run_can_do():
+    assert load_config(None, []).algo.bitwise == "on"  # the default CPU run
+    for off in ("--run.device=cuda", "--rollout.batch_invariant=false", "--model.dtype=bfloat16",
+                "--algo.use_tito=false"):
+        assert load_config(None, [off]).algo.bitwise == "off", off
+    assert load_config(None, ["--algo.bitwise=off"]).algo.bitwise == "off"
+    for bad, name in (("--run.device=cuda", "run.device"), ("--model.dtype=bfloat16", "model.dtype"),
+                      ("--rollout.batch_invariant=false", "rollout.batch_invariant")):
+        with pytest.raises(ValueError, match=f"{name}: expected .* with algo.bitwise='on'"):
+            load_config(None, ["--algo.bitwise=on", bad])
+    with pytest.raises(ValueError, match="algo.bitwise: expected one of 'auto', 'on', 'off'"):
+        load_config(None, ["--algo.bitwise=yes"])

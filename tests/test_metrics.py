@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from t1core.metrics import MetricsLogger, Stopwatch, gpu_stats, plot_metrics, progress_line, read_metrics
+from t1core.metrics import (MetricsLogger, Stopwatch, fidelity_line, gpu_stats, plot_metrics, progress_line,
+                            read_metrics)
 
 
 def _fake_run(path, num_steps: int = 6) -> None:
@@ -107,7 +108,8 @@ def test_progress_line_says_what_a_row_says():
     step = {"step": 3, "reward/dense_mean": 2.5, "outcome/rate": 0.625, "mismatch/gap": None,
             "tito/drift_tokens": 0.0, "train/actor_updated": 1.0, "policy/kl_ref": 0.0042,
             "time/collect": 10.0, "time/episode_generate_s": 99.0, "time/step_s": 12.0}
-    assert progress_line(step, total_steps=24) == ("rl step 4/24: reward 2.50, solved 62% | gap nan, drift 0 | "
+    assert progress_line(step, total_steps=24) == ("rl step 4/24: reward 2.50, solved 62% | "
+                                                   "gap nan (max nan), drift 0 | "
                                                    "actor+critic, KL to warm start 0.0042 | 10 s")
     assert progress_line({"step": 24}, total_steps=24) == "after RL: "
     after = {"step": 24, "heldout/family_sampled_success": 0.25, "heldout/family_sampled_solved": 56.0,
@@ -115,3 +117,15 @@ def test_progress_line_says_what_a_row_says():
              "heldout_change/greedy": 0.125, "heldout_change/greedy_lo": 0.0625, "heldout_change/greedy_hi": 0.1875}
     assert progress_line(after, total_steps=24) == ("after RL: held-out family sampled solved 25.0% (56/224), "
                                                     "verifiers 0.800 | change greedy +0.125 [+0.062, +0.188]")
+
+
+def test_fidelity_line_reports_the_largest_gap_and_whether_bitwise_held():
+    zero = [{"step": i, "mismatch/gap": 0.0, "mismatch/max_abs": 0.0, "tito/drift_tokens": 0} for i in range(3)]
+    warm = {"step": -1, "sft/nll": 1.0}  # rows without the metrics do not count as steps
+    line = fidelity_line([warm, *zero], bitwise=True)
+    assert "over 3 RL steps" in line and "exactly 0.0 at every step" in line and "drift 0 tokens" in line
+    moved = [*zero, {"step": 3, "mismatch/gap": 2e-7, "mismatch/max_abs": 5e-7, "tito/drift_tokens": 1}]
+    line = fidelity_line(moved, bitwise=True)
+    assert "NOT 0.0" in line and "max |d| at most 5e-07" in line and "drift 1 tokens" in line
+    assert "bitwise" not in fidelity_line(moved, bitwise=False)
+    assert fidelity_line([warm], bitwise=True) is None
