@@ -89,5 +89,6 @@ def test_the_main_job_runs(tmp_path: Path) -> None:
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = Path(proc.stdout.strip().splitlines()[-1])
+    assert "(bitwise: exactly 0.0 at every step)" in proc.stdout  # the default is bitwise on the CPU
     for name in ("config.toml", "metrics.jsonl", "metrics.png", "trajectories", "checkpoints", "warmstart", "final"):
         assert (run / name).exists(), name
