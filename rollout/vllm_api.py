@@ -103,16 +103,18 @@ def _field_names(cls: Any) -> set[str]:
 
 def engine_args(*, model_dir: str, dtype: torch.dtype, seed: int, tensor_parallel_size: int,
                 gpu_memory_utilization: float, max_model_len: int, enforce_eager: bool, colocated: bool,
-                ) -> dict[str, Any]:
+                executor: str = "mp") -> dict[str, Any]:
     """`AsyncEngineArgs` for T1's rollouts: token ids in and out (no tokenizer), R3 capture (needs prefix caching
     on), post-temperature log-probs, sleep mode when the engine shares GPUs with the trainer, and the weight
-    transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones)."""
+    transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones); `executor` 'mp' (worker
+    processes here) or 'ray' (vLLM's Ray executor places them on a running Ray cluster)."""
     return {"model": model_dir, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
             "skip_tokenizer_init": True, "enable_prefix_caching": True, "enable_return_routed_experts": True,
             "logprobs_mode": "processed_logprobs", "tensor_parallel_size": tensor_parallel_size,
             "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
             "enforce_eager": enforce_eager, "enable_sleep_mode": colocated, "disable_log_stats": True,
-            "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"}}
+            "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"},
+            "distributed_executor_backend": executor}
 
 
 def engine_gpus(trainer_device: torch.device, *, placement: str, tensor_parallel_size: int, local_world_size: int = 1,

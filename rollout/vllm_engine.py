@@ -128,7 +128,8 @@ class VLLMEngine:
     def from_model(cls, model: MoEModel, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                    max_model_len: int = 4096, enforce_eager: bool = False, placement: Placement = "colocated",
                    dtype: torch.dtype = torch.bfloat16, seed: int = 0, nccl_init: dict[str, Any] | None = None,
-                   trainer_device: str | torch.device | None = None, local_world_size: int = 1) -> VLLMEngine:
+                   trainer_device: str | torch.device | None = None, local_world_size: int = 1,
+                   executor: str = "mp") -> VLLMEngine:
         """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`).
         `trainer_device`: where the trainer streams weights from; with `local_world_size` (the trainer ranks on this
         node) it places vLLM's GPUs (`rollout.vllm_api.engine_gpus`)."""
@@ -139,7 +140,7 @@ class VLLMEngine:
                                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                        enforce_eager=enforce_eager, placement=placement, dtype=dtype, seed=seed,
                                        nccl_init=nccl_init, trainer_device=trainer_device,
-                                       local_world_size=local_world_size, owned=True)
+                                       local_world_size=local_world_size, executor=executor, owned=True)
         except BaseException:
             shutil.rmtree(model_dir, ignore_errors=True)
             raise
@@ -149,19 +150,24 @@ class VLLMEngine:
                         gpu_memory_utilization: float = 0.5, max_model_len: int = 4096, enforce_eager: bool = False,
                         placement: Placement = "colocated", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                         nccl_init: dict[str, Any] | None = None, trainer_device: str | torch.device | None = None,
-                        local_world_size: int = 1, owned: bool = False) -> VLLMEngine:
+                        local_world_size: int = 1, executor: str = "mp", owned: bool = False) -> VLLMEngine:
         """vLLM loads the HF checkpoint `model_dir` (of `model_config`'s shape); a sharded trainer starts its
-        engines so, from the checkpoint its shards were read from. `owned`: `close` deletes the directory."""
+        engines so, from the checkpoint its shards were read from. `owned`: `close` deletes the directory.
+        `executor` 'ray': vLLM's Ray executor places the workers (no GPU of this node is chosen or pinned)."""
         api = vllm_api.load_vllm()  # module attribute: the seam tests replace
         wire = gpus = None
         if api.wire_device == "cuda" and trainer_device is not None:
             wire = torch.device(trainer_device)
+        if wire is not None and executor != "mp" and wire.type != "cuda":
+            raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(wire)!r}")
+        if wire is not None and executor == "mp":
             gpus = vllm_api.engine_gpus(wire, placement=placement, tensor_parallel_size=tensor_parallel_size,
                                         local_world_size=local_world_size, device_count=torch.cuda.device_count())
         args = vllm_api.engine_args(model_dir=model_dir, dtype=dtype, seed=seed,
                                     tensor_parallel_size=tensor_parallel_size,
                                     gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                    enforce_eager=enforce_eager, colocated=placement == "colocated")
+                                    enforce_eager=enforce_eager, colocated=placement == "colocated",
+                                    executor=executor)
         return cls(model_config, api=api, engine_args=args, placement=placement, nccl_init=nccl_init,
                    weight_dtype=dtype, owned_dir=model_dir if owned else None, wire_device=wire, gpus=gpus)
 

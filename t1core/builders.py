@@ -190,7 +190,7 @@ def rollout_ranks(cfg: RunConfig, dp: distributed.DataParallel) -> RolloutRanks:
 
 def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataParallel) -> VLLMEngine | None:
     """Colocated: this rank's own vLLM on its own GPU. Disaggregated: rank 0's vLLM on GPUs no trainer rank holds
-    (tensor parallel); None elsewhere. A sharded policy (read from a checkpoint as shards) is never gathered here:
+    (tensor parallel; vllm.executor='ray': wherever vLLM's Ray executor places it); None elsewhere. A sharded policy (read from a checkpoint as shards) is never gathered here:
     vLLM reads the checkpoint itself."""
     r, v = cfg.rollout, cfg.vllm
     if not rollout_ranks(cfg, dp).owns_engine:
@@ -202,7 +202,7 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataPara
     kw = dict(tensor_parallel_size=v.tensor_parallel_size, gpu_memory_utilization=v.gpu_memory_utilization,
               max_model_len=max_len, enforce_eager=v.enforce_eager, placement=v.placement, dtype=_DTYPES[v.dtype],
               seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
-              local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+              local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
     if distributed.is_sharded(policy):
         return VLLMEngine.from_pretrained(cfg.model.name, policy.config, **kw)
     return VLLMEngine.from_model(policy, **kw)

@@ -8,8 +8,9 @@ Warm-started actor-critic PPO on exact sampled tokens (TITO) with routing replay
     evaluate:    held-out tasks after RL; save the final checkpoint (HF format), metrics, plot
 
 Every random choice derives from (run.seed, step), so a resumed run continues bit for bit. Under torchrun
-(`torchrun --nproc_per_node=N -m t1core.train ...`) every rank runs its share of the episodes with its own engine,
-the updates are data-parallel over FSDP2-sharded models, and rank 0 writes the files (t1core.distributed).
+(`torchrun --nproc_per_node=N -m t1core.train ...`) every rank runs its share of the episodes with its own engine
+(a disaggregated vLLM: rank 0 runs them all, t1core.rollout_ranks), the updates are data-parallel over
+FSDP2-sharded models, and rank 0 writes the files (t1core.distributed).
 """
 
 from __future__ import annotations

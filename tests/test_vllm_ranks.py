@@ -89,8 +89,14 @@ def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPat
     assert not builders.rollout_ranks(disagg, DataParallel.single()).single_engine  # one process: as before
     colo = load_config(None, ["--rollout.engine=vllm", "--vllm.dtype=float32"])
     with builders.make_engine(policy, colo, DataParallel(rank=1, world_size=2)) as engine:
-        assert engine.placement == "colocated"
+        assert engine.placement == "colocated" and engine._llm.args["distributed_executor_backend"] == "mp"
         assert not builders.rollout_ranks(colo, DataParallel(rank=1, world_size=2)).single_engine
+    ray = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.executor=ray",
+                             "--vllm.dtype=float32"])
+    with builders.make_engine(policy, ray, DataParallel(rank=0, world_size=2)) as engine:
+        assert engine._llm.args["distributed_executor_backend"] == "ray" and not engine._llm.args["enable_sleep_mode"]
+    with pytest.raises(ValueError, match="vllm.executor: expected 'mp' with vllm.placement='colocated'"):
+        load_config(None, ["--rollout.engine=vllm", "--vllm.executor=ray"])
 
 
 # ---- 2 gloo ranks through the trainer ----
