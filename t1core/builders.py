@@ -190,8 +190,8 @@ def rollout_ranks(cfg: RunConfig, dp: distributed.DataParallel) -> RolloutRanks:
 
 def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataParallel) -> VLLMEngine | None:
     """Colocated: this rank's own vLLM on its own GPU. Disaggregated: rank 0's vLLM on GPUs no trainer rank holds
-    (tensor parallel; vllm.executor='ray': wherever vLLM's Ray executor places it); None elsewhere. A sharded policy (read from a checkpoint as shards) is never gathered here:
-    vLLM reads the checkpoint itself."""
+    (tensor parallel; vllm.executor='ray': wherever vLLM's Ray executor places it); None elsewhere. A sharded policy
+    (read from a checkpoint as shards) is never gathered here: vLLM reads the checkpoint itself."""
     r, v = cfg.rollout, cfg.vllm
     if not rollout_ranks(cfg, dp).owns_engine:
         return None

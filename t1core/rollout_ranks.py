@@ -60,7 +60,7 @@ class RolloutRanks:
         return per_rank * self.dp.world_size
 
     def sync(self, engine: Engine | None, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Stream `named_tensors` (collective: every rank runs it to its end) into this rank's engine, if it owns one."""
+        """Stream `named_tensors` (collective: every rank runs it to its end) into this rank's engine, if it has one."""
         if engine is not None:
             engine.update_weights(named_tensors)
             return

@@ -32,7 +32,8 @@ WORLD = 2
 def test_engine_gpus_place_each_layout_or_say_why_not() -> None:
     gpus = vllm_api.engine_gpus
     cuda = torch.device
-    assert gpus(cuda("cuda:3"), placement="colocated", tensor_parallel_size=1, local_world_size=4, device_count=8) == [3]
+    assert gpus(cuda("cuda:3"), placement="colocated", tensor_parallel_size=1, local_world_size=4,
+                device_count=8) == [3]
     # one process: vLLM keeps GPUs 0 .. tp-1 when the trainer sits above them (what vLLM picks unpinned)
     assert gpus(cuda("cuda:2"), placement="disaggregated", tensor_parallel_size=2, device_count=4) == [0, 1]
     # torchrun, 4 local ranks on cuda:0..3: rank 0's engine takes the GPUs after them
