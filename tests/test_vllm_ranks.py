@@ -155,7 +155,7 @@ def _rank(rank: int, port: int, args: list[str], out: str) -> None:
     def recording_close(self: train.Trainer) -> None:
         engine = None
         if self.engine is not None:
-            engine = {"version": self.engine.policy_version,
+            engine = {"version": self.engine.policy_version, "requests": self.engine.stats["requests"],
                       "weights": {k: v.clone() for k, v in self.engine._llm.model.state_dict().items()}}
         torch.save({"peaks": peaks, "engine": engine}, Path(out) / f"rank{rank}.pt")
         close(self)
@@ -206,6 +206,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
     from sandbox.suite import family_tasks
     from t1core.checkpointing import load_checkpoint
     from t1core.distributed import _unit_groups
+    from t1core.hf_io import load_pretrained
     from t1core.model import ModelConfig, MoEModel
 
     tasks = tmp_path / "tasks"
@@ -217,6 +218,8 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [r["tito/drift_tokens"] for r in rows if "tito/drift_tokens" in r] == [0.0, 0.0], placement
         trainer = load_checkpoint(out / "checkpoints", restore_rng=False)["policy"]  # the consolidated shards
+        export = load_pretrained(out / "final", dtype=torch.float32).state_dict()  # streamed by save_hf
+        assert all(torch.equal(export[k], trainer[k]) for k in trainer)
         ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
         owners = [r for r in ranks if r["engine"] is not None]
         assert len(owners) == (WORLD if placement == "colocated" else 1), placement
@@ -225,6 +228,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
             assert weights.keys() == trainer.keys()
             assert all(torch.equal(weights[k], trainer[k]) for k in trainer), placement
             assert rec["engine"]["version"] == 2  # one sync after each step's update
+            assert rec["engine"]["requests"] > 0  # every engine served episodes
         for rec in ranks:
             assert len(rec["peaks"]) == 2 and all(0 < p <= max(units) for p in rec["peaks"]), (rec["peaks"], units)
             assert max(rec["peaks"]) < sum(units) / 2
