@@ -106,15 +106,18 @@ def engine_args(*, model_dir: str, dtype: torch.dtype, seed: int, tensor_paralle
                 executor: str = "mp") -> dict[str, Any]:
     """`AsyncEngineArgs` for T1's rollouts: token ids in and out (no tokenizer), R3 capture (needs prefix caching
     on), post-temperature log-probs, sleep mode when the engine shares GPUs with the trainer, and the weight
-    transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones); `executor` 'mp' (worker
-    processes here) or 'ray' (vLLM's Ray executor places them on a running Ray cluster)."""
+    transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones); `executor` 'mp' (vLLM's
+    local executor: workers on this node) or 'ray' (vLLM's Ray executor places them on a running Ray cluster)."""
+    if executor not in ("mp", "ray"):
+        raise ValueError(f"executor: expected 'mp' or 'ray', got {executor!r}")
+    # 'mp' leaves the choice to vLLM (one worker in its engine process at tensor_parallel_size 1, else processes)
     return {"model": model_dir, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
             "skip_tokenizer_init": True, "enable_prefix_caching": True, "enable_return_routed_experts": True,
             "logprobs_mode": "processed_logprobs", "tensor_parallel_size": tensor_parallel_size,
             "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
             "enforce_eager": enforce_eager, "enable_sleep_mode": colocated, "disable_log_stats": True,
             "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"},
-            "distributed_executor_backend": executor}
+            "distributed_executor_backend": "ray" if executor == "ray" else None}
 
 
 def engine_gpus(trainer_device: torch.device, *, placement: str, tensor_parallel_size: int, local_world_size: int = 1,

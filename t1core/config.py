@@ -211,9 +211,9 @@ class VllmSection:
     enforce_eager: bool = _field(False, "no CUDA graphs (faster start, slower decode)")
     dtype: Literal["bfloat16", "float16", "float32"] = _field("bfloat16", "vLLM's weight dtype")
     executor: Literal["mp", "ray"] = _field(
-        "mp", "where vLLM's workers run: 'mp' processes on the owning trainer rank's node, on GPUs no trainer rank "
-        "holds; 'ray' (disaggregated) vLLM's Ray executor on a Ray cluster started beforehand, e.g. engine nodes of "
-        "their own (pip install ray)")
+        "mp", "where vLLM's workers run: 'mp' vLLM's local executor, on the owning trainer rank's node (colocated: "
+        "its GPU; disaggregated: GPUs no trainer rank holds); 'ray' (disaggregated) vLLM's Ray executor, on a Ray "
+        "cluster started beforehand, e.g. engine nodes of their own (pip install ray)")
     nccl_address: str = _field("127.0.0.1", "disaggregated: address of the trainer-vLLM NCCL rendezvous")
     nccl_port: int = _field(29650, "disaggregated: port of the trainer-vLLM NCCL rendezvous")
 

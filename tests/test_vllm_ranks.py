@@ -90,7 +90,7 @@ def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPat
     assert not builders.rollout_ranks(disagg, DataParallel.single()).single_engine  # one process: as before
     colo = load_config(None, ["--rollout.engine=vllm", "--vllm.dtype=float32"])
     with builders.make_engine(policy, colo, DataParallel(rank=1, world_size=2)) as engine:
-        assert engine.placement == "colocated" and engine._llm.args["distributed_executor_backend"] == "mp"
+        assert engine.placement == "colocated" and engine._llm.args["distributed_executor_backend"] is None
         assert not builders.rollout_ranks(colo, DataParallel(rank=1, world_size=2)).single_engine
     ray = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.executor=ray",
                              "--vllm.dtype=float32"])
