@@ -15,14 +15,25 @@ weights on the same device.
   4. prefix     turn 2 of a conversation is served partly from the prefix cache, and its prompt routing of turn
                 1's tokens equals what turn 1 returned, bit for bit.
   5. update     greedy output after update_weights (streamed HF chunks) equals a fresh engine started on the new
-                weights; policy_version advances.
-Prints one line per check and a summary; exits 1 when a check fails.
+                weights; policy_version advances. The update runs inside a 2-rank gloo world whose other rank never
+                joins a collective (a trainer rank under torchrun): the colocated sender must not gather or barrier
+                over the default process group (vLLM's own IPC trainer engine does; it would wait here until the
+                check's 120 s timeout).
+Prints one line per check and a summary; exits 1 when a check fails, 77 (skipped) when vLLM is not installed here
+(bench/gpu_run.sh reports the part as skipped). --dry-run prints the plan as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import multiprocessing as mp
+import socket
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -112,11 +123,64 @@ def check_prefix(engine: VLLMEngine) -> None:
            f"{second.num_cached_tokens} of {len(turn2)} prompt tokens cached, {before.shape[0]} rows compared")
 
 
+SKIPPED = 77
+"""Exit status of a check that cannot run here (automake's convention; bench/gpu_run.sh reports it as skipped)."""
+UPDATE_TIMEOUT_S = 120
+
+
+def _idle_rank(port: int, done: mp.synchronize.Event) -> None:
+    """Rank 1 of a 2-rank gloo world that joins no collective until `done`."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
+                            timeout=datetime.timedelta(seconds=UPDATE_TIMEOUT_S + 60))
+    done.wait(UPDATE_TIMEOUT_S + 60)
+    dist.destroy_process_group()
+
+
+@contextmanager
+def trainer_world() -> Iterator[None]:
+    """This process as rank 0 of a 2-rank default process group, the other rank idle (a torchrun trainer's world,
+    in which the engine's sender must not run collectives of its own)."""
+    import torch.distributed as dist
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    done = ctx.Event()
+    other = ctx.Process(target=_idle_rank, args=(port, done), daemon=True)
+    other.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
+                            timeout=datetime.timedelta(seconds=UPDATE_TIMEOUT_S + 60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        done.set()
+        other.join(30)
+
+
 def check_update(engine: VLLMEngine, args: argparse.Namespace) -> None:
     new = MoEModel(CFG, seed=7, dtype=args.dtype)
     prompts = [[(13 * i + j) % 3000 + 30 for j in range(20 + i)] for i in range(4)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
-    version = engine.update_weights(hf_state_dict(new).items())
+    result: dict[str, object] = {}
+
+    def update() -> None:
+        try:
+            result["version"] = engine.update_weights(hf_state_dict(new).items())
+        except Exception as e:  # reported as the check's failure below
+            result["error"] = e
+
+    with trainer_world():
+        worker = threading.Thread(target=update, daemon=True)
+        worker.start()
+        worker.join(UPDATE_TIMEOUT_S)
+    if worker.is_alive() or "error" in result:
+        why = result.get("error", f"still running after {UPDATE_TIMEOUT_S} s (waiting in a default-group collective?)")
+        record("update_weights inside a 2-rank trainer world", False, str(why))
+        return
+    record("update_weights inside a 2-rank trainer world", True, "the idle rank was never waited for")
+    version = result["version"]
     after = [c.token_ids for c in engine.generate(prompts, greedy)]
     engine.close()  # one vLLM instance at a time on the GPU
     with build(new, args) as fresh:
@@ -129,14 +193,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fake", action="store_true", help="CPU smoke test over tests/fake_vllm.py (no vLLM)")
     ap.add_argument("--mem", type=float, default=0.3, help="vLLM gpu_memory_utilization")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
     args = ap.parse_args()
+    print(json.dumps(dict(script="vllm", fake=args.fake, model=dict(layers=CFG.num_hidden_layers,
+                                                                    moe_layers=list(CFG.moe_layer_ids)),
+                          checks=["tito", "logprobs", "routing", "prefix", "update", "trainer_world"],
+                          update_timeout_s=UPDATE_TIMEOUT_S)), flush=True)
+    if args.dry_run:
+        return 0
     if args.fake:
         from rollout import vllm_api
         from tests import fake_vllm
         vllm_api.load_vllm = fake_vllm.fake_api
         args.dtype, device, tol = torch.float32, "cpu", (1e-5, 1e-4)
     else:
-        import vllm
+        try:
+            import vllm
+        except ImportError as e:
+            print(f"SKIPPED: vLLM is not installed here ({e}); nothing was checked against a real vLLM. Install it "
+                  "on the device (pip install -e '.[gpu]', vllm>=0.33,<0.34) and rerun.", flush=True)
+            return SKIPPED
         print(f"vllm {vllm.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
         args.dtype, device, tol = torch.bfloat16, "cuda", (2e-2, 0.25)  # bf16 weights, different kernels
     model = MoEModel(CFG, seed=0, dtype=args.dtype)

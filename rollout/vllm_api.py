@@ -8,8 +8,9 @@ transport. It is the one seam a test replaces (tests/fake_vllm.py) to drive the 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,28 +103,68 @@ def _field_names(cls: Any) -> set[str]:
 
 def engine_args(*, model_dir: str, dtype: torch.dtype, seed: int, tensor_parallel_size: int,
                 gpu_memory_utilization: float, max_model_len: int, enforce_eager: bool, colocated: bool,
-                ) -> dict[str, Any]:
+                executor: str = "mp") -> dict[str, Any]:
     """`AsyncEngineArgs` for T1's rollouts: token ids in and out (no tokenizer), R3 capture (needs prefix caching
     on), post-temperature log-probs, sleep mode when the engine shares GPUs with the trainer, and the weight
-    transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones)."""
+    transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones); `executor` 'mp' (vLLM's
+    local executor: workers on this node) or 'ray' (vLLM's Ray executor places them on a running Ray cluster)."""
+    if executor not in ("mp", "ray"):
+        raise ValueError(f"executor: expected 'mp' or 'ray', got {executor!r}")
+    # 'mp' leaves the choice to vLLM (one worker in its engine process at tensor_parallel_size 1, else processes)
     return {"model": model_dir, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
             "skip_tokenizer_init": True, "enable_prefix_caching": True, "enable_return_routed_experts": True,
             "logprobs_mode": "processed_logprobs", "tensor_parallel_size": tensor_parallel_size,
             "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
             "enforce_eager": enforce_eager, "enable_sleep_mode": colocated, "disable_log_stats": True,
-            "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"}}
+            "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"},
+            "distributed_executor_backend": "ray" if executor == "ray" else None}
 
 
-def check_trainer_device(device: torch.device, *, placement: str, tensor_parallel_size: int) -> None:
-    """ValueError when the trainer's device cannot feed vLLM: vLLM runs on CUDA, and its workers take the visible
-    GPUs 0 .. tensor_parallel_size - 1, so a disaggregated trainer must sit above them (a colocated one shares
-    GPU 0 and sends CUDA IPC handles of it)."""
-    if device.type != "cuda":
-        raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(device)!r}")
-    index = device.index or 0
-    if placement == "disaggregated" and index < tensor_parallel_size:
-        raise ValueError(f"run.device={str(device)!r}: with vllm.placement='disaggregated' the trainer needs a GPU "
-                         f"vLLM does not use, cuda:{tensor_parallel_size} or above")
-    if placement == "colocated" and index != 0:
-        raise ValueError(f"run.device={str(device)!r}: with vllm.placement='colocated' vLLM shares the trainer's GPU "
-                         "and takes GPU 0: use run.device='cuda:0'")
+def engine_gpus(trainer_device: torch.device, *, placement: str, tensor_parallel_size: int, local_world_size: int = 1,
+                device_count: int) -> list[int]:
+    """The GPUs (this process's CUDA indices) of the vLLM engine this trainer process starts; ValueError when the
+    placement cannot be had.
+
+    colocated: the trainer's own GPU (CUDA IPC hands vLLM tensors in place; under torchrun every rank runs its own
+    engine on its own GPU). disaggregated: `tensor_parallel_size` GPUs no trainer rank of this node uses, the lowest
+    first: a single process leaves its own GPU out (cuda:tp or above keeps vLLM on 0 .. tp-1, as vLLM would pick);
+    under torchrun, where the node's local ranks hold cuda:0 .. local_world_size-1, the GPUs after them."""
+    if trainer_device.type != "cuda":
+        raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(trainer_device)!r}")
+    index = trainer_device.index or 0
+    if placement == "colocated":
+        if tensor_parallel_size != 1:
+            raise ValueError(f"vllm.tensor_parallel_size={tensor_parallel_size}: a colocated engine lives on its "
+                             "trainer rank's one GPU (1); more GPUs per engine: vllm.placement='disaggregated'")
+        return [index]
+    if placement != "disaggregated":
+        raise ValueError(f"vllm.placement: expected 'colocated' or 'disaggregated', got {placement!r}")
+    taken = set(range(local_world_size)) if local_world_size > 1 else {index}
+    free = [i for i in range(device_count) if i not in taken]
+    if len(free) < tensor_parallel_size:
+        held = f"its {local_world_size} trainer ranks hold cuda:0..{local_world_size - 1}" if local_world_size > 1 \
+            else f"the trainer holds cuda:{index}"
+        raise ValueError(f"vllm.tensor_parallel_size={tensor_parallel_size} with vllm.placement='disaggregated': this "
+                         f"node has {device_count} GPU(s) and {held}, leaving {len(free)} for vLLM; run fewer "
+                         "trainer ranks on the engine's node (torchrun --nproc_per_node) or lower "
+                         "vllm.tensor_parallel_size")
+    return free[:tensor_parallel_size]
+
+
+@contextlib.contextmanager
+def visible_gpus(indices: list[int]) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES narrowed to `indices` (this process's CUDA numbering, mapped through an inherited
+    CUDA_VISIBLE_DEVICES) while vLLM starts: the engine processes it spawns inherit the environment and put their
+    workers on visible GPUs 0 .. n-1. This process's own CUDA context, already initialised, is not affected."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [x.strip() for x in before.split(",")] if before else None
+    if names is not None and max(indices, default=-1) >= len(names):
+        raise ValueError(f"GPUs {indices} are not all visible: CUDA_VISIBLE_DEVICES={before!r}")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] if names is not None else str(i) for i in indices)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before

@@ -30,9 +30,11 @@ requests finish on the weights they started with, then `pause_generation(mode="w
 `finish_weight_update(version)`, `resume_generation`. A stream that fails after the transfer began leaves
 vLLM half-updated: generation stays paused and every request is refused until an update completes.
 
-Placement: "colocated" (vLLM shares the trainer's GPUs, CUDA IPC transfer; `sleep()` frees vLLM's GPU memory
+Placement: "colocated" (vLLM shares the trainer's GPU, CUDA IPC transfer; `sleep()` frees vLLM's GPU memory
 while the trainer works and the next `update_weights` wakes it) or "disaggregated" (vLLM on GPUs of its own,
-tensor parallel, NCCL transfer from the trainer).
+tensor parallel, NCCL transfer from the trainer). The GPUs are chosen by `rollout.vllm_api.engine_gpus` and pinned
+with CUDA_VISIBLE_DEVICES while vLLM starts, so that under torchrun each rank's colocated engine sits on that rank's
+GPU and a disaggregated one on GPUs no trainer rank of the node holds.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class VLLMEngine:
     def __init__(self, model_config: ModelConfig, *, api: vllm_api.VllmApi, engine_args: dict[str, Any],
                  placement: Placement = "colocated", nccl_init: dict[str, Any] | None = None,
                  weight_dtype: torch.dtype = torch.bfloat16, owned_dir: str | None = None,
-                 wire_device: str | torch.device | None = None) -> None:
+                 wire_device: str | torch.device | None = None, gpus: list[int] | None = None) -> None:
         if placement not in ("colocated", "disaggregated"):
             raise ValueError(f"placement: expected 'colocated' or 'disaggregated', got {placement!r}")
         self.config, self.placement = model_config, placement
@@ -116,7 +118,8 @@ class VLLMEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="t1-vllm-loop", daemon=True)
         self._thread.start()
         try:
-            self._llm = self._run(self._start(engine_args))
+            with vllm_api.visible_gpus(gpus) if gpus is not None else contextlib.nullcontext():
+                self._llm = self._run(self._start(engine_args))
         except BaseException:
             self._stop_loop()
             raise
@@ -125,26 +128,48 @@ class VLLMEngine:
     def from_model(cls, model: MoEModel, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                    max_model_len: int = 4096, enforce_eager: bool = False, placement: Placement = "colocated",
                    dtype: torch.dtype = torch.bfloat16, seed: int = 0, nccl_init: dict[str, Any] | None = None,
-                   trainer_device: str | torch.device | None = None) -> VLLMEngine:
+                   trainer_device: str | torch.device | None = None, local_world_size: int = 1,
+                   executor: str = "mp") -> VLLMEngine:
         """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`).
-        `trainer_device`: where the trainer streams weights from (checked against the placement)."""
-        api = vllm_api.load_vllm()  # module attribute: the seam tests replace
-        wire = None
-        if api.wire_device == "cuda" and trainer_device is not None:
-            wire = torch.device(trainer_device)
-            vllm_api.check_trainer_device(wire, placement=placement, tensor_parallel_size=tensor_parallel_size)
+        `trainer_device`: where the trainer streams weights from; with `local_world_size` (the trainer ranks on this
+        node) it places vLLM's GPUs (`rollout.vllm_api.engine_gpus`)."""
         model_dir = tempfile.mkdtemp(prefix="t1-vllm-model-")
         try:
             save_pretrained(model, model_dir)
-            args = vllm_api.engine_args(model_dir=model_dir, dtype=dtype, seed=seed,
-                                        tensor_parallel_size=tensor_parallel_size,
-                                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                        enforce_eager=enforce_eager, colocated=placement == "colocated")
-            return cls(model.config, api=api, engine_args=args, placement=placement, nccl_init=nccl_init,
-                       weight_dtype=dtype, owned_dir=model_dir, wire_device=wire)
+            return cls.from_pretrained(model_dir, model.config, tensor_parallel_size=tensor_parallel_size,
+                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                       enforce_eager=enforce_eager, placement=placement, dtype=dtype, seed=seed,
+                                       nccl_init=nccl_init, trainer_device=trainer_device,
+                                       local_world_size=local_world_size, executor=executor, owned=True)
         except BaseException:
             shutil.rmtree(model_dir, ignore_errors=True)
             raise
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str, model_config: ModelConfig, *, tensor_parallel_size: int = 1,
+                        gpu_memory_utilization: float = 0.5, max_model_len: int = 4096, enforce_eager: bool = False,
+                        placement: Placement = "colocated", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                        nccl_init: dict[str, Any] | None = None, trainer_device: str | torch.device | None = None,
+                        local_world_size: int = 1, executor: str = "mp", owned: bool = False) -> VLLMEngine:
+        """vLLM loads the HF checkpoint `model_dir` (of `model_config`'s shape); a sharded trainer starts its
+        engines so, from the checkpoint its shards were read from. `owned`: `close` deletes the directory.
+        `executor` 'ray': vLLM's Ray executor places the workers (no GPU of this node is chosen or pinned)."""
+        api = vllm_api.load_vllm()  # module attribute: the seam tests replace
+        wire = gpus = None
+        if api.wire_device == "cuda" and trainer_device is not None:
+            wire = torch.device(trainer_device)
+        if wire is not None and executor != "mp" and wire.type != "cuda":
+            raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(wire)!r}")
+        if wire is not None and executor == "mp":
+            gpus = vllm_api.engine_gpus(wire, placement=placement, tensor_parallel_size=tensor_parallel_size,
+                                        local_world_size=local_world_size, device_count=torch.cuda.device_count())
+        args = vllm_api.engine_args(model_dir=model_dir, dtype=dtype, seed=seed,
+                                    tensor_parallel_size=tensor_parallel_size,
+                                    gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                    enforce_eager=enforce_eager, colocated=placement == "colocated",
+                                    executor=executor)
+        return cls(model_config, api=api, engine_args=args, placement=placement, nccl_init=nccl_init,
+                   weight_dtype=dtype, owned_dir=model_dir if owned else None, wire_device=wire, gpus=gpus)
 
     # ---- public API ----
     @property

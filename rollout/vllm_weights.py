@@ -5,9 +5,11 @@ The engine's weight update takes `(name, tensor)` chunks under the HF Qwen3-MoE 
 consumed one at a time. vLLM's wire formats (packed NCCL broadcast, packed CUDA IPC) declare every parameter's
 name, dtype and shape before the bytes, so the chunks must come in the canonical order (`expected_hf_params`,
 which is `hf_state_dict`'s order) and each exactly once: `ValidatedStream` checks that as it goes and, at the
-end, that nothing is missing. The transport itself is vLLM's own trainer-side engine
-(`WeightTransferTrainerFactory.trainer_init`), fed by a `WeightSource` over the stream and driving the
-inference side through a `VLLMWeightSyncClient` that the engine implements on its event loop.
+end, that nothing is missing. The transport (`VllmTransport`) is vLLM's: its trainer-side NCCL engine
+(`WeightTransferTrainerFactory.trainer_init`, fed by a `WeightSource` over the stream), or its packed CUDA IPC
+producer and wire format sent by this process alone (vLLM's IPC trainer engine gathers over the default process
+group, which under torchrun is the trainer's world); both drive the inference side through a
+`VLLMWeightSyncClient` that the engine implements on its event loop.
 """
 
 from __future__ import annotations
@@ -107,8 +109,17 @@ def _torch_dtype_name(dtype: torch.dtype) -> str:
 
 
 class VllmTransport:
-    """vLLM's own trainer-side engine (packed CUDA IPC when colocated, packed NCCL broadcast when disaggregated),
-    initialised on the first update and fed each round through a `WeightSource` over that round's stream."""
+    """vLLM's packed weight transfer into the engine this process owns: CUDA IPC when colocated, NCCL broadcast when
+    disaggregated. Initialised on the first update, fed each round from that round's stream.
+
+    Under torchrun every trainer rank that owns an engine is the one sender into it, whatever its rank in the
+    trainer's world. NCCL: vLLM's own trainer-side engine, told `rank=0` explicitly (it opens a group of its own with
+    the engine's workers over a TCPStore rendezvous and touches no torch.distributed group). CUDA IPC: vLLM's
+    trainer-side engine all-gathers the handles and barriers over the *default* process group, which it takes to be
+    the colocated ranks of one engine; under torchrun that group is the trainer's world, in which every rank feeds an
+    engine of its own, so each rank would ship the merged handles of every GPU. So IPC is sent here with vLLM's own
+    pieces but no collective: `packed_ipc_producer` (one reusable IPC buffer on this rank's GPU) and
+    `IPCWeightTransferUpdateInfo`, the worker's wire format, through this engine's client only."""
 
     def __init__(self, *, backend: Backend, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
                  nccl_init: dict[str, Any] | None = None) -> None:
@@ -117,28 +128,69 @@ class VllmTransport:
         if backend == "nccl" and not nccl_init:
             raise ValueError("backend 'nccl' needs nccl_init={'master_address', 'master_port', 'world_size'}")
         self._backend, self._nccl_init = backend, nccl_init or {}
-        self._source = _make_source(expected, dtype)
+        self._buffer_bytes = packed_buffer_bytes(expected, dtype)
+        self._source = _make_source(expected, dtype) if backend == "nccl" else None
         self._engine: Any = None
+        self._ipc_ready = False
 
     def send(self, stream: ValidatedStream, client: WeightSyncClient) -> None:
+        if self._backend == "ipc":
+            self._send_ipc(stream, client)
+            return
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         self._source.stream = stream
         try:
             if self._engine is None:
-                self._engine = WeightTransferTrainerFactory.trainer_init(self._init_info(), client=client,
-                                                                         source=self._source)
+                info = NCCLTrainerInitInfo(rank=0, packed=True, packed_buffer_size_bytes=self._buffer_bytes,
+                                           **self._nccl_init)
+                self._engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=self._source)
             self._engine.send_weights()
         finally:
             self._source.stream = None
 
-    def _init_info(self) -> Any:
-        # rank 0: this process is the only trainer rank that talks to the engine (it holds the whole tensors).
-        if self._backend == "ipc":
-            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-            return IPCTrainerInitInfo(rank=0, packed=True)
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-        return NCCLTrainerInitInfo(rank=0, packed=True, **self._nccl_init)
+    def _send_ipc(self, stream: ValidatedStream, client: WeightSyncClient) -> None:
+        """What vLLM's IPC trainer engine does as the only rank of its group (init once with the packed flag; start;
+        one update per filled buffer, each returning after the worker loaded it; finish; release the handles)."""
+        from dataclasses import asdict
+
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
+        from vllm.distributed.weight_transfer.packed_tensor import packed_ipc_producer
+
+        if not self._ipc_ready:
+            client.init_weight_transfer_engine({"packed": True})
+            self._ipc_ready = True
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        client.start_weight_update()
+        # The producer refills one buffer: resuming it is safe once update_weights has returned (the engine's
+        # client waits for vLLM's workers to load each chunk).
+        for chunk in packed_ipc_producer(iterator=iter(stream), gpu_uuid=uuid, post_iter_func=lambda item: item[1],
+                                         buffer_size_bytes=self._buffer_bytes):
+            info = IPCWeightTransferUpdateInfo(names=chunk.names, dtype_names=chunk.dtype_names, shapes=chunk.shapes,
+                                               ipc_handles=chunk.ipc_handle, tensor_sizes=chunk.tensor_sizes)
+            client.update_weights(asdict(info))
+        client.finish_weight_update()
+        torch.cuda.ipc_collect()
+
+
+PACKED_BUFFER_BYTES = 1 << 30
+"""vLLM's default packed-transfer buffer (1 GiB)."""
+
+
+def packed_buffer_bytes(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> int:
+    """vLLM's packed buffer, grown to the largest single tensor on the wire (its producers refuse a tensor larger than
+    the buffer: a 151936 x 4096 bf16 embedding is 1.16 GiB)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    largest = max((itemsize * _numel(shape) for _, shape in expected), default=0)
+    return max(PACKED_BUFFER_BYTES, largest)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> Any:

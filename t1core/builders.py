@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from t1core.config import RunConfig
 from t1core.device import check_device
 from t1core.hf_io import load_pretrained
 from t1core.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
+from t1core.rollout_ranks import RolloutRanks
 from t1core.tokenizer import ChatTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -162,12 +164,14 @@ def load_tokenizer(cfg: RunConfig) -> ChatTokenizer:
     return ChatTokenizer.from_pretrained(name) if Path(name).is_dir() else ChatTokenizer.builtin()
 
 
-def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine | VLLMEngine:
+def make_engine(policy: MoEModel, cfg: RunConfig,
+                dp: distributed.DataParallel | None = None) -> TorchEngine | VLLMEngine | None:
     """The rollout engine over its own copy of the policy (synced after every update): rollout.engine picks
-    TorchEngine or VLLMEngine (vLLM loads the policy from a HF checkpoint it is handed)."""
+    TorchEngine or VLLMEngine (vLLM loads the policy from a HF checkpoint it is handed). None on a rank that owns
+    no engine (`rollout_ranks`)."""
     r = cfg.rollout
     if r.engine == "vllm":
-        return _make_vllm_engine(policy, cfg)
+        return _make_vllm_engine(policy, cfg, dp or distributed.DataParallel.single())
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
                         max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
@@ -177,21 +181,39 @@ def make_engine(policy: MoEModel, cfg: RunConfig) -> TorchEngine | VLLMEngine:
     return TorchEngine(engine_model.eval().requires_grad_(False), ecfg)
 
 
-def _make_vllm_engine(policy: MoEModel, cfg: RunConfig) -> VLLMEngine:
+def rollout_ranks(cfg: RunConfig, dp: distributed.DataParallel) -> RolloutRanks:
+    """Which ranks own an engine: all of them, except with a disaggregated vLLM on several ranks (rank 0's serves
+    them all: t1core.rollout_ranks)."""
+    single = cfg.rollout.engine == "vllm" and cfg.vllm.placement == "disaggregated" and dp.distributed
+    return RolloutRanks(dp=dp, single_engine=single)
+
+
+def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataParallel) -> VLLMEngine | None:
+    """Colocated: this rank's own vLLM on its own GPU. Disaggregated: rank 0's vLLM on GPUs no trainer rank holds
+    (tensor parallel; vllm.executor='ray': wherever vLLM's Ray executor places it); None elsewhere. A sharded policy
+    (read from a checkpoint as shards) is never gathered here: vLLM reads the checkpoint itself."""
     r, v = cfg.rollout, cfg.vllm
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        # Each trainer rank builds its own engine, and vLLM's IPC/NCCL senders gather over the default group:
-        # one vLLM instance per process is all this wiring does.
-        raise ValueError("rollout.engine='vllm' runs in a single trainer process; with torchrun ranks > 1 use "
-                         "rollout.engine='torch'")
+    if not rollout_ranks(cfg, dp).owns_engine:
+        return None
     max_len = v.max_model_len or r.max_tokens + r.max_new_tokens_per_turn + 8
     nccl = None
-    if v.placement == "disaggregated":  # the trainer is NCCL rank 0, vLLM's workers the others
+    if v.placement == "disaggregated":  # the owning trainer rank is NCCL rank 0, vLLM's workers the others
         nccl = {"master_address": v.nccl_address, "master_port": v.nccl_port, "world_size": 1 + v.tensor_parallel_size}
-    return VLLMEngine.from_model(policy, tensor_parallel_size=v.tensor_parallel_size,
-                                 gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len,
-                                 enforce_eager=v.enforce_eager, placement=v.placement, dtype=_DTYPES[v.dtype],
-                                 seed=cfg.run.seed, nccl_init=nccl, trainer_device=cfg.run.device)
+    kw = dict(tensor_parallel_size=v.tensor_parallel_size, gpu_memory_utilization=v.gpu_memory_utilization,
+              max_model_len=max_len, enforce_eager=v.enforce_eager, placement=v.placement, dtype=_DTYPES[v.dtype],
+              seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
+              local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
+    if distributed.is_sharded(policy):
+        return VLLMEngine.from_pretrained(cfg.model.name, policy.config, **kw)
+    return VLLMEngine.from_model(policy, **kw)
+
+
+def _trainer_device(cfg: RunConfig) -> torch.device:
+    """This process's device: 'cuda' means the current CUDA device (cuda:LOCAL_RANK under torchrun)."""
+    dev = torch.device(cfg.run.device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:

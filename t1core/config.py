@@ -210,6 +210,10 @@ class VllmSection:
         None, "longest sequence vLLM serves; none = rollout.max_tokens + rollout.max_new_tokens_per_turn + 8")
     enforce_eager: bool = _field(False, "no CUDA graphs (faster start, slower decode)")
     dtype: Literal["bfloat16", "float16", "float32"] = _field("bfloat16", "vLLM's weight dtype")
+    executor: Literal["mp", "ray"] = _field(
+        "mp", "where vLLM's workers run: 'mp' vLLM's local executor, on the owning trainer rank's node (colocated: "
+        "its GPU; disaggregated: GPUs no trainer rank holds); 'ray' (disaggregated) vLLM's Ray executor, on a Ray "
+        "cluster started beforehand, e.g. engine nodes of their own (pip install ray)")
     nccl_address: str = _field("127.0.0.1", "disaggregated: address of the trainer-vLLM NCCL rendezvous")
     nccl_port: int = _field(29650, "disaggregated: port of the trainer-vLLM NCCL rendezvous")
 
@@ -224,6 +228,8 @@ class VllmSection:
         _check(self.max_model_len is None or self.max_model_len >= 3, "vllm.max_model_len", ">= 3 or none",
                self.max_model_len)
         _check(1 <= self.nccl_port < 65536, "vllm.nccl_port", "in [1, 65535]", self.nccl_port)
+        _check(self.executor == "mp" or self.placement == "disaggregated", "vllm.executor",
+               "'mp' with vllm.placement='colocated' (a colocated engine shares its trainer rank's GPU)", self.executor)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,7 @@
 Every rank runs the same training loop. Rollouts are split across the ranks: each has its own engine (a whole copy
 of the policy, refreshed after every update from a stream of one gathered decoder layer at a time) and its own
 sandboxes, runs every W-th episode, and the trajectories
-are gathered on every rank. With the batch-invariant engine an episode's tokens do not depend on which rank ran it,
+are gathered on every rank (a disaggregated vLLM engine is rank 0's alone: it runs them all, t1core.rollout_ranks). With the batch-invariant engine an episode's tokens do not depend on which rank ran it,
 so the trajectories equal a single process's. The main rank (0) writes every file of the run and builds the images;
 the SFT transcripts (reference solutions) are split and gathered like the episodes. The updates are data-parallel:
 an optimizer step takes one minibatch per rank (`DataParallel.rounds`), and FSDP2 (`fully_shard`: parameters,

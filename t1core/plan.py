@@ -284,6 +284,21 @@ def fixes(cfg: RunConfig) -> list[str]:
     return out
 
 
+def vllm_layout(cfg: RunConfig, *, world: int) -> str:
+    """One line on how the run's vLLM engines sit among the ranks (t1core.rollout_ranks), and what was run."""
+    v, per_rank = cfg.vllm, max(cfg.rollout.concurrency, 1)
+    if v.placement == "colocated" or world == 1:
+        where = ("one vLLM engine per rank on the rank's own GPU, asleep during updates" if v.placement == "colocated"
+                 else f"one vLLM engine (tensor parallel {v.tensor_parallel_size}, executor {v.executor})")
+        how = f"{per_rank} episodes at once per rank"
+    else:
+        where = (f"one vLLM engine owned by rank 0 (tensor parallel {v.tensor_parallel_size}, executor {v.executor}), "
+                 "streamed into over NCCL after every all-rank per-layer gather")
+        how = f"rank 0 runs every episode, {per_rank * world} at once, and broadcasts the trajectories"
+    return (f"rollout: {where}; {how}. Runnable on the trainer side (tested on CPU ranks against a fake vLLM); "
+            "never run against a real vLLM")
+
+
 def format_plan(p: Plan, cfg: RunConfig) -> str:
     par = cfg.parallel
     lines = [
@@ -305,6 +320,8 @@ def format_plan(p: Plan, cfg: RunConfig) -> str:
     if par.cpu_offload:
         lines.append(f"{'host memory per node (offloaded state of its ranks)':<78} "
                      f"{p.host_bytes_per_node / GIB:>9.2f}  of {par.host_mem_gib:g}")
+    if cfg.rollout.engine == "vllm":
+        lines.append(vllm_layout(cfg, world=p.world))
     engine = next(r for r in p.rows if r.name.startswith("engine weights"))
     if engine.bytes > p.gpu_limit:
         lines.append(f"the engine's weights alone ({engine.bytes / GIB:.1f} GiB) exceed one GPU: this model needs a "

@@ -8,8 +8,9 @@ Warm-started actor-critic PPO on exact sampled tokens (TITO) with routing replay
     evaluate:    held-out tasks after RL; save the final checkpoint (HF format), metrics, plot
 
 Every random choice derives from (run.seed, step), so a resumed run continues bit for bit. Under torchrun
-(`torchrun --nproc_per_node=N -m t1core.train ...`) every rank runs its share of the episodes with its own engine,
-the updates are data-parallel over FSDP2-sharded models, and rank 0 writes the files (t1core.distributed).
+(`torchrun --nproc_per_node=N -m t1core.train ...`) every rank runs its share of the episodes with its own engine
+(a disaggregated vLLM: rank 0 runs them all, t1core.rollout_ranks), the updates are data-parallel over
+FSDP2-sharded models, and rank 0 writes the files (t1core.distributed).
 """
 
 from __future__ import annotations
@@ -72,8 +73,11 @@ class Trainer:
         self.policy, self.critic = builders.load_models(cfg, self.tok, dp)
         self.actor_frozen = builders.frozen_parameters(self.policy, cfg.optim.actor_frozen)  # checked before SFT
         # Each rank's engine copy is taken before sharding (or read from the checkpoint); refreshed after updates.
-        self.engine = builders.make_engine(self.policy, cfg)
-        self.sampled = CompletionLog(self.engine)  # what this rank's engine returned, to check drift against
+        # A rank without an engine (disaggregated vLLM: rank 0's serves all) gets its trajectories from rank 0.
+        self.ranks = builders.rollout_ranks(cfg, dp)
+        self.engine = builders.make_engine(self.policy, cfg, dp)
+        # what this rank's engine returned, to check drift against
+        self.sampled = CompletionLog(self.engine) if self.engine is not None else None
         if cfg.parallel.activation_checkpointing:  # after the engine's copy: it must not share the wrapped forwards
             distributed.checkpoint_layers_(self.policy)
             distributed.checkpoint_layers_(self.critic)
@@ -98,16 +102,22 @@ class Trainer:
 
     def _run(self, specs: list[EpisodeSpec], *, desc: str, temperature: float | None) -> tuple[list, list[int]]:
         """(trajectories, loss-region drift of each) in the order of `specs`, on every rank. Rank r runs episodes
-        r, r + W, ... on its own engine and checks their drift against that engine's completions."""
-        dp = self.dp
-        mine = specs[dp.rank::dp.world_size]
+        r, r + W, ... on its own engine (or rank 0 all of them on the one engine: t1core.rollout_ranks) and checks
+        their drift against that engine's completions."""
+        dp, ranks = self.dp, self.ranks
+        mine = ranks.mine(specs)
         bar = tqdm(total=len(mine), desc=desc, leave=False, file=sys.stdout, disable=None if dp.is_main else True)
-        self.sampled.clear()
-        config = builders.agent_config(self.cfg, temperature=temperature)
-        trajs = run_episodes(self.sampled, self.tok, mine, config=config, num_parallel=self.cfg.rollout.concurrency,
-                             pool_size=self.cfg.sandbox.pool_size, on_done=lambda i, t: bar.update())
+        trajs = []
+        if self.sampled is not None:
+            self.sampled.clear()
+        if mine:
+            config = builders.agent_config(self.cfg, temperature=temperature)
+            trajs = run_episodes(self.sampled, self.tok, mine, config=config,
+                                 num_parallel=ranks.parallel(self.cfg.rollout.concurrency),
+                                 pool_size=ranks.parallel(self.cfg.sandbox.pool_size),
+                                 on_done=lambda i, t: bar.update())
         bar.close()
-        done = dp.gather_strided([(t, self.sampled.drift(t)) for t in trajs], len(specs))  # one collective for both
+        done = ranks.gather([(t, self.sampled.drift(t)) for t in trajs], len(specs))  # one collective for both
         return [t for t, _ in done], [d for _, d in done]
 
     def warm_start(self) -> dict[str, float]:
@@ -255,10 +265,10 @@ class Trainer:
                            self.sched_critic, self.ref_policy)
 
     def sync_engine(self) -> None:
-        """Every rank's engine gets the policy's current weights, streamed one decoder layer at a time (gathered from
-        the shards when sharded; collective then), in the engine's dtype."""
+        """Every rank's engine (rank 0's alone when it serves all ranks) gets the policy's current weights, streamed
+        one decoder layer at a time (gathered from the shards when sharded; collective then), in the engine's dtype."""
         dtype = builders.compute_dtype(self.cfg)
-        self.engine.update_weights(distributed.iter_hf_tensors(self.policy, dtype=dtype))
+        self.ranks.sync(self.engine, distributed.iter_hf_tensors(self.policy, dtype=dtype))
 
     # ---- the loop ----
     def run(self) -> None:
@@ -344,7 +354,8 @@ class Trainer:
         return self.state.step - 1
 
     def close(self) -> None:
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
 
 
 def _frozen_copy(model: torch.nn.Module, dp: DataParallel) -> torch.nn.Module:

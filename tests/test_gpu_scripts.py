@@ -9,6 +9,7 @@ failure path (no GPU: the part fails, the script exits 1).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -47,8 +48,9 @@ def test_gpu_run_dry_run_plans_production_shapes_within_the_lease(tmp_path: Path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     limits = {m.group(1): int(m.group(2)) for m in (re.match(r"PART (\w+) limit_s=(\d+)", x) for x in lines) if m}
-    assert set(limits) == {"env", "moe", "logprob", "model", "pytest"}
-    assert sum(limits.values()) < 8 * 60, limits  # one 10-minute command with room, rerunnable in 15 minutes
+    assert set(limits) == {"env", "moe", "logprob", "model", "pytest", "vllm"}
+    # one device command (10 minutes at most): with the machine's start it fits the 15-minute lease
+    assert sum(limits.values()) < 10 * 60, limits
     plans = {p["script"]: p for p in (json.loads(x) for x in lines if x.startswith("{"))}
     rows = {(r["shape"], r["routing"]): (r["T"], r["D"], r["F"], r["E"], r["K"]) for r in plans["moe"]["bench"]}
     assert rows == {("30b", "uniform"): (8192, 2048, 768, 128, 8), ("30b", "skewed"): (8192, 2048, 768, 128, 8),
@@ -57,7 +59,8 @@ def test_gpu_run_dry_run_plans_production_shapes_within_the_lease(tmp_path: Path
                                               "entropy": True}
     assert plans["model"]["deterministic"] and plans["model"]["device"] == "cuda"
     assert {"parity", "replay", "speed", "repeat"} <= set(plans["model"]["checks"])
-    assert (tmp_path / "out" / "plan.log").read_text().count("PART ") == 5
+    assert plans["vllm"]["checks"] == ["tito", "logprobs", "routing", "prefix", "update", "trainer_world"]
+    assert (tmp_path / "out" / "plan.log").read_text().count("PART ") == 6
     assert "set -u -o pipefail" in (ROOT / "bench" / "gpu_run.sh").read_text()
 
 
@@ -77,6 +80,17 @@ def test_gpu_run_fails_a_part_that_fails(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["moe"]["rc"] != 0 and "moe" in summary["failed"]
     assert "needs a CUDA GPU" in (tmp_path / "out" / "moe.log").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the path where vLLM is missing")
+def test_gpu_run_skips_the_vllm_part_without_vllm(tmp_path: Path) -> None:
+    """Without vLLM the vllm part says so and is reported as skipped: the device check still passes."""
+    proc = _gpu_run(tmp_path, "--only", "vllm")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["vllm"]["rc"] == 77 and summary["skipped"] == "vllm" and summary["failed"] == ""
+    assert "SKIPPED: vLLM is not installed here" in (tmp_path / "out" / "vllm.log").read_text()
+    assert "SKIPPED PARTS: vllm" in proc.stdout
 
 
 # ---- precision of a CUDA run --------------------------------------------------------------------------------

@@ -165,6 +165,8 @@ def test_122b_preset_is_planned_and_names_what_it_lacks() -> None:
     out = _plan_cli("--config", preset)
     assert out.returncode == 0 and out.stdout.splitlines()[-1].startswith("fits: yes")
     engine_gpu = [line for line in out.stdout.splitlines() if line.startswith("each of the vLLM engine GPUs (8")]
+    assert "one vLLM engine owned by rank 0" in out.stdout and "rank 0 runs every episode, 48 at once" in out.stdout
+    assert "never run against a real vLLM" in out.stdout
     assert len(engine_gpu) == 1 and float(engine_gpu[0].split()[-3]) <= 140
     trainer = plan(load_config(preset, []))
     assert trainer.engine_gpu_bytes > 0 and not any(r.where == "gpu" and r.name.startswith("engine") for r in trainer.rows)

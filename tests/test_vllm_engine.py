@@ -403,10 +403,9 @@ def test_placement_checks() -> None:
     cfg = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated",
                              "--vllm.tensor_parallel_size=2"])
     assert (cfg.vllm.placement, cfg.vllm.tensor_parallel_size) == ("disaggregated", 2)
-    check = vllm_api.check_trainer_device
-    check(torch.device("cuda:2"), placement="disaggregated", tensor_parallel_size=2)
-    check(torch.device("cuda"), placement="colocated", tensor_parallel_size=1)
-    for device, placement, match in (("cpu", "colocated", "needs run.device"), ("cuda:1", "disaggregated", "cuda:2"),
-                                     ("cuda:1", "colocated", "cuda:0")):
-        with pytest.raises(ValueError, match=match):
-            check(torch.device(device), placement=placement, tensor_parallel_size=2)
+    # The GPUs each placement gives vLLM (and the errors when it cannot): tests/test_vllm_ranks.py.
+    gpus = vllm_api.engine_gpus
+    assert gpus(torch.device("cuda:2"), placement="disaggregated", tensor_parallel_size=2, device_count=4) == [0, 1]
+    assert gpus(torch.device("cuda:1"), placement="colocated", tensor_parallel_size=1, device_count=2) == [1]
+    with pytest.raises(ValueError, match="needs run.device"):
+        gpus(torch.device("cpu"), placement="colocated", tensor_parallel_size=1, device_count=0)
