@@ -41,18 +41,24 @@ def batch_invariant() -> bool:
 
 
 @contextmanager
-def batch_invariant_mode(on: bool = True) -> Iterator[None]:
+def batch_invariant_mode(on: bool = True, *, cache_weights: bool = True) -> Iterator[None]:
     """Within the block, on this thread: the products below are row-invariant, and the CPU engine's cached
-    attention sums over fixed key blocks (`t1core.decode_attention`)."""
-    before, _mode.on = batch_invariant(), on
+    attention sums over fixed key blocks (`t1core.decode_attention`). cache_weights=False makes `t_cached` copy
+    afresh on every call: for weights whose storage may be refilled without a version bump (FSDP2 unshards
+    into the same parameter object every forward), as the trainer's bitwise forward does."""
+    before = batch_invariant(), getattr(_mode, "cache", True)
+    _mode.on, _mode.cache = on, cache_weights
     try:
         yield
     finally:
-        _mode.on = before
+        _mode.on, _mode.cache = before
 
 
 def t_cached(w_XN: torch.Tensor) -> torch.Tensor:
-    """w with its last two dims swapped, contiguous; cached per tensor until it is modified (its version)."""
+    """w with its last two dims swapped, contiguous; cached per tensor until it is modified (its version), unless
+    the thread's `batch_invariant_mode` says cache_weights=False."""
+    if not getattr(_mode, "cache", True):
+        return w_XN.detach().transpose(-2, -1).contiguous()
     key = id(w_XN)
     hit = _t_cache.get(key)
     if hit is not None and hit[0]() is w_XN and hit[1] == w_XN._version:

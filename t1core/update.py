@@ -61,7 +61,7 @@ def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature:
     sampler log-softmax (`kernels.rows`), so each log-prob is the bits the engine sampled with.
     """
     routing = batch.routing_TLK if replay else None
-    with batch_invariant_mode(bitwise):
+    with batch_invariant_mode(bitwise, cache_weights=False):  # sharded weights are refilled in place
         hidden_TD = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, replay_routing=routing)
         rows_N = batch.loss_mask_T.nonzero().squeeze(1)
         head = token_logprobs_rows if bitwise else token_logprobs
@@ -195,7 +195,7 @@ def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T:
     out = {k: float(v) for k, v in mismatch_metrics(logp_train_T, batch.rollout_logp_T, batch.loss_mask_T,
                                                      batch.traj_index_T, num_trajectories=n).items()}
     if replayed:
-        with batch_invariant_mode(bitwise):
+        with batch_invariant_mode(bitwise, cache_weights=False):
             _, own_TLK = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, return_routing=True)
         out["fidelity/routing_agreement"] = float(routing_agreement(own_TLK, batch.routing_TLK))
     return out
