@@ -15,6 +15,7 @@ group, which under torchrun is the trainer's world); both drive the inference si
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, Protocol
 
@@ -182,15 +183,8 @@ def packed_buffer_bytes(expected: list[tuple[str, tuple[int, ...]]], dtype: torc
     """vLLM's packed buffer, grown to the largest single tensor on the wire (its producers refuse a tensor larger than
     the buffer: a 151936 x 4096 bf16 embedding is 1.16 GiB)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    largest = max((itemsize * _numel(shape) for _, shape in expected), default=0)
+    largest = max((itemsize * math.prod(shape) for _, shape in expected), default=0)
     return max(PACKED_BUFFER_BYTES, largest)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> Any:
