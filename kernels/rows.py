@@ -7,13 +7,15 @@ bitwise the same for every row count from MIN_ROWS up, every column count and ev
 that, MKL takes small-matrix paths that sum in another order (about 1 ulp apart); where they start depends on
 the CPU (up to 12 rows, and 12 columns, on the machines tried; EXPERIMENTS.md), and a weight passed transposed,
 as nn.Linear passes its [N, K] weight, takes other kernels for up to 15 rows. `tests/test_decode_attention.py`
-checks the rule on whatever machine runs it. So in batch-invariant mode the products here use a cached row-major copy of the weight (`t_cached`, made again
-when the weight changes) and run fewer than MIN_ROWS rows padded to MIN_ROWS (`pad_rows`): every call then takes
-the same kernel a large batch does.
+checks the rule on whatever machine runs it. So in batch-invariant mode the products here use a cached row-major
+copy of the weight (`t_cached`, made again when the weight changes) and run fewer than MIN_ROWS rows padded to
+MIN_ROWS (`pad_rows`): every call then takes the same kernel a large batch does.
 
-It is a CPU mode a thread turns on for itself (`batch_invariant_mode`; `rollout.TorchEngine` with
-`EngineConfig.batch_invariant`): outside it these are the plain products, and training never pays for the copies.
-`tests/test_rollout_engine.py` checks the end result: batched and one-at-a-time generation agree bit for bit.
+It is a CPU mode a thread turns on for itself (`batch_invariant_mode`): `rollout.TorchEngine` with
+`EngineConfig.batch_invariant`, and the trainer's policy forward with algo.bitwise (through the same products,
+differentiable, and the sampler's `tempered_log_softmax`), so that a trained log-prob is the sampled one's bits.
+Outside it these are the plain products. `tests/test_rollout_engine.py` checks that batched and one-at-a-time
+generation agree bit for bit, `tests/test_bitwise.py` that the trainer's log-probs equal the engine's.
 """
 
 from __future__ import annotations
