@@ -17,13 +17,12 @@ import time
 
 import torch
 
-from rollout.engine import SamplingParams
-from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
-from rollout.trajectory import Trajectory, Turn
+from rollout.trajectory import Trajectory
 from t1core.config import AlgoSection, OptimSection
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import ActorCritic, ppo_update, score
+from tests.episodes import Episode
 
 EPISODES, ROUNDS = 8, 3
 
@@ -31,38 +30,17 @@ EPISODES, ROUNDS = 8, 3
 def _episodes(policy: MoEModel) -> list[Trajectory]:
     g = torch.Generator().manual_seed(0)
     engine_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    trajs = []
+    eps = [Episode(torch.randint(8, 4096, (int(torch.randint(250, 600, (1,), generator=g)),), generator=g).tolist(),
+                   i) for i in range(EPISODES)]
     with TorchEngine(engine_model, EngineConfig(max_batch=8, num_slots=16, max_seq_len=2048,
                                                 batch_invariant=True)) as engine:
-        state = [{"ids": torch.randint(8, 4096, (int(torch.randint(250, 600, (1,), generator=g)),),
-                                       generator=g).tolist(), "mask": [], "logp": [], "routing": [], "turns": []}
-                 for _ in range(EPISODES)]
-        for s in state:
-            s["mask"], s["logp"] = [False] * len(s["ids"]), [0.0] * len(s["ids"])
         for turn in range(2):
-            futures = [engine.submit(s["ids"], SamplingParams(max_new_tokens=96, seed=derive_seed(i, turn),
-                                                              prompt_routing_from=sum(r.shape[0] for r in s["routing"])))
-                       for i, s in enumerate(state)]
-            for s, f in zip(state, futures):
-                c = f.result()
-                start = len(s["ids"])
-                s["routing"] += [c.prompt_routing, c.routing]
-                s["ids"] += c.token_ids
-                s["mask"] += [True] * len(c.token_ids)
-                s["logp"] += c.logprobs.tolist()
-                s["turns"].append(Turn(start=start, end=len(s["ids"]), finish_reason=c.finish_reason, text=""))
+            futures = [engine.submit(e.ids, e.params(96, 1.0)) for e in eps]
+            for e, f in zip(eps, futures):
+                e.add_reply(f.result())
                 if turn == 0:  # an observation the engine never sampled
-                    obs = torch.randint(8, 4096, (60,), generator=g).tolist()
-                    s["ids"] += obs
-                    s["mask"] += [False] * 60
-                    s["logp"] += [0.0] * 60
-    for s in state:
-        n = sum(r.shape[0] for r in s["routing"])
-        trajs.append(Trajectory(token_ids=torch.tensor(s["ids"][:n]), loss_mask=torch.tensor(s["mask"][:n]),
-                                rollout_logprobs=torch.tensor(s["logp"][:n], dtype=torch.float32),
-                                routing=torch.cat(s["routing"]), prompt_len=0, turns=s["turns"], task_name="bench",
-                                finish_reason="done", policy_version=0))
-    return trajs
+                    e.add_observation(torch.randint(8, 4096, (60,), generator=g).tolist())
+    return [e.trajectory() for e in eps]
 
 
 def _step(policy: MoEModel, critic: ValueModel, trajs: list[Trajectory], bitwise: str

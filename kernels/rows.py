@@ -59,14 +59,13 @@ def batch_invariant_mode(on: bool = True, *, cache_weights: bool = True) -> Iter
 def t_cached(w_XN: torch.Tensor) -> torch.Tensor:
     """w with its last two dims swapped, contiguous; cached per tensor until it is modified (its version), unless
     the thread's `batch_invariant_mode` says cache_weights=False."""
-    if not getattr(_mode, "cache", True):
-        return w_XN.detach().transpose(-2, -1).contiguous()
-    key = id(w_XN)
-    hit = _t_cache.get(key)
+    cache, key = getattr(_mode, "cache", True), id(w_XN)
+    hit = _t_cache.get(key) if cache else None
     if hit is not None and hit[0]() is w_XN and hit[1] == w_XN._version:
         return hit[2]
     w_t = w_XN.detach().transpose(-2, -1).contiguous()
-    _t_cache[key] = (weakref.ref(w_XN, lambda _, key=key: _t_cache.pop(key, None)), w_XN._version, w_t)
+    if cache:
+        _t_cache[key] = (weakref.ref(w_XN, lambda _, key=key: _t_cache.pop(key, None)), w_XN._version, w_t)
     return w_t
 
 
@@ -83,6 +82,10 @@ def mm_rows(a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
         return torch.mm(a_MK, w_NK.t())
     if torch.is_grad_enabled() and (a_MK.requires_grad or w_NK.requires_grad):
         return _RowsMM.apply(a_MK, w_NK)
+    return _mm_invariant(a_MK, w_NK)
+
+
+def _mm_invariant(a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:
     return torch.mm(pad_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
 
 
@@ -92,7 +95,7 @@ class _RowsMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a_MK: torch.Tensor, w_NK: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(a_MK, w_NK)
-        return torch.mm(pad_rows(a_MK), t_cached(w_NK))[:a_MK.shape[0]]
+        return _mm_invariant(a_MK, w_NK)
 
     @staticmethod
     def backward(ctx, g_MN: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # type: ignore[override]

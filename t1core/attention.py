@@ -102,8 +102,9 @@ def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: tor
 class InvariantCausalAttention(torch.autograd.Function):
     """Causal attention of one document, q [N, H, Dh], k/v [N, Hkv, Dh] -> [N, H, Dh], whose forward is the
     engine's batch-invariant `decode_attention` (each query's sums in the order it had when the engine ran it,
-    in prefill, decode or after a prefix-cache hit) and whose backward is `block_causal_attention`'s, recomputed:
-    the bits that must match are the forward's; the gradient is the same function's, rounded otherwise."""
+    in prefill, decode or after a prefix-cache hit) and whose backward is the default training path's
+    (`_causal_docs`: block attention, or SDPA past its memory budget), recomputed: the bits that must match are
+    the forward's; the gradient is the same function's, rounded otherwise."""
 
     @staticmethod
     def forward(ctx, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor,  # type: ignore[override]
@@ -120,7 +121,7 @@ class InvariantCausalAttention(torch.autograd.Function):
     def backward(ctx, do_NHD: torch.Tensor):  # type: ignore[override]
         q_NHD, k_NKD, v_NKD = (x.detach().requires_grad_() for x in ctx.saved_tensors)
         with torch.enable_grad():
-            o_1NHD = block_attention.block_causal_attention(q_NHD[None], k_NKD[None], v_NKD[None], scale=ctx.scale)
+            o_1NHD = _causal_docs(q_NHD[None], k_NKD[None], v_NKD[None], scale=ctx.scale)
         dq, dk, dv = torch.autograd.grad(o_1NHD, (q_NHD, k_NKD, v_NKD), do_NHD[None])
         return dq, dk, dv, None
 

@@ -116,15 +116,16 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
     not all sit in device memory, ranks exchange host tensors, and `ppo_update` moves one minibatch at a time."""
     groups = split_by_tokens([t.num_tokens for t in trajectories], max_tokens=algo.minibatch_tokens)
     device = _device(policy)
+    bitwise = algo.bitwise == "on"
 
     def score_group(group: list[int]) -> tuple[Scored, dict[str, list[tuple[float, int]]]]:
         metrics = defaultdict(list)
         batch = pack([trajectories[i] for i in group], rewards=[rewards[i] for i in group],
                      with_routing=algo.use_r3).to(device)
         old_logp_T, _ = policy_logprobs(policy, batch, temperature=temperature, replay=algo.use_r3,
-                                        bitwise=algo.bitwise == "on")
+                                        bitwise=bitwise)
         mismatch = None
-        if algo.bitwise == "on":
+        if bitwise:
             mismatch = first_mismatch(old_logp_T, batch.rollout_logp_T, batch.loss_mask_T, batch.cu_seqlens)
             mismatch = mismatch and (group[mismatch[0]], *mismatch[1:])
         values_T = critic_values(critic, batch, replay=algo.use_r3)
@@ -138,9 +139,9 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         ref_T = None
         if ref_policy is not None:
             ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3,
-                                       bitwise=algo.bitwise == "on")  # KL exactly 0 while the anchor's weights
+                                       bitwise=bitwise)  # KL exactly 0 while the anchor's weights
         for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3 and routing_agreement,
-                                      bitwise=algo.bitwise == "on").items():
+                                      bitwise=bitwise).items():
             metrics[k].append((v, batch.reward_B.numel()))
         return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, mismatch).to("cpu"), dict(metrics)
 
@@ -150,7 +151,7 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
         for k, v in rows.items():
             metrics[k].extend(v)
     reshard_([policy, critic, ref_policy], dp)
-    if algo.bitwise == "on":  # every rank holds every minibatch's result here, so all ranks raise together
+    if bitwise:  # every rank holds every minibatch's result here, so all ranks raise together
         _check_bitwise(scored, trajectories, metrics)
     _normalise_advantages(scored, algo.advantage_norm, group_ids)
     if no_push is not None and any(no_push):

@@ -17,10 +17,8 @@ import torch
 
 from kernels.moe import route
 from kernels.rows import batch_invariant_mode
-from rollout.engine import SamplingParams
-from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
-from rollout.trajectory import Trajectory, Turn
+from rollout.trajectory import Trajectory
 from t1core import model as model_module
 from t1core.batch import pack
 from t1core.config import AlgoSection
@@ -28,6 +26,7 @@ from t1core.distributed import iter_hf_tensors
 from t1core.losses import mismatch_metrics
 from t1core.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import BitwiseMismatch, policy_logprobs, score
+from tests.episodes import Episode
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=2, hidden_size=128, moe_intermediate_size=64, vocab_size=512,
                                  head_dim=32, num_experts=8)
@@ -43,47 +42,6 @@ def _engine(policy: MoEModel, max_batch: int = 4) -> TorchEngine:
     model = copy.deepcopy(policy).requires_grad_(False)
     return TorchEngine(model, EngineConfig(max_batch=max_batch, num_slots=2 * max_batch, max_seq_len=512,
                                            batch_invariant=True))
-
-
-class Episode:
-    """An agent-loop episode built by hand: replies from the engine, observations appended as plain ids."""
-
-    def __init__(self, prompt: list[int], seed: int) -> None:
-        self.ids, self.seed = list(prompt), seed
-        self.prompt_len = len(prompt)
-        self.mask: list[bool] = [False] * len(prompt)
-        self.logp: list[float] = [0.0] * len(prompt)
-        self.routing: list[torch.Tensor] = []
-        self.turns: list[Turn] = []
-        self.cached: list[int] = []
-
-    def params(self, max_new: int, temperature: float) -> SamplingParams:
-        routed = sum(r.shape[0] for r in self.routing)  # tokens whose routing the episode holds already
-        return SamplingParams(max_new_tokens=max_new, temperature=temperature, stop_token_ids=(STOP,),
-                              seed=derive_seed(self.seed, len(self.turns)), return_routing=True,
-                              prompt_routing_from=routed)
-
-    def add_reply(self, comp) -> None:
-        self.routing += [comp.prompt_routing, comp.routing]
-        start = len(self.ids)
-        self.ids += comp.token_ids
-        self.mask += [True] * len(comp.token_ids)
-        self.logp += comp.logprobs.tolist()
-        self.turns.append(Turn(start=start, end=len(self.ids), finish_reason=comp.finish_reason, text=""))
-        self.cached.append(comp.num_cached_tokens)
-
-    def add_observation(self, obs: list[int]) -> None:
-        self.ids += obs
-        self.mask += [False] * len(obs)
-        self.logp += [0.0] * len(obs)
-
-    def trajectory(self) -> Trajectory:
-        ids = self.ids[:sum(r.shape[0] for r in self.routing)]  # a trailing observation was never run
-        n = len(ids)
-        return Trajectory(token_ids=torch.tensor(ids), loss_mask=torch.tensor(self.mask[:n]),
-                          rollout_logprobs=torch.tensor(self.logp[:n], dtype=torch.float32),
-                          routing=torch.cat(self.routing), prompt_len=self.prompt_len, turns=self.turns,
-                          task_name=f"episode{self.seed}", finish_reason="done", policy_version=0)
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -113,7 +71,7 @@ def _assert_bitwise(policy: MoEModel, trajs: list[Trajectory], temperature: floa
 
 def _one_turn(engine: TorchEngine, prompts: list[list[int]], max_new: list[int], temperature: float = 1.0,
               seed: int = 0) -> list[Trajectory]:
-    eps = [Episode(p, seed + i) for i, p in enumerate(prompts)]
+    eps = [Episode(p, seed + i, stop_token_ids=(STOP,)) for i, p in enumerate(prompts)]
     futures = [engine.submit(e.ids, e.params(m, temperature)) for e, m in zip(eps, max_new)]
     for e, f in zip(eps, futures):
         e.add_reply(f.result())
@@ -159,7 +117,7 @@ def test_a_batch_of_8_continuously_batched_finishing_at_different_steps(policy: 
 
 def _three_turn_episodes(engine: TorchEngine, n: int, seed: int) -> list[Episode]:
     """n episodes of 3 turns run side by side; each later turn's prompt extends the last one (prefix reuse)."""
-    eps = [Episode(p, seed + i) for i, p in enumerate(_prompts(n, seed))]
+    eps = [Episode(p, seed + i, stop_token_ids=(STOP,)) for i, p in enumerate(_prompts(n, seed))]
     obs = _prompts(3 * n, seed + 100)
     for turn in range(3):
         futures = [engine.submit(e.ids, e.params(24, 1.0)) for e in eps]
@@ -237,3 +195,22 @@ def test_the_step_check_catches_one_changed_reduction_order(policy: MoEModel, mo
     assert f"trajectory {traj} of the step" in str(err.value) and f"token {token} " in str(err.value)
     m = mismatch_metrics(logp_T, batch.rollout_logp_T, batch.loss_mask_T, batch.traj_index_T)
     assert 0 < float(m["mismatch/max_abs"]) < 1e-3  # caught although it is rounding-sized
+
+
+def test_the_bitwise_forward_trains_with_the_default_forwards_gradients(policy: MoEModel) -> None:
+    """Only the forward's order changes: the gradients of a PPO-style loss agree with the default path's (same
+    math, other rounding) for every parameter, attention and expert weights included."""
+    with _engine(policy) as engine:
+        trajs = [e.trajectory() for e in _three_turn_episodes(engine, 2, seed=41)]
+    batch = pack(trajs)
+    grads = {}
+    for bitwise in (False, True):
+        model = copy.deepcopy(policy).train()
+        logp_T, ent_T = policy_logprobs(model, batch, temperature=0.8, replay=True, return_entropy=True,
+                                        bitwise=bitwise)
+        (-(logp_T * torch.linspace(-1, 1, logp_T.numel())).sum() - 0.1 * ent_T.sum()).backward()
+        grads[bitwise] = {n: p.grad for n, p in model.named_parameters()}
+    for name, g_default in grads[False].items():
+        g_bitwise = grads[True][name]
+        scale = float(g_default.abs().max()) + 1e-12
+        assert float((g_bitwise - g_default).abs().max()) <= 1e-4 * scale, name
