@@ -2,6 +2,6 @@
 
 import os
 
-# Set before any test module imports torch (see t1core/cpu_threads.py for why).
+# Set before any test module imports torch (see t1model/cpu_threads.py for why).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")

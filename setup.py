@@ -7,9 +7,12 @@ setup(
     version="0.1.0",
     description="Warm-started PPO for MoE agents in Docker sandboxes, with exact-token training and routing replay",
     python_requires=">=3.10",
-    packages=find_packages(include=["kernels", "kernels.*", "t1core", "t1core.*", "rollout", "rollout.*",
-                                    "sandbox", "sandbox.*", "bench", "bench.*", "tests", "tests.*"]),
-    package_data={"t1core": ["assets/*", "assets/**/*", "configs/*.toml"]},
+    # Import names of our own (tests/test_packaging.py checks that no other installed distribution provides one):
+    # Hugging Face's `kernels`, which transformers imports, is why ours is `t1kernels`. tests/ and bench/ run
+    # from the checkout and are never installed as top-level packages.
+    packages=find_packages(include=["t1kernels", "t1kernels.*", "t1model", "t1model.*", "t1core", "t1core.*",
+                                    "rollout", "rollout.*", "sandbox", "sandbox.*"]),
+    package_data={"t1model": ["assets/*", "assets/**/*"], "t1core": ["configs/*.toml"]},
     install_requires=[
         # torch: install the build for your machine first (scripts/setup.sh takes the CPU wheel on CPU boxes);
         # a floor here so that an existing install is kept and no CUDA build is pulled in.

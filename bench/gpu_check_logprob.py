@@ -1,4 +1,4 @@
-"""Standalone GPU check of kernels.logprob on CUDA: correctness against a float64 reference (one case with several
+"""Standalone GPU check of t1kernels.logprob on CUDA: correctness against a float64 reference (one case with several
 backward chunks, whose d_hidden accumulates in fp32 inside the GEMM), determinism, then fwd+bwd throughput and
 memory at the production shape (default N=65,536, D=2048, V=151,936, bf16) against the plain LM-head matmul:
 with the entropy gradient, and as the trainer runs it with entropy coefficient 0 (entropy computed, no gradient).
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.logprob import token_logprobs  # noqa: E402
-from kernels.logprob_torch import reference_token_logprobs  # noqa: E402
+from t1kernels.logprob import token_logprobs  # noqa: E402
+from t1kernels.logprob_torch import reference_token_logprobs  # noqa: E402
 
 # (N, D, V, dtype, temperature). fp32 runs use input_precision="ieee", so they are held to fp32 tolerances.
 CHECK_CASES = [

@@ -38,12 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import t1core.cpu_threads  # noqa: E402,F401  (thread settings before torch)
+import t1model.cpu_threads  # noqa: E402,F401  (thread settings before torch)
 import torch  # noqa: E402
 
-from kernels.logprob import token_logprobs  # noqa: E402
+from t1kernels.logprob import token_logprobs  # noqa: E402
 from bench import Verdicts  # noqa: E402
-from t1core.model import ModelConfig, MoEModel  # noqa: E402
+from t1model.model import ModelConfig, MoEModel  # noqa: E402
 
 VERDICTS = Verdicts()
 record = VERDICTS.record
@@ -327,7 +327,7 @@ def _count_syncs(fn: Callable[[], object]) -> int:
 
 
 def check_repeat(device: str, small: bool) -> None:
-    from t1core.attention import uses_flash_attn
+    from t1model.attention import uses_flash_attn
     cfg = _engine_model_cfg(small)
     model = MoEModel(cfg, seed=0, dtype=torch.bfloat16, device=device)
     ids, cu = packed_ids([512, 300, 700] if not small else [64, 40], cfg.vocab_size, seed=9, device=device)

@@ -1,4 +1,4 @@
-"""Standalone GPU check of the Triton fused MoE (kernels.moe): correctness, no host sync, determinism, speed.
+"""Standalone GPU check of the Triton fused MoE (t1kernels.moe): correctness, no host sync, determinism, speed.
 
 Run on an H100/H200 (bench/gpu_run.sh runs it as one part of the device check):
     python bench/gpu_check_moe.py [--shapes 30b,122b] [--routings uniform,skewed] [--iters 10] [--big]
@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import moe_triton, moe_triton_bwd  # noqa: E402
-from kernels.moe import fused_moe  # noqa: E402
-from kernels.moe_torch import moe_bwd, moe_fwd, moe_loop_reference  # noqa: E402
+from t1kernels import moe_triton, moe_triton_bwd  # noqa: E402
+from t1kernels.moe import fused_moe  # noqa: E402
+from t1kernels.moe_torch import moe_bwd, moe_fwd, moe_loop_reference  # noqa: E402
 
 FAILURES: list[str] = []
 

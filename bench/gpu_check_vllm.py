@@ -38,15 +38,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import t1core.cpu_threads  # noqa: E402,F401  (thread settings before torch)
+import t1model.cpu_threads  # noqa: E402,F401  (thread settings before torch)
 import torch  # noqa: E402
 
-from kernels.logprob import token_logprobs  # noqa: E402
+from t1kernels.logprob import token_logprobs  # noqa: E402
 from rollout.engine import Completion, SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
 from bench import Verdicts  # noqa: E402
-from t1core.hf_io import hf_state_dict  # noqa: E402
-from t1core.model import ModelConfig, MoEModel  # noqa: E402
+from t1model.hf_io import hf_state_dict  # noqa: E402
+from t1model.model import ModelConfig, MoEModel  # noqa: E402
 
 VERDICTS = Verdicts()
 record = VERDICTS.record

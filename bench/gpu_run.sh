@@ -18,7 +18,7 @@
 #   vllm     bench/gpu_check_vllm.py: VLLMEngine against a real vLLM 0.33 (TITO, log-probs with R3, routing
 #            agreement, prefix cache, weight update inside a 2-rank trainer world). Needs vLLM installed on the
 #            device; without it the part says so and is reported as skipped (exit 77), not failed.
-# No tuning sweeps: tiles are chosen ahead of time (python -m kernels.aot_report checks them for spills on a CPU).
+# No tuning sweeps: tiles are chosen ahead of time (python -m t1kernels.aot_report checks them for spills on a CPU).
 # Every part writes $OUT/<part>.log (and .jsonl rows where the check emits them); $OUT/summary.json holds each
 # part's exit status and time. Exit status: 0 when every part passed, 1 otherwise (a part that hits its time limit
 # fails). --dry-run prints the plan (parts, limits, the scripts' own shape plans) without touching a GPU.

@@ -20,7 +20,7 @@ import torch
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
 from t1core.config import AlgoSection, OptimSection
-from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import ActorCritic, ppo_update, score
 from tests.episodes import Episode
 

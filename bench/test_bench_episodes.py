@@ -28,7 +28,7 @@ from sandbox.task_images import build_task_images, default_base_image_overrides
 from sandbox.base_image import ensure_base_image
 from sandbox.suite import train_tasks
 from t1core.config import RolloutSection
-from t1core.tokenizer import ChatTokenizer
+from t1model.tokenizer import ChatTokenizer
 from t1core.warmstart import reference_transcripts
 
 NUM_PER_FAMILY, PARALLEL = 4, 8

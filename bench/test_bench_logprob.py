@@ -1,4 +1,4 @@
-"""Benchmarks for kernels.logprob.token_logprobs (run: pytest bench/test_bench_logprob.py -s).
+"""Benchmarks for t1kernels.logprob.token_logprobs (run: pytest bench/test_bench_logprob.py -s).
 
 CPU: the chunked torch path against the materialising fp32 reference, fwd+bwd time and peak extra memory
 (peak RSS of a fresh subprocess, minus its baseline and the gradients). GPU (skipped without CUDA): fwd+bwd at
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.logprob import token_logprobs
-from kernels.logprob_torch import reference_token_logprobs
+from t1kernels.logprob import token_logprobs
+from t1kernels.logprob_torch import reference_token_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_SHAPE = (256, 256, 151_936)  # N, D, V: the reference's [N, V] fp32 logits are 148 MiB

@@ -4,7 +4,7 @@ same run), and batched KV-cache decode throughput.
 Run: `python -m pytest bench/test_bench_model.py -q -s`. Gates on correctness first (logits of both models agree),
 prints tokens/s and the ratio, never asserts on speed. Target (issue 3): fwd+bwd >= 1.5x transformers.
 A training step is forward -> per-token log-probs of the next token -> mean -> backward, for 4 x 512 tokens.
-Ours: packed [2048] row, `kernels.logprob.token_logprobs`; transformers: [4, 512] batch, logits + cross-entropy.
+Ours: packed [2048] row, `t1kernels.logprob.token_logprobs`; transformers: [4, 512] batch, logits + cross-entropy.
 
 Beside the ratio it prints our step's GEMM floor: every matrix-matrix product one of our steps runs (recorded at
 the dispatcher, same shapes and strides), replayed alone in each round. transformers' time over that floor is the
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernels.logprob import token_logprobs
-from t1core.hf_io import save_pretrained
-from t1core.model import ModelConfig, MoEModel
+from t1kernels.logprob import token_logprobs
+from t1model.hf_io import save_pretrained
+from t1model.model import ModelConfig, MoEModel
 
 NUM_SEQS, SEQ_LEN, ROUNDS = 4, 512, 15
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.moe import fused_moe
-from kernels.moe_torch import moe_bwd, moe_fwd, moe_loop_reference
+from t1kernels.moe import fused_moe
+from t1kernels.moe_torch import moe_bwd, moe_fwd, moe_loop_reference
 
 # Qwen3-30B-A3B is D 2048, F 768, E 128, K 8; CPU runs it scaled down.
 CPU_SHAPE = dict(T=512, D=256, F=96, E=32, K=4)

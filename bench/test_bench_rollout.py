@@ -20,8 +20,8 @@ import torch
 
 from rollout.engine import SamplingParams
 from rollout.torch_engine import EngineConfig, TorchEngine
-from t1core.hf_io import save_pretrained
-from t1core.model import ModelConfig, MoEModel
+from t1model.hf_io import save_pretrained
+from t1model.model import ModelConfig, MoEModel
 
 PROMPT_LEN, NEW_TOKENS, REPEATS = 32, 64, 3
 

@@ -23,11 +23,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rollout.torch_engine import EngineConfig, TorchEngine
-from t1core.hf_io import hf_state_dict
+from t1model.hf_io import hf_state_dict
 from t1core.checkpointing import load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, load_config
 from t1core.distributed import (DataParallel, ModelOptimizer, full_state_dict, iter_hf_tensors, shard_)
-from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.builders import make_optimizer
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=8)

@@ -32,7 +32,7 @@ from sandbox.errors import SandboxError
 from sandbox.task_images import TaskImage
 from sandbox.tasks import Task
 from sandbox.verify import run_verifiers
-from t1core.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
+from t1model.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
 
 DONE_MARKER = "TASK_DONE"
 

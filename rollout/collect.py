@@ -11,7 +11,7 @@ printed is the output directory.
 
 from __future__ import annotations
 
-import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
+import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
 import json
 import sys
@@ -30,10 +30,10 @@ from sandbox import suite
 from sandbox.cli import Parser, bad_input
 from sandbox.task_images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task
-from t1core.device import check_device
-from t1core.hf_io import load_pretrained
-from t1core.model import ModelConfig, MoEModel
-from t1core.tokenizer import ChatTokenizer
+from t1model.device import check_device
+from t1model.hf_io import load_pretrained
+from t1model.model import ModelConfig, MoEModel
+from t1model.tokenizer import ChatTokenizer
 
 
 def load_tasks(tasks_dir: str | None, *, split: str, work_dir: Path, num_per_family: int, seed: int) -> list[Task]:

@@ -126,7 +126,7 @@ class Engine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Replace the policy's weights; returns the new `policy_version`.
 
-        named_tensors: (name, whole unsharded tensor) pairs under the HF Qwen3-MoE names `t1core.hf_io.
+        named_tensors: (name, whole unsharded tensor) pairs under the HF Qwen3-MoE names `t1model.hf_io.
         hf_state_dict` uses (per-expert `model.layers.N.mlp.experts.M.{gate,up,down}_proj.weight`), consumed lazily
         so a sharded trainer can produce them one decoder layer at a time and never hold the whole model. Every
         expected name arrives exactly once (missing, unknown or repeated: ValueError), and no request is ever served

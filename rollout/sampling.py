@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.rows import tempered_log_softmax
+from t1kernels.rows import tempered_log_softmax
 
 _MASK64 = (1 << 64) - 1
 

@@ -1,4 +1,4 @@
-"""`TorchEngine`: the built-in engine over `t1core.model.MoEModel` with a slotted KV cache.
+"""`TorchEngine`: the built-in engine over `t1model.model.MoEModel` with a slotted KV cache.
 
 Legend: B running requests, D model dim, V vocab, L_moe MoE layers, K top-k, S cache length.
 
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kernels.rows import batch_invariant_mode, mm_rows
+from t1kernels.rows import batch_invariant_mode, mm_rows
 from rollout.engine import Completion, SamplingParams, check_request, generate_via_submit
 from rollout.sampling import sample_tokens, uniform
-from t1core.hf_io import hf_parameter_views
+from t1model.hf_io import hf_parameter_views
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,11 +55,11 @@ class EngineConfig:
     """Reuse cached KV of a slot whose tokens prefix the new prompt (same weight version only)."""
     batch_invariant: bool = False
     """CPU only (no effect on other devices): every token's log-probs, routing and sample independent of what ran
-    beside it (`kernels.rows`), so a seeded run is bit for bit whatever the batching; costs decode speed
+    beside it (`t1kernels.rows`), so a seeded run is bit for bit whatever the batching; costs decode speed
     (bench/test_bench_rollout.py prints both)."""
     cpu_parallel_min_tokens: int = 1024
     """On CPU, an extend of fewer tokens runs on one intra-op thread. A decode step is a few hundred small ops,
-    and waking the OpenMP team for each costs more than it saves (t1core.cpu_threads makes idle threads sleep;
+    and waking the OpenMP team for each costs more than it saves (t1model.cpu_threads makes idle threads sleep;
     a batch-8 decode step took about twice as long on two threads as on one). Prefill chunks above about 1,000
     tokens gain from the full team."""
 
@@ -167,7 +167,7 @@ class TorchEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load new policy weights between steps; returns the new version (see `rollout.engine.Engine`).
 
-        named_tensors: (HF Qwen3-MoE name, whole tensor) pairs as `t1core.hf_io.hf_state_dict` names them
+        named_tensors: (HF Qwen3-MoE name, whole tensor) pairs as `t1model.hf_io.hf_state_dict` names them
         (per-expert `model.layers.N.mlp.experts.M.gate_proj.weight`, ...), consumed lazily one at a time and copied
         into place, so the caller may produce them one layer at a time. Every name the model has must arrive
         exactly once: a missing, unknown or repeated name or a wrong shape is a ValueError, after which the engine
@@ -176,7 +176,7 @@ class TorchEngine:
         are served with the new weights), then invalidates every cached slot."""
         if isinstance(named_tensors, (nn.Module, dict, torch.Tensor)):
             raise TypeError(f"named_tensors: expected an iterable of (HF name, tensor) pairs, got "
-                            f"{type(named_tensors).__name__} (e.g. pass t1core.hf_io.hf_state_dict(model).items())")
+                            f"{type(named_tensors).__name__} (e.g. pass t1model.hf_io.hf_state_dict(model).items())")
         with self._cv:
             self._paused = True
             self._cv.wait_for(lambda: not self._running)
@@ -398,7 +398,7 @@ class TorchEngine:
         device = weight_VD.device
         reqs = [r for r, _ in rows]
         hidden_BD = hidden_TD.index_select(0, torch.tensor([i for _, i in rows], device=device))
-        logits_BV = mm_rows(hidden_BD.float(), weight_VD)  # hidden @ W^T, each row as if sampled alone (kernels.rows)
+        logits_BV = mm_rows(hidden_BD.float(), weight_VD)  # hidden @ W^T, each row as if sampled alone (t1kernels.rows)
         temps = [r.params.temperature for r in reqs]
         top_ps = [r.params.top_p for r in reqs]
         uniforms = [uniform(r.params.seed, len(r.tokens)) for r in reqs]
@@ -420,7 +420,7 @@ class TorchEngine:
                 r.finish_reason = "length"
 
     def _head_fp32(self) -> torch.Tensor:
-        """The LM head in fp32 (sampling log-probs are fp32, like kernels.logprob's accumulators); a half-precision
+        """The LM head in fp32 (sampling log-probs are fp32, like t1kernels.logprob's accumulators); a half-precision
         head is converted once per weight version, not every step."""
         weight = self.model.lm_head.weight
         if weight.dtype == torch.float32:

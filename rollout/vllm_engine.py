@@ -23,7 +23,7 @@ same with vLLM: once a request finishes, a one-token *flush request* is sent wit
 under the same weight version (an update waits for every in-flight request, flush included) and its sampled
 token is discarded. Replies are capped at `max_model_len - P - 1` tokens so that the flush always fits.
 
-Weights (`update_weights`): chunks of `(HF name, whole tensor)` in `t1core.hf_io.hf_state_dict` order,
+Weights (`update_weights`): chunks of `(HF name, whole tensor)` in `t1model.hf_io.hf_state_dict` order,
 consumed lazily through vLLM's weight-transfer API (`rollout.vllm_weights`). New requests wait, in-flight
 requests finish on the weights they started with, then `pause_generation(mode="wait", clear_cache=True)`
 (no KV or prefix-cache entry of the old weights survives), `start_weight_update` / `update_weights` /
@@ -57,8 +57,8 @@ from rollout.engine import Completion, SamplingParams, check_request, generate_v
 from rollout.vllm_convert import (finish_reason, flush_sampling_kwargs, max_new_tokens, moe_routing, sampled_logprobs,
                                   split_routing, vllm_sampling_kwargs)
 from rollout.vllm_weights import ValidatedStream, expected_hf_params
-from t1core.hf_io import save_pretrained
-from t1core.model import ModelConfig, MoEModel
+from t1model.hf_io import save_pretrained
+from t1model.model import ModelConfig, MoEModel
 
 Placement = Literal["colocated", "disaggregated"]
 _T = TypeVar("_T")

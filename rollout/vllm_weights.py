@@ -1,7 +1,7 @@
 """Streaming the trainer's weights into vLLM: the expected HF tensors, a validating stream, vLLM's transports.
 
 The engine's weight update takes `(name, tensor)` chunks under the HF Qwen3-MoE names of
-`t1core.hf_io.hf_state_dict` (per-expert `mlp.experts.{e}.gate_proj.weight` etc., whole unsharded tensors),
+`t1model.hf_io.hf_state_dict` (per-expert `mlp.experts.{e}.gate_proj.weight` etc., whole unsharded tensors),
 consumed one at a time. vLLM's wire formats (packed NCCL broadcast, packed CUDA IPC) declare every parameter's
 name, dtype and shape before the bytes, so the chunks must come in the canonical order (`expected_hf_params`,
 which is `hf_state_dict`'s order) and each exactly once: `ValidatedStream` checks that as it goes and, at the
@@ -21,13 +21,13 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from t1core.model import ModelConfig, MoEModel
+from t1model.model import ModelConfig, MoEModel
 
 Backend = Literal["ipc", "nccl"]
 
 
 def expected_hf_params(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """(HF name, shape) of every tensor a complete update carries, in `t1core.hf_io.hf_state_dict` order."""
+    """(HF name, shape) of every tensor a complete update carries, in `t1model.hf_io.hf_state_dict` order."""
     state = MoEModel(cfg, seed=None, device="meta").state_dict()  # names and shapes only, no memory
     out: list[tuple[str, tuple[int, ...]]] = []
     f = cfg.moe_intermediate_size

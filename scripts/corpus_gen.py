@@ -1,4 +1,4 @@
-"""Seeded generator of the built-in tokenizer's training text (t1core/assets/corpus/*.txt).
+"""Seeded generator of the built-in tokenizer's training text (t1model/assets/corpus/*.txt).
 
 Synthetic but shaped like what an agent reads and writes in a terminal: shell sessions with their output
 (listings, git, pytest, pip, make, tracebacks), data files (CSV, JSON, YAML, TOML, logs), small source files,

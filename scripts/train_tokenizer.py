@@ -1,4 +1,4 @@
-"""Regenerate the built-in tokenizer (t1core/assets/tokenizer.json) from the text in t1core/assets/corpus/.
+"""Regenerate the built-in tokenizer (t1model/assets/tokenizer.json) from the text in t1model/assets/corpus/.
 
     python scripts/train_tokenizer.py                  # retrain tokenizer.json from the committed corpus
     python scripts/train_tokenizer.py --write-corpus   # first regenerate the synthetic corpus files (seeded)
@@ -27,7 +27,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 from corpus_gen import write_corpus  # noqa: E402
 
-ASSETS = ROOT / "t1core" / "assets"
+ASSETS = ROOT / "t1model" / "assets"
 CORPUS_DIR = ASSETS / "corpus"
 TOKENIZER_PATH = ASSETS / "tokenizer.json"
 VOCAB_SIZE = 4096

@@ -23,11 +23,11 @@ from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core import distributed
 from t1core.config import RunConfig
-from t1core.device import check_device
-from t1core.hf_io import load_pretrained
-from t1core.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
+from t1model.device import check_device
+from t1model.hf_io import load_pretrained
+from t1model.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
 from t1core.rollout_ranks import RolloutRanks
-from t1core.tokenizer import ChatTokenizer
+from t1model.tokenizer import ChatTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

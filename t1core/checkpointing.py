@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from t1core import distributed
-from t1core.hf_io import save_pretrained
-from t1core.model import MoEModel
+from t1model.hf_io import save_pretrained
+from t1model.model import MoEModel
 from t1core.config import RunConfig, config_to_toml, load_config
 from t1core.distributed import DataParallel
 
@@ -137,7 +137,7 @@ def _read_latest(root: Path) -> str | None:
 
 
 def _export_hf(policy: torch.nn.Module, path: Path) -> None:
-    """The policy in HF format beside the checkpoint: T1's MoEModel through t1core.hf_io, any other model that
+    """The policy in HF format beside the checkpoint: T1's MoEModel through t1model.hf_io, any other model that
     can save itself (a transformers model) through its own save_pretrained; a model that cannot is not exported."""
     if isinstance(policy, MoEModel):
         save_pretrained(policy, str(path))

@@ -174,7 +174,7 @@ class RolloutSection:
     top_p: float = _field(1.0, "nucleus sampling mass; 1.0 = off")
     batch_invariant: bool = _field(
         True, "CPU engine: each token's sample, log-prob and routing independent of what the engine batched beside "
-        "it, so a seeded run at any concurrency is bit for bit (kernels.rows); costs decode speed; false = plain "
+        "it, so a seeded run at any concurrency is bit for bit (t1kernels.rows); costs decode speed; false = plain "
         "products")
     engine: Literal["torch", "vllm"] = _field(
         "torch", "rollout engine: 'torch' (the built-in TorchEngine, any device) or 'vllm' (vLLM's AsyncLLM on "
@@ -254,7 +254,7 @@ class AlgoSection:
     use_r3: bool = _field(True, "replay the rollout's expert routing in every training forward")
     bitwise: Literal["auto", "on", "off"] = _field(
         "auto", "'on': the trainer's policy forward runs the batch-invariant engine's products, attention and "
-        "log-softmax (kernels.rows), so its log-probs and routing equal the rollout's bit for bit; every step checks "
+        "log-softmax (t1kernels.rows), so its log-probs and routing equal the rollout's bit for bit; every step checks "
         "mismatch/max_abs == 0 and stops the run at the first token that differs. Needs run.device='cpu', "
         "model.dtype='float32', rollout.engine='torch', rollout.batch_invariant and algo.use_tito (GPU plan: "
         "ARCHITECTURE.md). 'auto': 'on' where those hold, else 'off'")

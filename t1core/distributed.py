@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from t1core.device import check_device
+from t1model.device import check_device
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -221,7 +221,7 @@ def _local_device(cpu_offload: bool) -> torch.device:
 def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
     """Each of `model`'s (sharded) parameters takes its own rows from the HF checkpoint `hf_dir`."""
     from torch.distributed.tensor import DTensor
-    from t1core.hf_io import row_reader
+    from t1model.hf_io import row_reader
     with torch.no_grad(), row_reader(hf_dir) as read:
         for name, p in model.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
@@ -231,10 +231,10 @@ def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
 
 def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
                             param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> nn.Module:
-    """`t1core.hf_io.load_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
+    """`t1model.hf_io.load_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
     each rank reads only its own rows of every tensor, so no rank ever holds the whole model. Collective."""
-    from t1core.hf_io import read_config
-    from t1core.model import MoEModel
+    from t1model.hf_io import read_config
+    from t1model.model import MoEModel
     model = MoEModel(read_config(path), seed=None, dtype=dtype, device="meta")
     shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
     model.to_empty(device=_local_device(cpu_offload))
@@ -247,7 +247,7 @@ def sharded_critic(policy: nn.Module, dp: DataParallel, *, param_dtype: torch.dt
     """`ValueModel.from_policy(policy)` for a sharded policy: sharded the same way, its trunk copied shard by shard
     from the policy's, its head zero. Collective."""
     from torch.distributed.tensor import DTensor
-    from t1core.model import ValueModel
+    from t1model.model import ValueModel
     dtype = next(p for p in policy.parameters()).dtype
     critic = ValueModel(policy.config, seed=None, dtype=dtype, device="meta")
     shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
@@ -294,11 +294,11 @@ def compute_dtype(model: nn.Module) -> torch.dtype:
 
 
 def save_hf(model: nn.Module, path: Path, dp: DataParallel, *, max_shard_bytes: int = 5 * 2**30) -> None:
-    """`t1core.hf_io.save_pretrained(model, path)` (HF Qwen3-MoE, in its compute dtype) written by the main rank from a stream:
+    """`t1model.hf_io.save_pretrained(model, path)` (HF Qwen3-MoE, in its compute dtype) written by the main rank from a stream:
     one decoder layer gathered at a time and written as it arrives, never the whole model in one place. The files
     are byte for byte what a single process's save_pretrained writes. Collective when sharded: every rank calls
     it (the others gather and drop)."""
-    from t1core.hf_io import save_pretrained_streamed
+    from t1model.hf_io import save_pretrained_streamed
     dtype = compute_dtype(model)
     stream = iter_hf_tensors(model, dtype=dtype, sorted_names=True)
     if dp.is_main:
@@ -361,12 +361,12 @@ def iter_hf_tensors(model: nn.Module, *, dtype: torch.dtype | None = None,
                     sorted_names: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF Qwen3-MoE name, whole tensor) of every weight of `model`, one FSDP2 unit gathered at a time: a decoder
     layer's parameters are all-gathered, converted to HF names (stacked experts split per expert,
-    `t1core.hf_io.hf_items`), cast to `dtype`, yielded and dropped before the next layer is gathered, so a
+    `t1model.hf_io.hf_items`), cast to `dtype`, yielded and dropped before the next layer is gathered, so a
     rank never holds more than its own shards and one layer (plus whatever the consumer keeps).
 
     Collective when the model is sharded: every rank must run the iterator to its end, in step. `sorted_names`
     yields in sorted name order (what a sharded safetensors export needs); else in the model's layer order."""
-    from t1core.hf_io import hf_items
+    from t1model.hf_io import hf_items
     groups = _unit_groups(model)
     if sorted_names:
         def names(name: str, p: torch.Tensor) -> list[str]:  # on a meta stand-in: slicing a DTensor communicates

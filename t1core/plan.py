@@ -35,7 +35,7 @@ import torch
 
 from sandbox.cli import Parser
 from t1core.config import RunConfig, load_config
-from t1core.model import PRESETS, ModelConfig, MoEModel, ValueModel
+from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
 GIB = 2**30
 RESERVE_BYTES = 3 * GIB
@@ -60,7 +60,7 @@ class ParamCount:
 def model_shape(name: str) -> tuple[ModelConfig, str]:
     """(ModelConfig, where it came from) for model.name: a checkpoint's config.json (read, no weights), a
     ModelConfig preset, or a known checkpoint name when the directory is not on this machine."""
-    from t1core.hf_io import config_from_hf
+    from t1model.hf_io import config_from_hf
     path = Path(name)
     if (path / "config.json").is_file():
         return config_from_hf(json.loads((path / "config.json").read_text())), f"{path / 'config.json'}"

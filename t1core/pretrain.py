@@ -25,11 +25,11 @@ from collections.abc import Collection, Iterator, Sequence
 import torch
 from tqdm import tqdm
 
-from kernels.logprob import token_logprobs
+from t1kernels.logprob import token_logprobs
 from sandbox.families import FAMILIES, generate
 from sandbox.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
 from t1core.distributed import DataParallel
-from t1core.tokenizer import ChatTokenizer, format_tool_call
+from t1model.tokenizer import ChatTokenizer, format_tool_call
 from t1core.update import _step, _summarise
 
 def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[str] = ()) -> Iterator[str]:

@@ -17,7 +17,7 @@ import torch
 
 from rollout.tito import transcript_messages
 from rollout.trajectory import Trajectory
-from t1core.tokenizer import ChatTokenizer
+from t1model.tokenizer import ChatTokenizer
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n"
 

@@ -15,7 +15,7 @@ FSDP2-sharded models, and rank 0 writes the files (t1core.distributed).
 
 from __future__ import annotations
 
-import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
+import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
 import copy
 import dataclasses
@@ -35,7 +35,7 @@ from sandbox.families import FAMILIES
 from sandbox.cli import Parser, bad_input
 from sandbox.reap import reap
 from t1core import builders, distributed
-from t1core.hf_io import load_pretrained
+from t1model.hf_io import load_pretrained
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
 from t1core.distributed import DataParallel
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed % 2**32)
         # This also NaN-fills every torch.empty (fill_uninitialized_memory, left on); the kernels' scratch, which
-        # they write in full, skips that pass (kernels.scratch).
+        # they write in full, skips that pass (t1kernels.scratch).
         torch.use_deterministic_algorithms(True, warn_only=True)
         if dp.is_main:
             notice = precision_notice(cfg)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.logprob import token_logprobs
-from kernels.rows import batch_invariant_mode, token_logprobs_rows
+from t1kernels.logprob import token_logprobs
+from t1kernels.rows import batch_invariant_mode, token_logprobs_rows
 from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to
 from t1core.config import AlgoSection, OptimSection
 from t1core.distributed import DataParallel, reshard_
@@ -58,7 +58,7 @@ def policy_logprobs(policy: torch.nn.Module, batch: PackedBatch, *, temperature:
     Only the loss rows go through the LM head: prompt and observation positions are most of an agent
     trajectory (~80% of the default run's tokens), and their [V]-wide logits would be computed for nothing.
     `bitwise` (algo.bitwise, CPU): the forward runs the batch-invariant engine's products, attention and
-    sampler log-softmax (`kernels.rows`), so each log-prob is the bits the engine sampled with.
+    sampler log-softmax (`t1kernels.rows`), so each log-prob is the bits the engine sampled with.
     """
     routing = batch.routing_TLK if replay else None
     with batch_invariant_mode(bitwise, cache_weights=False):  # sharded weights are refilled in place
@@ -180,7 +180,7 @@ def _check_bitwise(scored: list[Scored], trajectories: Sequence, metrics: dict[s
             f"algo.bitwise: logp_train != logp_rollout first at trajectory {i} of the step (task {t.task_name!r}), "
             f"token {token} (turn {turn}, id {int(t.token_ids[token])}): train {train!r} vs rollout {rollout!r} "
             f"(|d| = {abs(train - rollout):.3g}; {len(found)} minibatch(es) affected). The trainer's forward left "
-            "the engine's reduction order somewhere (kernels.rows); set algo.bitwise='off' to train regardless")
+            "the engine's reduction order somewhere (t1kernels.rows); set algo.bitwise='off' to train regardless")
     agree = [v for v, _ in metrics.get("fidelity/routing_agreement", [])]
     if agree and min(agree) != 1.0:
         raise BitwiseMismatch(f"algo.bitwise: the trainer's own router picked other experts than the rollout "

@@ -24,7 +24,7 @@ from sandbox.suite import demonstration_turns
 from sandbox.task_images import TaskImage
 from sandbox.tasks import Task
 from t1core.distributed import DataParallel
-from t1core.tokenizer import ChatTokenizer, format_tool_call
+from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 
 class ReferenceEngine:

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.rows import batch_invariant_mode, mm_rows
+from t1kernels.rows import batch_invariant_mode, mm_rows
 from rollout.sampling import sample_tokens, uniform
 from rollout.vllm_api import VllmApi
 from rollout.vllm_weights import wire_fields
-from t1core.hf_io import load_pretrained
+from t1model.hf_io import load_pretrained
 
 BLOCK = 4
 """KV block size of the fake's prefix cache (small, so prompts end mid-block)."""

@@ -15,16 +15,16 @@ import copy
 import pytest
 import torch
 
-from kernels.moe import route
-from kernels.rows import batch_invariant_mode
+from t1kernels.moe import route
+from t1kernels.rows import batch_invariant_mode
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
-from t1core import model as model_module
+from t1model import model as model_module
 from t1core.batch import pack
 from t1core.config import AlgoSection
 from t1core.distributed import iter_hf_tensors
 from t1core.losses import mismatch_metrics
-from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import BitwiseMismatch, policy_logprobs, score
 from tests.episodes import Episode
 

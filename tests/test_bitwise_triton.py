@@ -1,4 +1,4 @@
-"""`kernels.bitwise_triton` in the Triton interpreter: float64 references, and the batch invariance algo.bitwise
+"""`t1kernels.bitwise_triton` in the Triton interpreter: float64 references, and the batch invariance algo.bitwise
 needs on a GPU (a row's bits the same alone, in any batch, decoded one token at a time or in the packed forward).
 
 The kernels run in a fresh subprocess of this file (TRITON_INTERPRET must be set before triton is imported).
@@ -50,7 +50,7 @@ def test_attention_decode_prefill_and_packed_forward_give_the_same_bits(cases: d
 
 
 def _cases() -> dict:
-    from kernels import bitwise_triton as bt
+    from t1kernels import bitwise_triton as bt
 
     g = torch.Generator().manual_seed(0)
     out = {}

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from t1core import attention, block_attention
-from t1core.block_attention import block_causal_attention
+from t1model import attention, block_attention
+from t1model.block_attention import block_causal_attention
 
 
 def _reference(q_BNHD: torch.Tensor, k_BNKD: torch.Tensor, v_BNKD: torch.Tensor, scale: float) -> torch.Tensor:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from t1core.hf_io import save_pretrained
+from t1model.hf_io import save_pretrained
 from t1core.checkpointing import (capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state,
                                   save_checkpoint)
 from t1core.config import RunConfig, load_config
@@ -184,7 +184,7 @@ def test_policy_exported_in_hf_format(tmp_path):
 # ---- sharded (FSDP2, gloo ranks): DCP checkpoints, resharding, streamed HF export, the sharded KL anchor ----
 
 def _small_cfg():
-    from t1core.model import ModelConfig
+    from t1model.model import ModelConfig
     # Awkward for 2 ranks: V=301 and E=3 rows do not divide evenly.
     return ModelConfig(vocab_size=301, hidden_size=32, intermediate_size=48, moe_intermediate_size=24,
                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
@@ -194,7 +194,7 @@ def _small_cfg():
 def _trainer_parts(dp, seed: int):
     """Policy, critic (sharded when dp is distributed) and their optimizers/schedulers, as the trainer names them."""
     from t1core.distributed import ModelOptimizer, shard_
-    from t1core.model import MoEModel, ValueModel
+    from t1model.model import MoEModel, ValueModel
     from t1core.builders import make_optimizer
     cfg = load_config(None, ["--optim.warmup_steps=3"])
     policy = shard_(MoEModel(_small_cfg(), seed=seed), dp)
@@ -300,7 +300,7 @@ def test_sharded_checkpoints_resume_and_reshard(tmp_path):
     its own rows of the export."""
     import torch.multiprocessing as mp
     from t1core.distributed import DataParallel, ModelOptimizer
-    from t1core.model import MoEModel
+    from t1model.model import MoEModel
     mp.spawn(_sharded_worker, args=(_port(), str(tmp_path), "save"), nprocs=2, join=True)
     got = torch.load(tmp_path / "phase_save.pt", weights_only=False)
     step_dir = tmp_path / "ckpt2" / "step_00000002"

@@ -11,7 +11,7 @@ import pytest
 from sandbox import suite
 from t1core.config import (AlgoSection, RunConfig, TasksSection, config_to_toml, format_config, load_config,
                            parse_override)
-from t1core.tokenizer import ChatTokenizer, format_tool_call
+from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 
 def _write(tmp_path: Path, text: str) -> str:

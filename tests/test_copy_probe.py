@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from t1core.experiments import copy_probe
-from t1core.model import ModelConfig, MoEModel
-from t1core.tokenizer import ChatTokenizer
+from t1model.model import ModelConfig, MoEModel
+from t1model.tokenizer import ChatTokenizer
 
 
 def test_greedy_command_equals_a_full_forward_loop() -> None:
@@ -29,7 +29,7 @@ def test_probe_counts_the_reference_as_exact(monkeypatch) -> None:
     monkeypatch.setattr(copy_probe, "greedy_command",
                         lambda model, tok, instruction, max_new_tokens: wanted[instruction])
     from sandbox.families import generate
-    from t1core.tokenizer import format_tool_call
+    from t1model.tokenizer import format_tool_call
 
     wanted = {generate("create_file", i, "heldout").instruction.strip():
               format_tool_call(generate("create_file", i, "heldout").solution.strip()) for i in range(3)}

@@ -1,11 +1,11 @@
-"""`t1core.decode_attention`: the engine's batch-invariant cached attention (CPU), against a float64 reference."""
+"""`t1model.decode_attention`: the engine's batch-invariant cached attention (CPU), against a float64 reference."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.rows import batch_invariant_mode, mm_rows
-from t1core.decode_attention import KEY_BLOCK, decode_attention
+from t1kernels.rows import batch_invariant_mode, mm_rows
+from t1model.decode_attention import KEY_BLOCK, decode_attention
 
 
 def _reference(q_BHND, k_BKSD, v_BKSD, mask_B1NS, scale):
@@ -51,7 +51,7 @@ def test_mm_rows_are_row_invariant_in_the_mode_and_follow_weight_updates() -> No
     with batch_invariant_mode():
         full = mm_rows(a, w)
         # Every count of rows: MKL's small-matrix paths start at other counts on other CPUs and thread counts
-        # (kernels.rows).
+        # (t1kernels.rows).
         parts = {(i, m): mm_rows(a[i:i + m], w) for m in range(1, 30) for i in (0, 11)}
         w.mul_(2.0)  # an in-place update (the engine's weight sync) must not reuse the cached transposed copy
         doubled = mm_rows(a, w)
@@ -61,7 +61,7 @@ def test_mm_rows_are_row_invariant_in_the_mode_and_follow_weight_updates() -> No
 
 
 def test_long_prefills_run_in_query_chunks_with_the_same_bits(monkeypatch) -> None:
-    import t1core.decode_attention as da
+    import t1model.decode_attention as da
 
     q, k, v, mask = _case([300, 180], n=40, seed=3)
     whole = decode_attention(q, k, v, mask_B1NS=mask, scale=0.25)

@@ -18,10 +18,10 @@ import torch.multiprocessing as mp
 
 from t1core.config import AlgoSection, load_config
 from rollout.torch_engine import EngineConfig, TorchEngine
-from t1core.hf_io import hf_state_dict
+from t1model.hf_io import hf_state_dict
 from t1core.distributed import DataParallel, full_state_dict, iter_hf_tensors, shard_
 from t1core.losses import sft_loss
-from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import policy_logprobs, score, sft_update
 from t1core.builders import make_optimizer
 

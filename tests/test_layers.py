@@ -1,6 +1,12 @@
-"""The house has floors and imports only go down (ARCHITECTURE.md): kernels -> the model layer -> sandbox and
-rollout -> the trainer -> bench. Read from the source (every import, function-level ones included), so a cycle
-or an upward import fails here before anyone has to untangle it."""
+"""The house has floors, a folder each, and imports only go down (ARCHITECTURE.md):
+
+    t1kernels  <-  t1model  <-  {sandbox, rollout}  <-  t1core  <-  bench
+
+sandbox needs neither torch nor the model (nor rollout). Read from the source: every import, function-level ones
+included, relative ones (`from . import x`, `from ..t1core import train`) resolved against their package, and
+`importlib.import_module` / `__import__` strings. A call with a computed name (`import_module(_EXPORTS[n])`)
+counts every string in that file that names a project module. So a cycle or an upward import fails here before
+anyone has to untangle it."""
 
 from __future__ import annotations
 
@@ -8,28 +14,65 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernels", "t1core", "rollout", "sandbox")
-MODEL_LAYER = {"t1core", "t1core.model", "t1core.attention", "t1core.block_attention", "t1core.decode_attention",
-               "t1core.tokenizer", "t1core.hf_io", "t1core.cpu_threads", "t1core.device"}
-"""The floor above kernels: the policy's math, its tokenizer and its HF files. The rest of t1core is the trainer."""
+FLOORS = {"t1kernels": 0, "t1model": 1, "sandbox": 2, "rollout": 2, "t1core": 3, "bench": 4}
+"""Folder -> floor: a module may import its own floor's folder and the floors below, never above."""
+SIDEWAYS_FORBIDDEN = {"sandbox": {"rollout"}}
+"""Same-floor imports that are still refused: sandboxes run where no engine (and no torch) is."""
 
 
 def _floor(module: str) -> int:
-    top = module.split(".")[0]
-    if top == "kernels":
-        return 0
-    if top == "t1core":
-        return 1 if module in MODEL_LAYER else 3
-    return 2  # sandbox, rollout
+    return FLOORS[module.split(".")[0]]
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path = ROOT, packages: tuple[str, ...] = tuple(FLOORS)) -> dict[str, Path]:
     out = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
+
+
+def _package_of(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _import_names(module: str, path: Path) -> list[str]:
+    """Every module name the file imports, absolute: import statements (relative ones resolved), import_module and
+    __import__ with a literal name, and, where such a call has a computed name, every string constant."""
+    tree = ast.parse(path.read_text())
+    names: list[str] = []
+    computed = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = _package_of(module, path).split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            names += ([base] if base else []) + [f"{base}.{a.name}" if base else a.name for a in node.names]
+        elif isinstance(node, ast.Call) and _is_import_call(node.func) and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                name = arg.value
+                if name.startswith("."):  # import_module(".x", package=...): relative to this package
+                    level = len(name) - len(name.lstrip("."))
+                    parts = _package_of(module, path).split(".")
+                    name = ".".join(parts[:len(parts) - (level - 1)] + [name.lstrip(".")]).rstrip(".")
+                names.append(name)
+            else:
+                computed = True
+    if computed:
+        names += [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                  and n.value.replace(".", "").replace("_", "").isalnum()]
+    return names
+
+
+def _is_import_call(func: ast.expr) -> bool:
+    return ((isinstance(func, ast.Attribute) and func.attr == "import_module")
+            or (isinstance(func, ast.Name) and func.id in ("import_module", "__import__")))
 
 
 def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
@@ -39,19 +82,8 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
             name = name.rpartition(".")[0]
         return name or None
 
-    edges: dict[str, set[str]] = {}
-    for module, path in modules.items():
-        targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            targets |= {t for t in map(resolve, names) if t and t != module}
-        edges[module] = targets
-    return edges
+    return {module: {t for t in map(resolve, _import_names(module, path)) if t and t != module}
+            for module, path in modules.items()}
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -86,31 +118,63 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _upward(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in edges.items() for t in targets
+                  if _floor(t) > _floor(m) or t.split(".")[0] in SIDEWAYS_FORBIDDEN.get(m.split(".")[0], ()))
+
+
 def test_no_import_cycle_between_project_modules() -> None:
     assert not _cycles(_imports(_modules()))
 
 
 def test_imports_only_go_down() -> None:
-    edges = _imports(_modules())
-    upward = sorted(f"{m} -> {t}" for m, targets in edges.items() for t in targets
-                    if _floor(t) > _floor(m) or (_floor(m) == 2 and m.split(".")[0] == "sandbox"
-                                                 and t.split(".")[0] == "rollout"))
+    upward = _upward(_imports(_modules()))
     assert not upward, upward
 
 
 def test_sandbox_needs_neither_torch_nor_the_model() -> None:
     """Sandboxes run on hosts without torch (a remote Docker box, a task checker)."""
-    offenders = []
-    for module, path in _modules().items():
-        if module.split(".")[0] != "sandbox":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            offenders += [f"{module}: {n}" for n in names if n.split(".")[0] in ("torch", "t1core", "rollout")]
+    offenders = [f"{module}: {n}" for module, path in _modules().items() if module.split(".")[0] == "sandbox"
+                 for n in _import_names(module, path)
+                 if n.split(".")[0] in ("torch", "t1kernels", "t1model", "t1core", "rollout")]
     assert not offenders, offenders
 
 
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert _floor("t1core.train") > _floor("rollout.agent") > _floor("t1core.model") > _floor("kernels.moe")
+    assert _floor("t1core.train") > _floor("rollout.agent") > _floor("t1model.model") > _floor("t1kernels.moe")
+
+
+def test_the_checker_sees_every_form_of_import(tmp_path: Path) -> None:
+    """One file per form, each an upward import the checker must report."""
+    files = {
+        "t1kernels/__init__.py": "",
+        "t1kernels/plain.py": "import t1model.model\n",
+        "t1kernels/from_.py": "from t1core.train import main\n",
+        "t1kernels/in_function.py": "def f():\n    from rollout import agent\n",
+        "t1model/__init__.py": "",
+        "t1model/model.py": "",
+        "t1model/relative.py": "from ..t1core import train\n",
+        "t1model/dot.py": "from . import model\n",  # same floor: allowed
+        "t1model/literal.py": "import importlib\nimportlib.import_module('t1core.train')\n",
+        "t1model/dunder.py": "__import__('rollout.agent')\n",
+        "t1model/computed.py": "import importlib\nNAMES = {'a': 't1core.train'}\n"
+                               "def get(n):\n    return importlib.import_module(NAMES[n])\n",
+        "sandbox/__init__.py": "",
+        "sandbox/sideways.py": "from rollout.agent import run\n",
+        "rollout/__init__.py": "",
+        "rollout/agent.py": "",
+        "t1core/__init__.py": "",
+        "t1core/train.py": "",
+        "bench/__init__.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    edges = _imports(_modules(tmp_path))
+    assert edges["t1model.dot"] == {"t1model", "t1model.model"}  # the package runs first, then the module
+    assert _upward(edges) == sorted([
+        "t1kernels.plain -> t1model.model", "t1kernels.from_ -> t1core.train", "t1kernels.in_function -> rollout",
+        "t1kernels.in_function -> rollout.agent", "t1model.relative -> t1core", "t1model.relative -> t1core.train",
+        "t1model.literal -> t1core.train", "t1model.dunder -> rollout.agent", "t1model.computed -> t1core.train",
+        "sandbox.sideways -> rollout.agent"])

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import logprob_torch
-from kernels.logprob import token_logprobs
-from kernels.logprob_torch import N_CHUNK, fits_one_tile, reference_token_logprobs, vocab_chunk
+from t1kernels import logprob_torch
+from t1kernels.logprob import token_logprobs
+from t1kernels.logprob_torch import N_CHUNK, fits_one_tile, reference_token_logprobs, vocab_chunk
 from tests.aot import aot_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,7 +291,7 @@ def test_zero_entropy_coefficient_skips_the_entropy_gradient_triton_interpreter(
 @pytest.mark.slow
 def test_logprob_tiles_compile_for_sm90a_without_spills() -> None:
     """ptxas compiles the log-prob kernels at N = 64k (forward with and without entropy, backward with and without
-    an entropy gradient) for sm_90a without register spills (`python -m kernels.aot_report`)."""
+    an entropy gradient) for sm_90a without register spills (`python -m t1kernels.aot_report`)."""
     rows, proc = aot_rows("logprob")
     variants = {(r["kernel"], r["constexprs"].get("WITH_ENTROPY", r["constexprs"].get("HAS_GEN"))) for r in rows}
     assert variants == {("_logprob_fwd_kernel", False), ("_logprob_fwd_kernel", True),
@@ -323,7 +323,7 @@ def test_cpu_memory_bound_at_issue_shape() -> None:
 # ---- subprocess entry points -------------------------------------------------------------------------------
 
 def _interpreter_cases() -> list[dict]:
-    from kernels import logprob_triton
+    from t1kernels import logprob_triton
     results = []
     cases = [  # (N, D, V, temperature, vocab_per_split, scratch_bytes)
         (5, 24, 1000, 0.6, None, None), (5, 24, 1000, 1.0, None, None), (9, 17, 3001, 1.3, None, None),

@@ -16,8 +16,8 @@ from t1core.drift import CompletionLog
 from t1core.experiments.mismatch import (CONDITIONS, MismatchConfig, MismatchResult, _routing_counts,
                                          format_table, loss_region_drift, router_choices, run_experiment)
 from t1core.losses import routing_agreement
-from t1core.model import ModelConfig, MoEModel
-from t1core.tokenizer import ChatTokenizer
+from t1model.model import ModelConfig, MoEModel
+from t1model.tokenizer import ChatTokenizer
 
 
 def _traj(prompt: list[int], turns: list[list[int]], between: list[int]) -> Trajectory:

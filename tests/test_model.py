@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from t1core.hf_io import hf_state_dict, load_pretrained, save_pretrained
-from kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, apply_rope_reference, rope_cos_sin
-from t1core.model import ModelConfig, MoEModel, ValueModel
+from t1model.hf_io import hf_state_dict, load_pretrained, save_pretrained
+from t1kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, apply_rope_reference, rope_cos_sin
+from t1model.model import ModelConfig, MoEModel, ValueModel
 
 transformers = pytest.importorskip("transformers")
 
@@ -212,7 +212,7 @@ def test_replay_validation(bad, match) -> None:
 
 def test_packed_equals_separate() -> None:
     # RoPE is relative, so hidden states cannot show an absolute offset: check the restart directly.
-    from t1core.attention import PackedContext
+    from t1model.attention import PackedContext
     assert PackedContext.build([3, 2, 1], device=torch.device("cpu")).positions_T.tolist() == [0, 1, 2, 0, 1, 0]
     model = MoEModel(SMALL, seed=0)
     # Per-document SDPA calls, the right-padded batch, the equal-length batch.
@@ -301,7 +301,7 @@ def test_config_validation_and_presets() -> None:
     big = ModelConfig.qwen3_30b_a3b()
     assert big.moe_layer_ids == tuple(range(48)) and big.routing_dtype == torch.uint8
     assert ModelConfig(num_experts=300, num_experts_per_tok=2).routing_dtype == torch.int16
-    from t1core.tokenizer import ChatTokenizer
+    from t1model.tokenizer import ChatTokenizer
     assert ModelConfig.tiny().vocab_size == ChatTokenizer.builtin().vocab_size
 
 
@@ -323,7 +323,7 @@ def test_tiny_model_learns() -> None:
 
 def test_real_qwen3_30b_config_maps_to_preset() -> None:
     """config.json as published for Qwen/Qwen3-30B-A3B (transformers 4.51 era keys) -> the preset."""
-    from t1core.hf_io import config_from_hf, config_to_hf
+    from t1model.hf_io import config_from_hf, config_to_hf
     published = {
         "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,

@@ -1,4 +1,4 @@
-"""Tests of kernels.moe: routing with replay (R3) and the fused MoE dispatch on the torch and Triton backends.
+"""Tests of t1kernels.moe: routing with replay (R3) and the fused MoE dispatch on the torch and Triton backends.
 
 Every forward and gradient is compared with `moe_loop_reference` (a masked per-expert, per-slot loop, no sort)
 run in float64 under autograd. The Triton kernels run on CPU through the interpreter in a child pytest process
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.moe import fused_moe, route
-from kernels.moe_torch import moe_bwd, moe_fwd, moe_loop_reference
+from t1kernels.moe import fused_moe, route
+from t1kernels.moe_torch import moe_bwd, moe_fwd, moe_loop_reference
 from tests.aot import aot_rows
 
 _CHILD = os.environ.get("T1_MOE_INTERP_CHILD") == "1"
@@ -259,7 +259,7 @@ def _tiny_run_models(overrides: list[str]):
 
 def _moe_kept(model, ids_T: torch.Tensor) -> list[object]:
     """What each MoE layer's autograd node holds between forward and backward (its `moe_saved`)."""
-    from t1core.model import SparseMoE
+    from t1model.model import SparseMoE
     kept: list[object] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: kept.append(out[0].grad_fn.moe_saved))
              for m in model.modules() if isinstance(m, SparseMoE)]
@@ -272,7 +272,7 @@ def _moe_kept(model, ids_T: torch.Tensor) -> list[object]:
 
 
 def test_moe_recompute_from_config_keeps_nothing_and_changes_no_bit():
-    from t1core.model import SparseMoE
+    from t1model.model import SparseMoE
     ids_T = torch.randint(0, 4096, (48,), generator=torch.Generator().manual_seed(3))
     runs = {}
     for on in (False, True):
@@ -288,8 +288,8 @@ def test_moe_recompute_from_config_keeps_nothing_and_changes_no_bit():
 
 
 def test_replayed_routing_is_checked_once_per_batch(monkeypatch):
-    import kernels.moe as moe_mod
-    from t1core.model import ModelConfig, MoEModel
+    import t1kernels.moe as moe_mod
+    from t1model.model import ModelConfig, MoEModel
     cfg = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                       num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                       num_experts=8, num_experts_per_tok=2)
@@ -317,7 +317,7 @@ def test_route_unvalidated_replay_still_checks_shape_and_dtype():
 
 
 def test_kernel_scratch_skips_the_deterministic_fill():
-    from kernels.scratch import empty_unfilled, scratch
+    from t1kernels.scratch import empty_unfilled, scratch
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
@@ -336,7 +336,7 @@ def test_kernel_scratch_skips_the_deterministic_fill():
 @pytest.mark.slow
 def test_production_tiles_compile_for_sm90a_without_spills():
     """ptxas (shipped in the triton wheel) compiles every MoE kernel at the production shapes for sm_90a; none
-    may spill registers (`python -m kernels.aot_report`)."""
+    may spill registers (`python -m t1kernels.aot_report`)."""
     rows, proc = aot_rows("moe")
     names = {r["kernel"] for r in rows}
     assert {"_moe_up_kernel", "_moe_rows_gemm_kernel", "_moe_combine_kernel", "_moe_dact_kernel", "_moe_dw2_kernel",
@@ -366,8 +366,8 @@ def test_triton_interpreter_suite():
 @interp
 @pytest.mark.parametrize("T,D,F,E,K,mode", SHAPES)
 def test_interp_triton_matches_reference(T, D, F, E, K, mode):
-    from kernels.moe_triton import moe_fwd_triton
-    from kernels.moe_triton_bwd import moe_bwd_triton
+    from t1kernels.moe_triton import moe_fwd_triton
+    from t1kernels.moe_triton_bwd import moe_bwd_triton
     x, w13, w2, ids, w, dy = _problem(T, D, F, E, K, mode=mode)
     y_ref, grads_ref = _reference(x, w13, w2, ids, w, dy)
     nan = float("nan")  # scratch buffers start as NaN: a read of an unwritten row poisons the result
@@ -385,7 +385,7 @@ def test_interp_triton_matches_reference(T, D, F, E, K, mode):
 
 @interp
 def test_interp_fused_moe_autograd_on_triton_backend():
-    from kernels.backend import select_backend
+    from t1kernels.backend import select_backend
     x, w13, w2, ids, w, dy = _problem(19, 16, 16, 8, 2)
     assert select_backend(x, op="fused_moe") == "triton"
     leaves = [t.clone().requires_grad_() for t in (x, w13, w2, w)]
@@ -400,7 +400,7 @@ def test_interp_fused_moe_autograd_on_triton_backend():
     y3 = fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3], recompute=True)
     assert all(torch.equal(p, q) for p, q in zip(grads, torch.autograd.grad(y3, leaves, dy)))
     # What the forward keeps: h only when a backward can come.
-    import kernels.moe_triton as mt
+    import t1kernels.moe_triton as mt
     kept = []
     real = mt.moe_fwd_triton
     with pytest.MonkeyPatch.context() as mp:
@@ -417,7 +417,7 @@ def test_interp_fused_moe_autograd_on_triton_backend():
 
 @interp
 def test_interp_alignment_layout():
-    from kernels.moe_triton import align_by_expert
+    from t1kernels.moe_triton import align_by_expert
     ids = torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2]])
     al = align_by_expert(ids, 5, 4)
     # expert 0: pairs 1, 4; expert 1: pair 3; expert 2: pair 7; expert 3: pairs 0, 2, 5, 6; expert 4: none
@@ -433,8 +433,8 @@ def test_interp_alignment_layout():
 def test_interp_skewed_routing_splits_hot_experts(T, K, hot):
     """All tokens on K experts: each hot expert's rows span several weight-gradient chunks, whose fp32 partials
     (NaN-filled scratch: an unwritten slot would show) are summed in a fixed order."""
-    from kernels.moe_triton import align_by_expert, moe_config, moe_fwd_triton
-    from kernels.moe_triton_bwd import dw_chunks, moe_bwd_triton
+    from t1kernels.moe_triton import align_by_expert, moe_config, moe_fwd_triton
+    from t1kernels.moe_triton_bwd import dw_chunks, moe_bwd_triton
     E, D, F = 4, 16, 16
     x, w13, w2, _, w, dy = _problem(T, D, F, E, K, seed=5)
     ids = torch.tensor([list(hot)] * T)

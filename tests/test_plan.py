@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from t1core.hf_io import config_from_hf, config_to_hf
-from t1core.model import ModelConfig
+from t1model.hf_io import config_from_hf, config_to_hf
+from t1model.model import ModelConfig
 from t1core.plan import count_params, plan, policy_shapes
 from t1core.config import load_config
 
@@ -74,7 +74,7 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         from t1core.distributed import DataParallel, shard_
-        from t1core.model import MoEModel
+        from t1model.model import MoEModel
         from t1core.builders import make_optimizer
         model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world))
         opt, _ = make_optimizer(model, lr=1e-3, cfg=load_config(None, []))

@@ -11,10 +11,10 @@ from sandbox.families import generate
 from sandbox.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
 from t1core import builders
 from t1core.config import load_config
-from t1core.model import ModelConfig, MoEModel
+from t1model.model import ModelConfig, MoEModel
 from sandbox.suite import SEED_STRIDE
 from t1core.pretrain import corpus_texts, packed_rows, pretrain
-from t1core.tokenizer import ChatTokenizer, format_tool_call
+from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 FAMS = ["create_file", "count_lines"]
 

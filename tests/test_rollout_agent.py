@@ -18,7 +18,7 @@ import docker
 import pytest
 import torch
 
-from kernels.logprob import token_logprobs
+from t1kernels.logprob import token_logprobs
 from rollout.agent import (DONE_MARKER, AgentConfig, EpisodeSpec, SandboxLimits, parse_action, run_episode, run_episodes,
                            sandbox_kwargs)
 from rollout.engine import Completion, SamplingParams, generate_via_submit
@@ -29,8 +29,8 @@ from sandbox.docker_sandbox import DockerSandbox
 from sandbox.task_images import TaskImage, build_task_image, default_base_image_overrides
 from sandbox.tasks import Task, load_task
 from t1core.drift import CompletionLog
-from t1core.model import ModelConfig, MoEModel
-from t1core.tokenizer import ChatTokenizer, format_tool_call
+from t1model.model import ModelConfig, MoEModel
+from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 Script = Callable[[Task, int], str]  # (task, turn) -> reply text
 

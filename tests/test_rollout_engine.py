@@ -10,12 +10,12 @@ import threading
 import pytest
 import torch
 
-from kernels.logprob import token_logprobs
+from t1kernels.logprob import token_logprobs
 from rollout.engine import Completion, Engine, SamplingParams, request_seed
 from rollout.sampling import derive_seed, sample_tokens, uniform
 from rollout.torch_engine import EngineConfig, TorchEngine
-from t1core.hf_io import hf_state_dict
-from t1core.model import ModelConfig, MoEModel
+from t1model.hf_io import hf_state_dict
+from t1model.model import ModelConfig, MoEModel
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=2)
 

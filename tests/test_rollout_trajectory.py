@@ -11,7 +11,7 @@ from rollout.engine import Completion, SamplingParams
 from rollout.tito import TitoBuilder, glue_ids, sampled_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, Turn, load_trajectories, save_trajectories
-from t1core.model import ModelConfig, MoEModel
+from t1model.model import ModelConfig, MoEModel
 
 IM_END, NL = 7, 8
 TURN_END = [IM_END, NL]
@@ -122,7 +122,7 @@ def test_retokenization_drift_vs_tito() -> None:
     """Naive re-tokenization reproduces canonical token paths but not the other paths a sampling model takes
     (here: words split into smaller pieces, as sampling at temperature 1 does); TITO keeps them exactly."""
     from rollout.tito import retokenization_drift
-    from t1core.tokenizer import ChatTokenizer, format_tool_call
+    from t1model.tokenizer import ChatTokenizer, format_tool_call
 
     tok = ChatTokenizer.builtin()
     texts = ["I'll look first.\n" + format_tool_call("ls -la /app"), format_tool_call("echo hello > /app/x.txt"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from t1core.tokenizer import CHAT_TOKENS, ChatTokenizer, ToolCall, ToolCallError, format_tool_call, parse_tool_call
+from t1model.tokenizer import CHAT_TOKENS, ChatTokenizer, ToolCall, ToolCallError, format_tool_call, parse_tool_call
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_render_reasoning_and_grouped_tool_responses(tok: ChatTokenizer) -> None
 
 
 def test_from_pretrained_dir_and_missing_tokens(tmp_path) -> None:
-    tokenizer_json = (ROOT / "t1core" / "assets" / "tokenizer.json").read_text()
+    tokenizer_json = (ROOT / "t1model" / "assets" / "tokenizer.json").read_text()
     (tmp_path / "tokenizer.json").write_text(tokenizer_json)
     tok = ChatTokenizer.from_pretrained(tmp_path)
     assert tok.encode("git status") == ChatTokenizer.builtin().encode("git status")

@@ -103,7 +103,7 @@ def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path, capsys) ->
 @needs_docker
 def test_concurrent_episodes_are_bit_for_bit_with_the_batch_invariant_engine(tmp_path: Path, task_dir: Path) -> None:
     """Two runs with 4 episodes in flight at once: which rows the engine batches together depends on sandbox
-    timing, and with `rollout.batch_invariant` nothing downstream may depend on it (`kernels.rows`)."""
+    timing, and with `rollout.batch_invariant` nothing downstream may depend on it (`t1kernels.rows`)."""
     common = [f"--tasks.source={task_dir}", *TINY, "--rollout.episodes_per_step=4", "--rollout.concurrency=4",
               "--rollout.batch_invariant=true", "--run.steps=2", "--run.checkpoint_every=0"]
     first, second = tmp_path / "first", tmp_path / "second"
@@ -191,7 +191,7 @@ def _warm_final_frozen(run_dir: Path) -> tuple[dict, dict, list[str]]:
 def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: Path) -> None:
     """optim.actor_frozen: SFT still trains the LM head and the routers, RL leaves them bit for bit as the warm
     start had them, and moves the rest of the policy."""
-    from t1core.model import ModelConfig, MoEModel
+    from t1model.model import ModelConfig, MoEModel
 
     out = tmp_path / "frozen"
     args = ["--out", str(out), f"--tasks.source={task_dir}", *TINY, "--run.steps=3", "--run.checkpoint_every=0",
@@ -210,7 +210,7 @@ def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: 
 
 def test_actor_frozen_pattern_that_matches_nothing_is_an_error() -> None:
     from t1core import builders
-    from t1core.model import ModelConfig, MoEModel
+    from t1model.model import ModelConfig, MoEModel
 
     model = MoEModel(ModelConfig.tiny().replace(num_hidden_layers=1), seed=0)
     assert builders.frozen_parameters(model, ["lm_head.*"]) == ["lm_head.weight"]
@@ -279,7 +279,7 @@ def test_resume_keeps_the_saved_config(tmp_path: Path) -> None:
 
 
 def test_an_unusable_cuda_device_fails_before_any_work(tmp_path: Path, capsys) -> None:
-    from t1core.device import check_device
+    from t1model.device import check_device
 
     check_device(torch.device("cpu"))
     out = tmp_path / "run"
@@ -305,7 +305,7 @@ def test_drift_check_sees_an_altered_sampled_token() -> None:
     from rollout.engine import SamplingParams
     from rollout.trajectory import Trajectory, Turn
     from t1core.drift import CompletionLog
-    from t1core.tokenizer import ChatTokenizer, format_tool_call
+    from t1model.tokenizer import ChatTokenizer, format_tool_call
     from t1core.warmstart import ReferenceEngine
 
     tok = ChatTokenizer.builtin()

@@ -10,8 +10,8 @@ import torch
 from t1core.batch import pack
 from t1core.config import AlgoSection, load_config
 from t1core.losses import gae, place_terminal_rewards
-from t1core.model import ModelConfig, MoEModel, ValueModel
-from kernels.logprob import token_logprobs
+from t1model.model import ModelConfig, MoEModel, ValueModel
+from t1kernels.logprob import token_logprobs
 from t1core.step import flat_groups
 from t1core.update import (Scored, _normalise_advantages, policy_logprobs, score, sft_num_steps,
                            sft_update)

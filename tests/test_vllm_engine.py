@@ -23,8 +23,8 @@ from rollout.vllm_convert import (finish_reason, max_new_tokens, moe_routing, sa
                                   vllm_sampling_kwargs)
 from rollout.vllm_engine import VLLMEngine
 from rollout.vllm_weights import ValidatedStream, expected_hf_params
-from t1core.hf_io import hf_state_dict
-from t1core.model import ModelConfig, MoEModel
+from t1model.hf_io import hf_state_dict
+from t1model.model import ModelConfig, MoEModel
 from tests import fake_vllm
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=3, mlp_only_layers=(1,))  # layer 1 dense: L=3, L_moe=2
@@ -285,12 +285,12 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
         docker.from_env().ping()
     except docker.errors.DockerException:
         pytest.skip("no Docker daemon answers")
-    from kernels.logprob import token_logprobs
+    from t1kernels.logprob import token_logprobs
     from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
     from sandbox import suite
     from sandbox.task_images import build_task_image, default_base_image_overrides
     from t1core.drift import CompletionLog
-    from t1core.tokenizer import ChatTokenizer
+    from t1model.tokenizer import ChatTokenizer
 
     tok = ChatTokenizer.builtin()
     tasks = suite.family_tasks(tmp_path, split="train", num_per_family=2, families=["create_file"])

@@ -79,7 +79,7 @@ def test_rollout_ranks_split_the_episodes() -> None:
 def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     from t1core import builders
     from t1core.config import load_config
-    from t1core.model import ModelConfig, MoEModel
+    from t1model.model import ModelConfig, MoEModel
     from tests import fake_vllm
 
     monkeypatch.setattr(vllm_api, "load_vllm", fake_vllm.fake_api)
@@ -206,8 +206,8 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
     from sandbox.suite import family_tasks
     from t1core.checkpointing import load_checkpoint
     from t1core.distributed import _unit_groups
-    from t1core.hf_io import load_pretrained
-    from t1core.model import ModelConfig, MoEModel
+    from t1model.hf_io import load_pretrained
+    from t1model.model import ModelConfig, MoEModel
 
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])

@@ -12,7 +12,7 @@ command per family, and the total.
 
 from __future__ import annotations
 
-import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
+import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 from collections import Counter
 
 import torch
@@ -20,9 +20,9 @@ import torch
 from sandbox.cli import Parser, bad_input
 from sandbox.families import FAMILIES, generate
 from sandbox.suite import SEED_STRIDE
-from t1core.hf_io import load_pretrained
-from t1core.model import MoEModel
-from t1core.tokenizer import ChatTokenizer, format_tool_call
+from t1model.hf_io import load_pretrained
+from t1model.model import MoEModel
+from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 END = "</tool_call>"
 

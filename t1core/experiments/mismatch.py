@@ -34,7 +34,7 @@ SFT), so replies look like tool calls; `--sft-epochs 0` samples from the raw ini
 
 from __future__ import annotations
 
-import t1core.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
+import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
 import contextlib
 import copy
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from kernels.moe import route
+from t1kernels.moe import route
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -62,10 +62,10 @@ from sandbox.tasks import Task
 from t1core.batch import PackedBatch, pack
 from t1core.drift import CompletionLog
 from t1core.losses import mismatch_metrics
-from t1core.hf_io import load_pretrained
-from t1core.model import ModelConfig, MoEModel
+from t1model.hf_io import load_pretrained
+from t1model.model import ModelConfig, MoEModel
 from t1core.retokenize import retokenize
-from t1core.tokenizer import ChatTokenizer
+from t1model.tokenizer import ChatTokenizer
 from t1core.update import policy_logprobs, sft_update
 from t1core.warmstart import reference_transcripts
 

@@ -1,7 +1,7 @@
 """Triton kernels of the fused MoE backward: combine-weight and activation gradients, dx, and the expert weight
 gradients split into fixed row chunks. No host synchronisation.
 
-Legend as in `kernels.moe_triton` (T tokens, D model dim, F expert hidden dim, E experts, K top-k, M padded rows),
+Legend as in `t1kernels.moe_triton` (T tokens, D model dim, F expert hidden dim, E experts, K top-k, M padded rows),
 plus C chunks and S partial slots. The rows of each expert's segment are cut into chunks of a fixed size
 (`dw_chunks`: max(dw_step, M / dw_splits) rounded up to dw_step, known on the host from M alone). One program per
 (chunk, tile) sums its chunk's rows into an fp32 tile. An expert with one chunk (every expert under uniform
@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_triton import (ExpertAlignment, MoEConfig, MoESavedTriton, _combine, _new, _row_block, _row_slice,
+from t1kernels.moe_triton import (ExpertAlignment, MoEConfig, MoESavedTriton, _combine, _new, _row_block, _row_slice,
                                 _rows_gemm, _sigmoid, _up, align_by_expert, moe_config)
-from kernels.scratch import empty_unfilled
+from t1kernels.scratch import empty_unfilled
 
 _REDUCE_BLOCK = 1024
 

@@ -2,16 +2,16 @@
 
 Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k.
 `route` turns router logits into (weights, ids), optionally forcing replayed ids; `fused_moe` runs the SwiGLU
-experts for precomputed (ids, weights). CUDA tensors run the Triton kernels (`kernels.moe_triton`), CPU
-tensors the vectorised torch path (`kernels.moe_torch`); `T1_KERNEL_BACKEND` forces one (`kernels.backend`).
+experts for precomputed (ids, weights). CUDA tensors run the Triton kernels (`t1kernels.moe_triton`), CPU
+tensors the vectorised torch path (`t1kernels.moe_torch`); `T1_KERNEL_BACKEND` forces one (`t1kernels.backend`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.backend import select_backend
-from kernels.moe_torch import moe_bwd, moe_bwd_saved, moe_fwd, moe_fwd_saving
+from t1kernels.backend import select_backend
+from t1kernels.moe_torch import moe_bwd, moe_bwd_saved, moe_fwd, moe_fwd_saving
 
 _ID_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
 
@@ -148,7 +148,7 @@ class FusedMoEFunction(torch.autograd.Function):
     def forward(ctx, x, w13, w2, topk_ids, topk_weights, backend, keep):  # type: ignore[override]
         ctx.backend = backend
         if backend == "triton":
-            from kernels.moe_triton import moe_fwd_triton
+            from t1kernels.moe_triton import moe_fwd_triton
             ctx.save_for_backward(x, w13, w2, topk_ids, topk_weights)
             y, ctx.moe_saved = moe_fwd_triton(x, w13, w2, topk_ids, topk_weights, save=keep)
             return y
@@ -165,7 +165,7 @@ class FusedMoEFunction(torch.autograd.Function):
     def backward(ctx, dy):  # type: ignore[override]
         dy = dy.contiguous()
         if ctx.backend == "triton":
-            from kernels.moe_triton_bwd import moe_bwd_triton
+            from t1kernels.moe_triton_bwd import moe_bwd_triton
             x, w13, w2, topk_ids, topk_weights = ctx.saved_tensors
             dx, dw13, dw2, dw = moe_bwd_triton(dy, x, w13, w2, topk_ids, topk_weights, saved=ctx.moe_saved)
         elif ctx.moe_saved is None:

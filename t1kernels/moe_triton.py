@@ -1,5 +1,5 @@
 """Triton kernels of the fused MoE dispatch: alignment, forward, and the pieces the backward shares
-(`kernels.moe_triton_bwd`), grouped by expert, no host synchronisation.
+(`t1kernels.moe_triton_bwd`), grouped by expert, no host synchronisation.
 
 Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, P = T*K (token, slot) pairs,
 M = padded row count (pairs sorted by expert, each expert's rows padded to a multiple of BLOCK_M).
@@ -12,7 +12,7 @@ single expert. Outputs per pair are written to the sorted rows and reduced over 
 h [M, 2F] for the backward (no second sort, no recomputed up projection); `fused_moe(..., recompute=True)` keeps
 neither and the backward recomputes both. Pointer offsets are int64 (packed RL batches pass 2^31 elements). fp32
 inputs use IEEE dots (PREC="ieee": TF32 would miss fp32 tolerances); bf16/fp16 take the default tensor-core path
-(PREC="tf32", which only affects fp32 operands) and accumulate in fp32. Scratch comes from `kernels.scratch`: not
+(PREC="tf32", which only affects fp32 operands) and accumulate in fp32. Scratch comes from `t1kernels.scratch`: not
 NaN-filled under deterministic mode, since every element a kernel reads was written by an earlier kernel. E and
 TOPK are runtime arguments, not constexprs: one compile serves every expert count and top-k.
 """
@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import interpreter_on
-from kernels.scratch import empty_unfilled, scratch
+from t1kernels.backend import interpreter_on
+from t1kernels.scratch import empty_unfilled, scratch
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ def moe_config(dtype: torch.dtype) -> MoEConfig:
     numpy), with a weight-gradient step twice the alignment so that the tests cross segment ends. GPU (anything
     else: CPU tensors only reach the Triton path through the interpreter): tiles for the H100/H200 class at
     Qwen3-MoE widths, picked from sweeps on an H200 (bench/gpu_check_moe.py --sweep, T=8192, E=128, K=8) among the
-    tiles that ptxas compiles for sm_90a without register spills (`python -m kernels.aot_report`,
+    tiles that ptxas compiles for sm_90a without register spills (`python -m t1kernels.aot_report`,
     tests/test_moe.py checks it); fp32 runs IEEE dots (slow path, for tests) with smaller tiles to stay inside
     shared memory."""
     if interpreter_on():
@@ -256,7 +256,7 @@ def moe_config(dtype: torch.dtype) -> MoEConfig:
 
 
 def _new(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype, fill: float | None) -> torch.Tensor:
-    """Scratch buffer on like's device (`kernels.scratch`); tests pass fill=nan so that a read of a row no kernel
+    """Scratch buffer on like's device (`t1kernels.scratch`); tests pass fill=nan so that a read of a row no kernel
     wrote shows up."""
     return scratch(shape, dtype=dtype, device=like.device, fill=fill)
 
@@ -316,7 +316,7 @@ class MoESavedTriton:
 def moe_fwd_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                    topk_weights: torch.Tensor, *, save: bool = False, scratch_fill: float | None = None
                    ) -> tuple[torch.Tensor, MoESavedTriton | None]:
-    """Forward of `kernels.moe.fused_moe` (inputs contiguous and checked there) -> (y, saved).
+    """Forward of `t1kernels.moe.fused_moe` (inputs contiguous and checked there) -> (y, saved).
 
     save=True also writes h = [g; u] [M, 2F] and returns it with the alignment, so the backward neither sorts
     again nor recomputes the up projection; save=False (inference, or a memory-bound backward that recomputes)

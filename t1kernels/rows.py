@@ -34,7 +34,7 @@ _mode = threading.local()
 _t_cache: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
 MIN_ROWS = 16
-"""Fewest rows (or, for `t1core.decode_attention`, columns) a batch-invariant product runs with (see above)."""
+"""Fewest rows (or, for `t1model.decode_attention`, columns) a batch-invariant product runs with (see above)."""
 
 
 def batch_invariant() -> bool:
@@ -45,7 +45,7 @@ def batch_invariant() -> bool:
 @contextmanager
 def batch_invariant_mode(on: bool = True, *, cache_weights: bool = True) -> Iterator[None]:
     """Within the block, on this thread: the products below are row-invariant, and the CPU engine's cached
-    attention sums over fixed key blocks (`t1core.decode_attention`). cache_weights=False makes `t_cached` copy
+    attention sums over fixed key blocks (`t1model.decode_attention`). cache_weights=False makes `t_cached` copy
     afresh on every call: for weights whose storage may be refilled without a version bump (FSDP2 unshards
     into the same parameter object every forward), as the trainer's bitwise forward does."""
     before = batch_invariant(), getattr(_mode, "cache", True)
@@ -122,7 +122,7 @@ def tempered_log_softmax(logits_BV: torch.Tensor, temperature_B: torch.Tensor) -
 def token_logprobs_rows(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor, *,
                         temperature: float, return_entropy: bool = False
                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`kernels.logprob.token_logprobs` computed as the engine's sampler computes it: fp32 logits from
+    """`t1kernels.logprob.token_logprobs` computed as the engine's sampler computes it: fp32 logits from
     `mm_rows`, then `tempered_log_softmax`. Materialises [N, V] (the bitwise CPU mode's price; the fused kernel
     walks the vocabulary in tiles, another reduction order). Differentiable through autograd."""
     logits_NV = mm_rows(hidden_ND.float(), weight_VD.float())

@@ -7,7 +7,7 @@ Why: the engine batches whichever requests are ready, so a query shares its call
 padded to the longest of them and a prompt runs as one chunk or, after a prefix-cache hit, as a shorter one. SDPA
 sums over however many keys and rows the call has, so the same token's attention came out ~1e-7 apart depending on
 what ran beside it. Here every sum has a shape fixed by the data, not by the batch. The work runs transposed, with
-queries as columns: MKL's products are column-invariant for a row-major left operand from `kernels.rows.MIN_ROWS`
+queries as columns: MKL's products are column-invariant for a row-major left operand from `t1kernels.rows.MIN_ROWS`
 columns up (on the earlier boxes at any count, on AMD AVX2 from 12), and a chunk with fewer query columns is
 padded to that:
 - per key block, scores^T = K_blk [KB, Dh] @ q^T [Dh, R] and out^T = V_blk^T [Dh, KB] @ p^T [KB, R] (inner sizes
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.rows import MIN_ROWS
+from t1kernels.rows import MIN_ROWS
 
 KEY_BLOCK = 128
 """Keys per block of the fixed-shape sums."""
@@ -78,7 +78,7 @@ def _cols_attention(qt_PDGN: torch.Tensor, k_PnKD: torch.Tensor, v_PnDK: torch.T
                     num_b: int) -> torch.Tensor:
     num_p, head_dim, group, num_n = qt_PDGN.shape
     short = -(-MIN_ROWS // group) - num_n
-    if short > 0:  # fewer columns would take BLAS's small-matrix paths (kernels.rows); padded ones are dropped
+    if short > 0:  # fewer columns would take BLAS's small-matrix paths (t1kernels.rows); padded ones are dropped
         return _cols_attention(F.pad(qt_PDGN, (0, short)), k_PnKD, v_PnDK, F.pad(bias_BnKN, (0, short)),
                                num_b)[..., :num_n]
     num_blk, cols = k_PnKD.shape[1], group * num_n

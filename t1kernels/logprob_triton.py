@@ -14,7 +14,7 @@ once) and d_hidden += dz @ weight[chunk], accumulated by the GEMM itself into an
 fp32 output: `addmm(..., out_dtype=float32)`), so no chunk's partial product is rounded to bf16 or takes a
 separate add pass. The entropy term is compiled in only when an entropy gradient arrives (HAS_GEN): the trainer
 skips it when the entropy coefficient is 0. No float atomics anywhere: the result is deterministic run to run.
-Scratch is allocated without torch's deterministic NaN fill (`kernels.scratch`): the kernels write every element.
+Scratch is allocated without torch's deterministic NaN fill (`t1kernels.scratch`): the kernels write every element.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import interpreter_on
-from kernels.scratch import empty_unfilled, scratch
+from t1kernels.backend import interpreter_on
+from t1kernels.scratch import empty_unfilled, scratch
 
 # Backward scratch for dz ([N, chunk] in the input dtype): at most this many bytes unless N * BLOCK_V exceeds it.
 SCRATCH_BYTES = 256 * 2**20
@@ -135,7 +135,7 @@ def _config(dtype: torch.dtype, kernel: str = "fwd") -> dict:
 
     The interpreter gets small tiles (it runs programs one at a time). bf16/fp16 on the GPU: a 128 x 128 logits
     tile over 8 warps, the largest that ptxas compiles for sm_90a without register spills in both kernels, with
-    and without entropy (`python -m kernels.aot_report`; the 128 x 256 tile of the earlier sweep spilled 0.4-0.5
+    and without entropy (`python -m t1kernels.aot_report`; the 128 x 256 tile of the earlier sweep spilled 0.4-0.5
     KiB per thread in the forward).
     """
     precision = "ieee" if dtype == torch.float32 else "tf32"  # fp32 must not silently drop to TF32

@@ -1,7 +1,7 @@
 """OpenMP settings for CPU runs, applied when an entry point imports this module first (before torch).
 
 Entry points (`python -m t1core.train`, `rollout.collect`, the experiments) import it as their first import;
-library code never does, so importing `t1core.model` in a notebook changes nothing in the environment. The
+library code never does, so importing `t1model.model` in a notebook changes nothing in the environment. The
 tests and benchmarks get the same settings from the root conftest.py. An explicit setting by the user wins.
 """
 

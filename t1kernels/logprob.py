@@ -1,7 +1,7 @@
 """Log-probabilities (and entropy) of exact token IDs under the LM head, with logits memory bounded by a tile.
 
 Legend: N rows (tokens), D model dim, V vocab. Backends: Triton kernels (`logprob_triton`, CUDA or the
-interpreter) and torch (`logprob_torch`, CPU); `kernels.backend.select_backend` picks one. All run the same
+interpreter) and torch (`logprob_torch`, CPU); `t1kernels.backend.select_backend` picks one. All run the same
 autograd Function over a (forward, backward) pair. Triton and the chunked torch path save only the per-row
 log-sum-exp and E_p[z] (O(N)) and recompute the logits block by block in the backward; on the torch backend,
 logits that fit one tile (`logprob_torch.fits_one_tile`) instead keep their log-softmax, so nothing is recomputed.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from kernels import logprob_torch
-from kernels.backend import Backend, select_backend
+from t1kernels import logprob_torch
+from t1kernels.backend import Backend, select_backend
 
 _OP = "token_logprobs"
 
@@ -25,7 +25,7 @@ def _impl(backend: Backend, num_rows: int, vocab: int):
         if logprob_torch.fits_one_tile(num_rows, vocab):
             return logprob_torch.tile_logprob_fwd, logprob_torch.tile_logprob_bwd, logprob_torch.tile_logprob_drop
         return logprob_torch.chunked_logprob_fwd, logprob_torch.chunked_logprob_bwd, None
-    from kernels import logprob_triton  # imported lazily: importing triton is slow and optional on CPU
+    from t1kernels import logprob_triton  # imported lazily: importing triton is slow and optional on CPU
     return logprob_triton.triton_logprob_fwd, logprob_triton.triton_logprob_bwd, None
 
 
@@ -133,7 +133,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     Memory: never holds more than a fixed number of [block_rows, block_cols] tiles plus O(N * D). The vocabulary
     is walked in blocks with an online max / log-sum-exp in fp32 and the backward recomputes logits blockwise;
     on CPU, logits that fit a single tile (N * V <= 2**23) are held whole from forward to backward instead
-    (`kernels.logprob_torch`). Deterministic: fixed reduction order, no float atomics.
+    (`t1kernels.logprob_torch`). Deterministic: fixed reduction order, no float atomics.
 
     Raises:
         ValueError naming the argument: wrong ranks/shapes/dtypes/devices, temperature <= 0, target IDs out

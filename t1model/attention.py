@@ -21,9 +21,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.rows import batch_invariant
-from t1core import block_attention
-from t1core.decode_attention import KEY_BLOCK, decode_attention, key_bias
+from t1kernels.rows import batch_invariant
+from t1model import block_attention
+from t1model.decode_attention import KEY_BLOCK, decode_attention, key_bias
 
 # Documents of unequal length run as one right-padded SDPA batch while B * max_len <= PAD_LIMIT * T: up to that much
 # padded work costs less than one small SDPA call (forward and backward) per document. On the tiny model's
@@ -145,7 +145,7 @@ def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.T
 
     `mask_B1NS` (bool, True = attend) encodes each slot's cached length and the causal order inside the chunk;
     None means every query sees every key (one-token decode where S is exactly each slot's length).
-    In batch-invariant mode on the CPU (`kernels.rows.batch_invariant_mode`) each row's result does not depend on
+    In batch-invariant mode on the CPU (`t1kernels.rows.batch_invariant_mode`) each row's result does not depend on
     the rest of the batch (`decode_attention`); otherwise torch SDPA.
     """
     if q_BHND.device.type == "cpu" and batch_invariant():

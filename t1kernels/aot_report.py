@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of the Triton kernels at production shapes, compiled ahead of time for a GPU
 target on a machine without one.
 
-    python -m kernels.aot_report [--arch 90] [--json]
+    python -m t1kernels.aot_report [--arch 90] [--json]
 
 How: the host functions of the kernels (`moe_fwd_triton`, `moe_bwd_triton`, `triton_logprob_fwd`/`_bwd`) run on
 meta tensors of the production shapes with every Triton launch recorded instead of run (`record_launches`), so the
@@ -168,8 +168,8 @@ def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
 
 def moe_cases(dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, Callable[[], object]]]:
     """(case, thunk) running the MoE forward and both backwards on meta tensors of each production shape."""
-    from kernels.moe_triton import moe_fwd_triton
-    from kernels.moe_triton_bwd import moe_bwd_triton
+    from t1kernels.moe_triton import moe_fwd_triton
+    from t1kernels.moe_triton_bwd import moe_bwd_triton
     for name, (T, D, F, E, K) in MOE_SHAPES.items():
         x, w13, w2, dy = _meta(T, D, dtype=dtype), _meta(E, 2 * F, D, dtype=dtype), _meta(E, D, F, dtype=dtype), \
             _meta(T, D, dtype=dtype)
@@ -185,7 +185,7 @@ def moe_cases(dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, Callab
 def logprob_cases(dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, Callable[[], object]]]:
     """(case, thunk) running the log-prob forward with and without entropy and the backward with and without an
     entropy gradient on meta tensors."""
-    from kernels.logprob_triton import triton_logprob_bwd, triton_logprob_fwd
+    from t1kernels.logprob_triton import triton_logprob_bwd, triton_logprob_fwd
     for name, (N, D, V) in LOGPROB_SHAPES.items():
         h, wt, tgt = _meta(N, D, dtype=dtype), _meta(V, D, dtype=dtype), _meta(N, dtype=torch.int64)
         g = _meta(N, dtype=torch.float32)
@@ -207,7 +207,7 @@ def kernels_of(module_names: tuple[str, ...]) -> list[JITFunction]:
     return out
 
 
-_MODULES = ("kernels.moe_triton", "kernels.moe_triton_bwd", "kernels.logprob_triton")
+_MODULES = ("t1kernels.moe_triton", "t1kernels.moe_triton_bwd", "t1kernels.logprob_triton")
 
 
 def production_reports(*, arch: int = 90, which: tuple[str, ...] = ("moe", "logprob")) -> list[KernelReport]:
@@ -231,7 +231,7 @@ def production_reports(*, arch: int = 90, which: tuple[str, ...] = ("moe", "logp
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.aot_report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m t1kernels.aot_report", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (90: H100/H200, sm_90a)")
     p.add_argument("--only", choices=("moe", "logprob"), help="one kernel family")
     p.add_argument("--json", action="store_true", help="one JSON object per kernel instead of a table")

@@ -4,14 +4,14 @@ Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, P = T*K 
 C capacity (rows per expert in the padded layout). w13_EFD is [E, 2F, D] (gate rows then up rows), w2_EDF is
 [E, D, F].
 
-`moe_fwd_saving` / `moe_bwd_saved` are the torch backend of `kernels.moe.fused_moe`. Pairs are laid out by expert
+`moe_fwd_saving` / `moe_bwd_saved` are the torch backend of `t1kernels.moe.fused_moe`. Pairs are laid out by expert
 once (`expert_layout`, one host sync); the expert GEMMs then run either as batched matmuls over a padded
 [E, C, .] layout (few large ops; chosen while padding costs little) or as one matmul per expert over the packed
 sorted rows (skewed routing, where padding would multiply the work). The forward keeps the gathered inputs and
 the pre-activation h = [g; u] of every row, so the backward does no GEMM recompute. Gathers are index_select,
 the combine (and dx) is one [T, D] gather per slot summed over K in index order, and no float scatter or atomic
-is used: results do not depend on thread scheduling. In `kernels.rows.batch_invariant_mode` (the CPU engine)
-the forward multiplies by cached row-major weight copies and never runs fewer than `kernels.rows.MIN_ROWS` rows,
+is used: results do not depend on thread scheduling. In `t1kernels.rows.batch_invariant_mode` (the CPU engine)
+the forward multiplies by cached row-major weight copies and never runs fewer than `t1kernels.rows.MIN_ROWS` rows,
 so a token's result does not depend on how many others its expert got either. `moe_loop_reference` is the
 naive per-expert, per-slot loop for tests.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.rows import MIN_ROWS, batch_invariant, pad_rows, t_cached
+from t1kernels.rows import MIN_ROWS, batch_invariant, pad_rows, t_cached
 
 # The padded layout is used while E * C <= PAD_LIMIT * P: up to this much extra GEMM work costs less than the
 # per-expert loop's op count (measured on the tiny model, 2 cores: about 9% padding at T=2048, E=16, K=2).
@@ -53,7 +53,7 @@ def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
     counts_E = torch.bincount(ids_P, minlength=num_experts)
     counts = counts_E.tolist()  # sync: the layout (capacity, per-expert slices) is chosen on the host
     cap = max(counts, default=0)
-    if batch_invariant():  # fewer rows per batch entry would take BLAS's small-matrix paths (kernels.rows)
+    if batch_invariant():  # fewer rows per batch entry would take BLAS's small-matrix paths (t1kernels.rows)
         cap = max(cap, MIN_ROWS)
     start_E = torch.cumsum(counts_E, 0) - counts_E
     padded = num_experts * cap <= PAD_LIMIT * num_p
@@ -77,7 +77,7 @@ def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout) -> torc
     if lay.groups is None:
         return torch.bmm(a_RX.view(num_e, lay.capacity, a_RX.shape[1]), w_EXY).view(a_RX.shape[0], y)
     out_RY = torch.empty(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
-    pad = batch_invariant()  # fewer rows would take BLAS's small-matrix paths (kernels.rows)
+    pad = batch_invariant()  # fewer rows would take BLAS's small-matrix paths (t1kernels.rows)
     for e, lo, hi in lay.groups:
         if pad and hi - lo < MIN_ROWS:
             out_RY[lo:hi] = torch.mm(pad_rows(a_RX[lo:hi]), w_EXY[e])[:hi - lo]
@@ -139,7 +139,7 @@ class MoESaved:
 
 def moe_fwd_saving(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, topk_ids_TK: torch.Tensor,
                    topk_weights_TK: torch.Tensor) -> tuple[torch.Tensor, MoESaved]:
-    """Forward of the fused MoE on the torch path (see `kernels.moe.fused_moe`) and the state its backward needs."""
+    """Forward of the fused MoE on the torch path (see `t1kernels.moe.fused_moe`) and the state its backward needs."""
     T, K = topk_ids_TK.shape
     num_e, num_f = w13_EFD.shape[0], w2_EDF.shape[2]
     lay = expert_layout(topk_ids_TK, num_e)
@@ -190,7 +190,7 @@ def moe_bwd_saved(dy_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tens
 
 def moe_fwd(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tensor, topk_ids_TK: torch.Tensor,
             topk_weights_TK: torch.Tensor) -> torch.Tensor:
-    """Forward of the fused MoE on the torch path (see `kernels.moe.fused_moe`)."""
+    """Forward of the fused MoE on the torch path (see `t1kernels.moe.fused_moe`)."""
     return moe_fwd_saving(x_TD, w13_EFD, w2_EDF, topk_ids_TK, topk_weights_TK)[0]
 
 

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from t1core.model import ModelConfig, MoEModel
+from t1model.model import ModelConfig, MoEModel
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

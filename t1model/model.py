@@ -3,12 +3,12 @@
 Legend: T packed tokens, B documents/slots, D model dim, F expert hidden dim, E experts, K top-k, L_moe MoE layers,
 V vocab, H query heads, Hkv KV heads, Dh head dim, S cache length.
 
-Semantics follow Hugging Face's Qwen3-MoE so real checkpoints load unchanged (t1core.hf_io): pre-norm blocks
+Semantics follow Hugging Face's Qwen3-MoE so real checkpoints load unchanged (t1model.hf_io): pre-norm blocks
 with RMSNorm, rotate-half RoPE, grouped-query attention with per-head q/k RMSNorm, a softmax(fp32) top-k router
 with optional renormalisation (`norm_topk_prob`), SwiGLU experts, and dense SwiGLU layers where `mlp_only_layers`
 / `decoder_sparse_step` say so. Expert weights are stacked: w13 [E, 2F, D] (gate rows, then up rows), w2 [E, D, F].
 Inputs are packed 1-D token rows with `cu_seqlens`; the forward returns hidden states (log-probs go through
-`kernels.logprob.token_logprobs` with `lm_head.weight`) and, on request, the routing [T, L_moe, K] for R3.
+`t1kernels.logprob.token_logprobs` with `lm_head.weight`) and, on request, the routing [T, L_moe, K] for R3.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
-from kernels.moe import check_routing, fused_moe, route
-from kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, rope_cos_sin
-from kernels.rows import linear_rows
-from t1core.attention import AttnContext, CachedContext, KVCache, PackedContext
+from t1kernels.moe import check_routing, fused_moe, route
+from t1kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, rope_cos_sin
+from t1kernels.rows import linear_rows
+from t1model.attention import AttnContext, CachedContext, KVCache, PackedContext
 
 __all__ = ["ModelConfig", "MoEModel", "ValueModel", "KVCache", "set_moe_recompute"]
 
@@ -157,7 +157,7 @@ the directory of a HF Qwen3-MoE checkpoint."""
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose rows do not depend on how many rows there are (`kernels.rows`): a token decoded alone
+    """nn.Linear whose rows do not depend on how many rows there are (`t1kernels.rows`): a token decoded alone
     gives the same bits as the same token decoded beside others."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -413,7 +413,7 @@ class MoEModel(nn.Module):
 
     def compute_logits(self, input_ids_T: torch.Tensor, *, cu_seqlens: torch.Tensor | list[int] | None = None,
                        replay_routing: torch.Tensor | None = None) -> torch.Tensor:
-        """Materialised logits [T, V] (tests and debugging only: training uses kernels.logprob)."""
+        """Materialised logits [T, V] (tests and debugging only: training uses t1kernels.logprob)."""
         return self.lm_head(self(input_ids_T, cu_seqlens=cu_seqlens, replay_routing=replay_routing))
 
     def new_kv_cache(self, num_slots: int, max_seq_len: int | None = None, *, dtype: torch.dtype | None = None,
