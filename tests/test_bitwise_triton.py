@@ -49,7 +49,25 @@ def test_attention_decode_prefill_and_packed_forward_give_the_same_bits(cases: d
     assert cases["attn_other_blocks_differ"]
 
 
+def _fixed_order_dot() -> None:
+    """The interpreter runs `tl.dot` through numpy's matmul, whose BLAS picks its own reduction order per output
+    position: on some hosts rows 6-15 of a 16x32 @ 32x32 tile round differently once moved to row 0. That is the
+    host's doing, not the kernel's (a GPU's MMA treats every row of a tile alike). Every element here gets one fp32
+    multiply-add per k, in ascending k, so the bits this file compares depend only on what the kernel controls: its
+    tiles and the order it walks them."""
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # noqa: ARG001 (the builder's signature)
+        acc = d.data.copy()
+        for k in range(a.data.shape[-1]):
+            acc = acc + a.data[..., :, k:k + 1].astype(acc.dtype) * b.data[..., k:k + 1, :].astype(acc.dtype)
+        return interpreter.TensorHandle(acc, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
 def _cases() -> dict:
+    _fixed_order_dot()
     from t1kernels import bitwise_triton as bt
 
     g = torch.Generator().manual_seed(0)
