@@ -30,7 +30,11 @@ setup(
         "triton": ["triton>=3.0"],
         # vllm: rollout/vllm_engine.py was written against 0.33 (routed_experts_prompt_start, trainer-side
         # weight-transfer engines); rollout.vllm_api.SUPPORTED holds the same range.
-        "gpu": ["triton>=3.0", "vllm>=0.33,<0.34", "flash-attn>=2.6", "nvidia-ml-py>=12.0"],
+        # locks/gpu.txt pins the set (vllm 0.33.0 requires torch==2.14.0; install that torch first, README).
+        "gpu": ["triton>=3.0", "vllm>=0.33,<0.34", "nvidia-ml-py>=12.0"],
+        # flash-attn compiles against the installed CUDA torch: its own extra, installed last with
+        # --no-build-isolation (t1model.attention uses it when importable, else SDPA).
+        "flash": ["flash-attn>=2.6"],
         "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51"],
     },
 )

@@ -72,3 +72,61 @@ def test_transformers_qwen3_moe_and_our_kernels_in_one_process(where: str, tmp_p
     proc = subprocess.run([sys.executable, "-c", _SNIPPET.format(root=str(ROOT))], cwd=cwd, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def _lock(name: str) -> dict[str, str]:
+    """locks/NAME.txt as {normalized distribution name: version}."""
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / "locks" / f"{name}.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            dist, _, version = line.partition("==")
+            assert version, f"locks/{name}.txt: {line!r} is not an exact pin"
+            pins[canonicalize_name(dist)] = version
+    return pins
+
+
+def _setup_requirements(*extras: str) -> list[str]:
+    import ast
+
+    kw = {k.arg: k.value for n in ast.walk(ast.parse((ROOT / "setup.py").read_text())) if isinstance(n, ast.Call)
+          for k in n.keywords}
+    reqs = ast.literal_eval(kw["install_requires"])
+    return reqs + [r for e in extras for r in ast.literal_eval(kw["extras_require"])[e]]
+
+
+@pytest.mark.parametrize("lock, extras", [("cpu", ("dev",)), ("gpu", ("gpu", "dev", "flash"))])
+def test_each_lock_pins_every_requirement_at_a_version_setup_py_accepts(lock: str, extras: tuple[str, ...]) -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    pins = _lock(lock)
+    for text in _setup_requirements(*extras):
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        name = canonicalize_name(req.name)
+        assert name in pins, f"locks/{lock}.txt does not pin {req.name}"
+        assert req.specifier.contains(Version(pins[name]), prereleases=True), f"locks/{lock}.txt: {name}=={pins[name]} " \
+            f"is outside setup.py's {req}"
+    if lock == "cpu":
+        assert pins["torch"].endswith("+cpu")  # the CPU wheel: a bare torch would be a multi-GB CUDA build
+    else:  # what vLLM 0.33.0 itself requires (its wheel's metadata)
+        assert pins["vllm"] == "0.33.0" and pins["torch"] == "2.14.0"
+        assert Version(pins["transformers"]) < Version("5.21")
+
+
+def test_the_installed_set_is_the_lock() -> None:
+    """What setup.sh installed is what CI tested: every locked distribution present here has the locked version."""
+    import torch
+    from packaging.utils import canonicalize_name
+
+    pins = _lock("gpu" if torch.version.cuda else "cpu")
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    drift = {name: (installed[name], version) for name, version in pins.items()
+             if name in installed and installed[name] != version}
+    assert not drift, f"installed vs locked: {drift} (run scripts/setup.sh, or refresh the lock: scripts/lock.sh)"
+    missing = sorted(set(pins) - set(installed))
+    assert not missing or torch.version.cuda, f"locked but not installed: {missing}"
