@@ -7,8 +7,8 @@ at its own task's agent timeout. A task is resolved by an attempt when all its v
 resolved rate is the mean of the task rates with a 95% bootstrap interval over tasks (rollout.scorecard), and
 after RL the paired change per task from the evaluation before RL (rollout.report.paired_change).
 
-Files: run_dir/eval/{tag}/{benchmark}_{kind}.jsonl (one record per attempt) and .tsv (the per-task table);
-metrics `eval/{benchmark}/{kind}_*`. The built-in held-out split ('builtin') keeps its own path (t1core.heldout).
+Files: run_dir/eval/{tag}/{benchmark}_{kind}.jsonl (one record per attempt) and .tsv (the per-task table), the
+episodes in run_dir/trajectories/eval_{tag}_{benchmark}_{kind}; metrics `eval/{benchmark}/{kind}_*`. The built-in held-out split ('builtin') keeps its own path (t1core.heldout).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from rollout import scorecard
 from rollout.report import paired_change
-from rollout.trajectory import Trajectory
+from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.overlap import check_disjoint
 from sandbox.tasks import Task, load_task_dirs
 from t1core.config import RunConfig
@@ -80,6 +80,7 @@ def score(run_dir: Path, tag: str, name: str, kind: str, trajs: list[Trajectory]
     for t in trajs:
         records.append(scorecard.attempt_record(t, attempt=seen.get(t.task_name, 0)))
         seen[t.task_name] = seen.get(t.task_name, 0) + 1
+    save_trajectories(trajs, run_dir / "trajectories" / f"eval_{tag}_{name}_{kind}")  # rollout.report reads these
     path = _path(run_dir, tag, name, kind)
     scorecard.write_records(path, records)
     path.with_suffix(".tsv").write_text(scorecard.format_table(scorecard.task_table(records), sep="\t"))
