@@ -184,3 +184,23 @@ def test_evaluate_writes_its_report_and_resumes(tmp_path: Path, checkpoint: Path
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds an evaluation with temperature=0.0, not 1.0" in err[0]
+
+
+def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--engine picks the engine; both serve the checkpoint's weights (vLLM: the CPU fake of 0.33's AsyncLLM,
+    tests/fake_vllm.py, which loads the directory it is given as vLLM would): the same greedy tokens."""
+    from rollout import vllm_api
+    from rollout.engine import SamplingParams
+    from tests import fake_vllm
+
+    monkeypatch.setattr(vllm_api, "load_vllm", fake_vllm.fake_api)
+    base = ["--checkpoint", str(checkpoint), "--tasks", "unused", "--out", "unused", "--device", "cpu",
+            "--max-reply-tokens", "8", "--max-tokens", "300"]
+    tokens = {}
+    for name, cls in (("torch", "TorchEngine"), ("vllm", "VLLMEngine")):
+        engine, tok = evaluate.open_engine(evaluate._parse_args([*base, "--engine", name]))
+        with engine:
+            assert type(engine).__name__ == cls
+            prompt = tok.encode_prompt("You are in a shell.", "List the files.")
+            tokens[name] = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=6))[0].token_ids
+    assert len(tokens["torch"]) == 6 and tokens["torch"] == tokens["vllm"]
