@@ -8,7 +8,8 @@ resolved rate is the mean of the task rates with a 95% bootstrap interval over t
 after RL the paired change per task from the evaluation before RL (rollout.report.paired_change).
 
 Files: run_dir/eval/{tag}/{benchmark}_{kind}.jsonl (one record per attempt) and .tsv (the per-task table), the
-episodes in run_dir/trajectories/eval_{tag}_{benchmark}_{kind}; metrics `eval/{benchmark}/{kind}_*`. The built-in held-out split ('builtin') keeps its own path (t1core.heldout).
+episodes in run_dir/trajectories/eval_{tag}_{benchmark}_{kind}; metrics `eval/{benchmark}/{kind}_*`. The built-in
+held-out split ('builtin') keeps its own path (t1core.heldout).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ def load_benchmarks(cfg: RunConfig, train: list[Task]) -> dict[str, list[Task]]:
     for source in cfg.eval.source:
         if source == BUILTIN:
             continue
-        base = Path(source).resolve().name
-        name = next(n for i in range(1, len(cfg.eval.source) + 2) if (n := base if i == 1 else f"{base}-{i}") not in out)
+        base = name = Path(source).resolve().name
+        copies = 1
+        while name in out:
+            copies += 1
+            name = f"{base}-{copies}"
         out[name] = load_task_dirs(source)
         check_disjoint(train, out[name], train_what=f"tasks.source={cfg.tasks.source!r}",
                        held_out_what=f"eval.source {source!r}")

@@ -172,7 +172,7 @@ class Trainer:
         w, t = self.cfg.warmstart, self.tasks
         opt, sched = builders.make_optimizer(self.policy, lr=w.pretrain_lr, cfg=self.cfg)
         families = list(self.cfg.tasks.families) or list(FAMILIES)
-        avoid = {task.instruction.strip() for task in t.rl + t.heldout_family}
+        avoid = {task.instruction.strip() for task in t.rl + t.heldout_family + sum(t.benchmarks.values(), [])}
         with self.clock.phase("pretrain"):
             return pretrain(self.policy, self.tok, families=families, steps=w.pretrain_steps, opt=opt, sched=sched,
                             grad_clip=self.cfg.optim.grad_clip, row_tokens=w.pretrain_row_tokens,

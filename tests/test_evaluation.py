@@ -38,7 +38,8 @@ def test_overlap_by_name_and_by_normalized_instruction(tmp_path: Path, train_dir
     check_disjoint(train, bench, train_what="A", held_out_what="B")  # disjoint: no error
     # A renamed copy whose instruction differs only in case and spacing, and a same-named task.
     t = train[0]
-    write_task(tmp_path / "b2", "renamed", "  " + t.instruction.upper().replace(" ", "\n  "), "def test_x():\n    pass\n")
+    respaced = "  " + t.instruction.upper().replace(" ", "\n  ")
+    write_task(tmp_path / "b2", "renamed", respaced, "def test_x():\n    pass\n")
     write_task(tmp_path / "b2", train[1].name, "Something else entirely.", "def test_x():\n    pass\n")
     found = find_overlaps(train, load_task_dirs(tmp_path / "b2"))
     assert {(o.train, o.held_out, o.why) for o in found} == {(t.name, "renamed", "same instruction"),
@@ -186,7 +187,8 @@ def test_evaluate_writes_its_report_and_resumes(tmp_path: Path, checkpoint: Path
     assert len(err) == 1 and "holds an evaluation with temperature=0.0, not 1.0" in err[0]
 
 
-def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """--engine picks the engine; both serve the checkpoint's weights (vLLM: the CPU fake of 0.33's AsyncLLM,
     tests/fake_vllm.py, which loads the directory it is given as vLLM would): the same greedy tokens."""
     from rollout import vllm_api
@@ -204,3 +206,19 @@ def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path, mon
             prompt = tok.encode_prompt("You are in a shell.", "List the files.")
             tokens[name] = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=6))[0].token_ids
     assert len(tokens["torch"]) == 6 and tokens["torch"] == tokens["vllm"]
+
+
+def test_benchmarks_are_named_after_their_directories(tmp_path: Path, train_dir: Path) -> None:
+    from t1core import builders
+    from t1core.evaluation import load_benchmarks
+
+    a = write_benchmark(tmp_path / "x" / "B", ("probe-os",))
+    b = write_benchmark(tmp_path / "y" / "B", ("probe-flag",))
+    cfg = train.load_config(None, [f"--tasks.source={train_dir}", f"--eval.source=[{a}, {b}, builtin]"])
+    got = load_benchmarks(cfg, load_task_dirs(train_dir))
+    assert {k: [t.name for t in v] for k, v in got.items()} == {"B": ["probe-os"], "B-2": ["probe-flag"]}
+    write_benchmark(b, ("probe-os",))  # now in both directories
+    with pytest.raises(ValueError, match=r"eval.source: task names \['probe-os'\] appear in more than one"):
+        load_benchmarks(cfg, load_task_dirs(train_dir))
+    with pytest.raises(ValueError, match="eval.source: expected 'builtin' or directories of tasks, got '/nope'"):
+        builders.check_config(train.load_config(None, ["--eval.source=/nope"]))
