@@ -102,13 +102,22 @@ def paired_change(samples: list[Sample], baseline: list[Sample], *, seed: int = 
         return sum(s.solved for s in ss) / len(ss)
 
     diffs = [rate(new[t]) - rate(old[t]) for t in common]
-    rng = random.Random(seed)
     n = len(diffs)
-    boots = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(BOOTSTRAP_RESAMPLES))
+    lo, hi = bootstrap_interval(diffs, seed=seed)
     return {"tasks": n, "baseline_rate": sum(rate(old[t]) for t in common) / n,
             "rate": sum(rate(new[t]) for t in common) / n, "change": sum(diffs) / n,
-            "ci_low": boots[int(0.025 * BOOTSTRAP_RESAMPLES)], "ci_high": boots[int(0.975 * BOOTSTRAP_RESAMPLES) - 1],
-            "up": sum(d > 0 for d in diffs), "down": sum(d < 0 for d in diffs)}
+            "ci_low": lo, "ci_high": hi, "up": sum(d > 0 for d in diffs), "down": sum(d < 0 for d in diffs)}
+
+
+def bootstrap_interval(values: list[float], *, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of `values` (one per task: tasks are resampled with
+    replacement, BOOTSTRAP_RESAMPLES times, from a fixed seed)."""
+    if not values:
+        raise ValueError("bootstrap_interval: no values")
+    rng = random.Random(seed)
+    n = len(values)
+    boots = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(BOOTSTRAP_RESAMPLES))
+    return boots[int(0.025 * BOOTSTRAP_RESAMPLES)], boots[int(0.975 * BOOTSTRAP_RESAMPLES) - 1]
 
 
 def _format_table(table: dict[str, dict[str, float]]) -> str:

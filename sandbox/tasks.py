@@ -161,6 +161,24 @@ def load_task(path: str | Path) -> Task:
     raise TaskFormatError(root / "task.toml", "file", "neither task.toml (Harbor) nor task.yaml (TB1) exists")
 
 
+def load_task_dirs(path: str | Path) -> list[Task]:
+    """`path` as one task (it holds task.toml / task.yaml), else every task directory directly under it, by name
+    (a benchmark's layout); ValueError naming `path` when it holds no task."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a directory of tasks")
+    if _is_task_dir(root):
+        return [load_task(root)]
+    tasks = [load_task(p) for p in sorted(root.iterdir()) if _is_task_dir(p)]
+    if not tasks:
+        raise ValueError(f"{root}: no task directories (task.toml / task.yaml) in it")
+    return tasks
+
+
+def _is_task_dir(path: Path) -> bool:
+    return (path / "task.toml").is_file() or (path / "task.yaml").is_file()
+
+
 def _load_harbor(root: Path) -> Task:
     toml_path = root / "task.toml"
     try:

@@ -21,7 +21,7 @@ from sandbox.task_images import TaskImage, build_task_images, default_base_image
 from sandbox.base_image import ensure_base_image
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
-from t1core import distributed
+from t1core import distributed, evaluation
 from t1core.config import RunConfig
 from t1model.device import check_device
 from t1model.hf_io import load_pretrained
@@ -39,9 +39,11 @@ class TaskSets:
     heldout_family: list[Task]
     heldout_fixed: list[Task]
     images: dict[str, TaskImage] = field(default_factory=dict)   # task name -> image (and preloaded files)
+    benchmarks: dict[str, list[Task]] = field(default_factory=dict)  # eval.source's directories by name
 
     def all(self) -> list[Task]:
-        unique = {t.name: t for t in self.train + self.rl + self.heldout_family + self.heldout_fixed}
+        bench = [t for ts in self.benchmarks.values() for t in ts]
+        unique = {t.name: t for t in self.train + self.rl + self.heldout_family + self.heldout_fixed + bench}
         return list(unique.values())
 
 
@@ -50,7 +52,14 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
 
     Built-in: SFT instances, RL instances (fresh seeds: RL then practises on instances the warm start has not
     memorised, which is what held-out success measures; the fixed train tasks too if tasks.rl_fixed_tasks) and
-    held-out instances, no instruction repeated across the three."""
+    held-out instances, no instruction repeated across the three. Then eval.source's directories, refused when
+    they overlap the training tasks (t1core.evaluation)."""
+    sets = _training_tasks(cfg, run_dir)
+    sets.benchmarks = evaluation.load_benchmarks(cfg, sets.train + sets.rl)
+    return sets
+
+
+def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     t = cfg.tasks
     families = list(t.families) or None
     if t.source == "builtin":
@@ -60,6 +69,8 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
         if t.num_rl_per_family:
             rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=t.rl_seed,
                               families=families, avoid=train) + (fixed_tasks("train") if t.rl_fixed_tasks else [])
+        if evaluation.BUILTIN not in cfg.eval.source:
+            return TaskSets(train, rl, [], [])
         fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=t.heldout_seed,
                                    families=families, avoid=train + rl)
         return TaskSets(train, rl, fam, fixed)
@@ -141,6 +152,9 @@ def check_config(cfg: RunConfig) -> None:
         raise ValueError(f"model.name: expected a preset {sorted(PRESETS)} or a checkpoint directory, got {name!r}")
     if cfg.tasks.source != "builtin" and not Path(cfg.tasks.source).is_dir():
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {cfg.tasks.source!r}")
+    for source in cfg.eval.source:
+        if source != evaluation.BUILTIN and not Path(source).is_dir():
+            raise ValueError(f"eval.source: expected 'builtin' or directories of tasks, got {source!r}")
     pretrains(cfg)
 
 
@@ -216,11 +230,14 @@ def _trainer_device(cfg: RunConfig) -> torch.device:
     return dev
 
 
-def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:
+def agent_config(cfg: RunConfig, *, temperature: float | None = None, task_timeouts: bool = False) -> AgentConfig:
+    """The agent's limits and sampling; `task_timeouts`: each episode is cut at its own task's agent timeout
+    (task.toml) instead of rollout.wall_clock_limit_s (benchmark tasks: their timeouts are part of the benchmark)."""
     r, s = cfg.rollout, cfg.sandbox
     limits = SandboxLimits(cpus=s.cpus, memory_mb=s.memory_mb, pids=s.pids, output_cap_bytes=s.output_cap_bytes)
     return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
-                       wall_clock_s=r.wall_clock_limit_s, command_timeout_s=s.command_timeout_s,
+                       wall_clock_s=None if task_timeouts else r.wall_clock_limit_s,
+                       command_timeout_s=s.command_timeout_s,
                        temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
                        sandbox=limits)
 

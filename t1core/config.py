@@ -367,12 +367,6 @@ class OptimSection:
 class RunSection:
     seed: int = _field(0, "seed of every generator of the run (model init, sampling, task order)")
     steps: int = _field(24, "RL steps (critic-only iterations included)")
-    eval_every: int = _field(0, "held-out evaluation every N RL steps; 0 = only before and after RL")
-    eval_temperature: float = _field(0.0, "sampling temperature of held-out evaluation; 0 = greedy (pass@1)")
-    eval_samples: int = _field(
-        2, "held-out family instances are also sampled this many times each at rollout.temperature (the sampled "
-        "success is the mean over them, with the same sampling seeds before and after RL); 0 = only the "
-        "evaluation at eval_temperature")
     device: str = _field("cpu", "'cpu', 'cuda' or 'cuda:N'")
     checkpoint_every: int = _field(3, "checkpoint every N RL steps (the final step is always saved); 0 = final only")
     routing_agreement_every: int = _field(
@@ -382,12 +376,34 @@ class RunSection:
     def __post_init__(self) -> None:
         _check_types(self)
         _check(self.steps >= 0, "run.steps", ">= 0", self.steps)
-        _check(self.eval_every >= 0, "run.eval_every", ">= 0", self.eval_every)
-        _check(self.eval_temperature >= 0, "run.eval_temperature", ">= 0", self.eval_temperature)
-        _check(self.eval_samples >= 0, "run.eval_samples", ">= 0", self.eval_samples)
         _check(bool(_DEVICE_RE.match(self.device)), "run.device", "'cpu', 'cuda' or 'cuda:N'", self.device)
         _check(self.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", self.checkpoint_every)
         _check(self.routing_agreement_every >= 0, "run.routing_agreement_every", ">= 0", self.routing_agreement_every)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSection:
+    """What the run is evaluated on, before RL, every `every` steps and after RL (same tasks and sampling seeds
+    each time; the change after RL is paired per task). Moved here from run.*: run.eval_every -> eval.every,
+    run.eval_temperature -> eval.temperature, run.eval_samples -> eval.attempts."""
+
+    source: tuple[str, ...] = _field(
+        ("builtin",), "task directories to evaluate on (each a task dir or a dir of task dirs, e.g. a benchmark; "
+        "none may share a task name or instruction with tasks.source) and/or 'builtin': the built-in suite's "
+        "held-out split (with tasks.source='builtin' only); empty = no evaluation")
+    every: int = _field(0, "evaluation every N RL steps; 0 = only before and after RL")
+    temperature: float = _field(0.0, "sampling temperature of the one greedy attempt per task; 0 = greedy (pass@1)")
+    attempts: int = _field(
+        2, "attempts per task at rollout.temperature besides the greedy one (the sampled resolved rate is the mean "
+        "over tasks of each task's rate over its attempts; same sampling seeds at every evaluation); 0 = greedy only")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(all(self.source), "eval.source", "non-empty items (a directory or 'builtin')", self.source)
+        _check(len(set(self.source)) == len(self.source), "eval.source", "no item twice", self.source)
+        _check(self.every >= 0, "eval.every", ">= 0", self.every)
+        _check(self.temperature >= 0, "eval.temperature", ">= 0", self.temperature)
+        _check(self.attempts >= 0, "eval.attempts", ">= 0", self.attempts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -423,6 +439,7 @@ class RunConfig:
     warmstart: WarmstartSection = field(default_factory=WarmstartSection)
     optim: OptimSection = field(default_factory=OptimSection)
     run: RunSection = field(default_factory=RunSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
 
     def __post_init__(self) -> None:

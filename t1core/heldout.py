@@ -1,7 +1,7 @@
 """Held-out results before and after RL: the paired change over instances, and the run's closing lines.
 
 The trainer evaluates the same held-out instances with the same sampling seeds before and after RL, greedily and
-(with `run.eval_samples` = k > 0) k times each at the rollout temperature, and saves every episode
+(with `eval.attempts` = k > 0) k times each at the rollout temperature, and saves every episode
 (`trajectories/eval_{tag}_family[_sampled]`). The change is paired per instance: the mean over instances of
 (success rate after - success rate before), each instance's rate over its samples, with a 95% bootstrap interval
 that resamples instances (`rollout.report.paired_change`, also what `python -m rollout.report DIR --baseline DIR`

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from t1core.evaluation import benchmark_keys
+
 
 def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
@@ -111,7 +113,8 @@ class MetricsLogger:
 _PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("dense reward", lambda k: k.startswith("reward/")),
     ("outcome rate", lambda k: k.startswith("outcome/")),
-    ("held-out success", lambda k: k.startswith("heldout/") and k.endswith(("_success", "_verifier_frac"))),
+    ("held-out success, resolved", lambda k: (k.startswith("heldout/") and k.endswith(("_success", "_verifier_frac")))
+     or (k.startswith("eval/") and k.endswith(("_resolved", "_verifier_frac")))),
     ("train/rollout log-prob gap", lambda k: k in ("mismatch/gap", "mismatch/max_abs", "mismatch/k3",
                                                  "mismatch/extreme_frac")),
     ("losses", lambda k: k.endswith("/loss")),
@@ -154,6 +157,13 @@ def progress_line(row: Mapping[str, Any], *, total_steps: int) -> str:
         if f"heldout_change/{kind}" in row:
             key = f"heldout_change/{kind}"
             parts.append(f"change {kind} {f(key, '+.3f')} [{f(key + '_lo', '+.3f')}, {f(key + '_hi', '+.3f')}]")
+    for name, kind in benchmark_keys(row):
+        p = f"eval/{name}/{kind}"
+        change = f", change {f(p + '_change', '+.3f')}" if f"{p}_change" in row else ""
+        parts.append(f"{name} {kind} resolved {f(p + '_resolved', '.1%')} [{f(p + '_resolved_lo', '.1%')}, "
+                     f"{f(p + '_resolved_hi', '.1%')}]{change}")
+    if row.get("eval/tasks") == 0:
+        parts.append("nothing evaluated")
     phases = [v for k, v in row.items() if k.startswith("time/") and not k.startswith("time/episode_")
               and k != "time/step_s" and isinstance(v, (int, float))]
     if phases:

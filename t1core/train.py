@@ -34,7 +34,7 @@ from rollout.trajectory import save_trajectories
 from sandbox.families import FAMILIES
 from sandbox.cli import Parser, bad_input
 from sandbox.reap import reap
-from t1core import builders, distributed
+from t1core import builders, distributed, evaluation
 from t1model.hf_io import load_pretrained
 from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig, config_to_toml, format_config, load_config
@@ -66,10 +66,13 @@ class Trainer:
         self.tok = builders.load_tokenizer(cfg)
         tasks = None
         if dp.is_main:  # one rank writes the task directories and builds the images; all ranks run sandboxes
+            with bad_input(_parser()):  # a malformed task, eval.source overlapping tasks.source: the user's input
+                tasks = builders.load_tasks(cfg, run_dir)
             reap()  # containers left behind by crashed runs
-            tasks = builders.load_tasks(cfg, run_dir)
             builders.build_images(tasks, cfg)
         self.tasks = dp.broadcast(tasks)
+        if dp.is_main and not self.num_eval_tasks():
+            print(f"evaluation: none ({evaluation.nothing_reason(cfg)})", flush=True)
         self.policy, self.critic = builders.load_models(cfg, self.tok, dp)
         self.actor_frozen = builders.frozen_parameters(self.policy, cfg.optim.actor_frozen)  # checked before SFT
         # Each rank's engine copy is taken before sharding (or read from the checkpoint); refreshed after updates.
@@ -100,7 +103,8 @@ class Trainer:
         return [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
                 for i, t in enumerate(tasks)]
 
-    def _run(self, specs: list[EpisodeSpec], *, desc: str, temperature: float | None) -> tuple[list, list[int]]:
+    def _run(self, specs: list[EpisodeSpec], *, desc: str, temperature: float | None,
+             task_timeouts: bool = False) -> tuple[list, list[int]]:
         """(trajectories, loss-region drift of each) in the order of `specs`, on every rank. Rank r runs episodes
         r, r + W, ... on its own engine (or rank 0 all of them on the one engine: t1core.rollout_ranks) and checks
         their drift against that engine's completions."""
@@ -111,7 +115,7 @@ class Trainer:
         if self.sampled is not None:
             self.sampled.clear()
         if mine:
-            config = builders.agent_config(self.cfg, temperature=temperature)
+            config = builders.agent_config(self.cfg, temperature=temperature, task_timeouts=task_timeouts)
             trajs = run_episodes(self.sampled, self.tok, mine, config=config,
                                  num_parallel=ranks.parallel(self.cfg.rollout.concurrency),
                                  pool_size=ranks.parallel(self.cfg.sandbox.pool_size),
@@ -168,7 +172,7 @@ class Trainer:
         w, t = self.cfg.warmstart, self.tasks
         opt, sched = builders.make_optimizer(self.policy, lr=w.pretrain_lr, cfg=self.cfg)
         families = list(self.cfg.tasks.families) or list(FAMILIES)
-        avoid = {task.instruction.strip() for task in t.rl + t.heldout_family}
+        avoid = {task.instruction.strip() for task in t.rl + t.heldout_family + sum(t.benchmarks.values(), [])}
         with self.clock.phase("pretrain"):
             return pretrain(self.policy, self.tok, families=families, steps=w.pretrain_steps, opt=opt, sched=sched,
                             grad_clip=self.cfg.optim.grad_clip, row_tokens=w.pretrain_row_tokens,
@@ -176,14 +180,14 @@ class Trainer:
 
     def evaluate(self, tag: str) -> dict[str, float]:
         """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately. The family
-        instances are also sampled run.eval_samples times each at the rollout temperature; after RL, both are
-        compared with the evaluation before, instance by instance (t1core.heldout). Same instances and sampling
-        seeds at every evaluation."""
+        instances are also sampled eval.attempts times each at the rollout temperature; after RL, both are
+        compared with the evaluation before, instance by instance (t1core.heldout). Then eval.source's benchmark
+        directories (t1core.evaluation). Same tasks and sampling seeds at every evaluation."""
         cfg, out = self.cfg, {}
-        runs = [("family", self.tasks.heldout_family, 1, cfg.run.eval_temperature),
-                ("fixed", self.tasks.heldout_fixed, 1, cfg.run.eval_temperature)]
-        if cfg.run.eval_samples:
-            runs.append(("family_sampled", self.tasks.heldout_family, cfg.run.eval_samples, cfg.rollout.temperature))
+        runs = [("family", self.tasks.heldout_family, 1, cfg.eval.temperature),
+                ("fixed", self.tasks.heldout_fixed, 1, cfg.eval.temperature)]
+        if cfg.eval.attempts:
+            runs.append(("family_sampled", self.tasks.heldout_family, cfg.eval.attempts, cfg.rollout.temperature))
         for i, (name, tasks, k, temperature) in enumerate(runs):
             if not tasks:
                 continue
@@ -203,7 +207,20 @@ class Trainer:
             out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
         if tag != "before" and self.dp.is_main:
             out.update(change_metrics(self.run_dir, tag))
+        for j, (name, tasks) in enumerate(self.tasks.benchmarks.items()):
+            for kind, episodes, temperature, index in evaluation.runs(cfg, j, tasks):
+                with self.clock.phase("eval"):  # each episode cut at its own task's agent timeout
+                    trajs, _ = self._run(self._specs(episodes, seed_for(cfg.run.seed, Stream.HELDOUT, index)),
+                                         desc=f"eval {tag} {name} {kind}", temperature=temperature, task_timeouts=True)
+                if self.dp.is_main:
+                    out.update(evaluation.score(self.run_dir, tag, name, kind, trajs))
+        out["eval/tasks"] = float(self.num_eval_tasks())
         return out
+
+    def num_eval_tasks(self) -> int:
+        """Tasks an evaluation runs: the built-in held-out split's and the benchmarks'."""
+        t = self.tasks
+        return len(t.heldout_family) + len(t.heldout_fixed) + sum(map(len, t.benchmarks.values()))
 
     def train_step(self, step: int) -> dict[str, float]:
         """collect -> score -> update -> sync."""
@@ -296,7 +313,7 @@ class Trainer:
             t0 = time.perf_counter()
             m = self.train_step(step)
             self.state.step = step + 1
-            if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 and step + 1 < cfg.run.steps:
+            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.run.steps:
                 m.update(self.evaluate(f"step{step + 1}"))
             m.update(self.clock.pop(), **gpu_stats(), **{"time/step_s": time.perf_counter() - t0})
             log(step, m)
@@ -314,7 +331,11 @@ class Trainer:
         self.save_hf(self.run_dir / "final")
         if after is not None and self.dp.is_main:  # the run's closing lines: fidelity, what RL did to held-out success
             fidelity = fidelity_line(read_metrics(self.run_dir / "metrics.jsonl"), bitwise=cfg.algo.bitwise == "on")
-            for line in ([fidelity] if fidelity else []) + summary_lines(after, temperature=cfg.rollout.temperature):
+            lines = summary_lines(after, temperature=cfg.rollout.temperature)
+            lines += evaluation.closing_lines(after, temperature=cfg.rollout.temperature)
+            if not after["eval/tasks"]:
+                lines.append(f"evaluation: none ({evaluation.nothing_reason(cfg)})")
+            for line in ([fidelity] if fidelity else []) + lines:
                 print(line, flush=True)
 
     def save_hf(self, path: Path) -> None:

@@ -336,7 +336,7 @@ def test_heldout_evaluation_is_greedy_and_sampled_with_the_same_seeds_before_and
     # episodes, so the paired change is exactly 0 (an evaluation that drew other seeds or instances after RL would
     # show a change here).
     run = tmp_path / "run"
-    args = ["--out", str(run), "--run.steps=0", "--run.eval_samples=2", "--tasks.families=[\"create_file\"]",
+    args = ["--out", str(run), "--run.steps=0", "--eval.attempts=2", "--tasks.families=[\"create_file\"]",
             "--tasks.num_per_family=1", "--tasks.num_rl_per_family=1", "--tasks.num_heldout_per_family=3",
             *[a for a in TINY if not a.startswith("--run.checkpoint_every")]]
     assert train.main(args) == 0

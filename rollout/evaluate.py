@@ -1,0 +1,201 @@
+"""Score a HF checkpoint on a directory of tasks: resolved rate, interval, per-task table; resumable.
+
+    python -m rollout.evaluate --checkpoint CKPT --tasks DIR [--attempts N] [--temperature T] --out DIR
+
+DIR is a task directory or a directory of task directories (Harbor or Terminal-Bench 1), e.g. a benchmark.
+Every task gets N attempts at temperature T (default: one greedy attempt), each in its own sandbox, at most
+--parallel at once, each cut at its own task's agent timeout (task.toml [agent] timeout_sec). A task is resolved
+by an attempt when all its verifiers pass; the resolved rate is the mean over tasks of their rates, with a 95%
+bootstrap interval over tasks (rollout.scorecard).
+
+Writes OUT/attempts.jsonl (one record per finished attempt, appended as it finishes), OUT/report.json (settings,
+summary, per-task rows) and OUT/tasks.tsv (task, attempts, resolved, tests passed/total, turns, tokens, time,
+why it failed). Run again with the same arguments and it resumes: finished attempts are not run again (more
+--attempts adds attempts; other settings must match the first run's). The last line printed is report.json.
+"""
+
+from __future__ import annotations
+
+import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
+import argparse
+import json
+import os
+import sys
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollout import scorecard
+from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout.engine import Engine
+from rollout.sampling import derive_seed
+from rollout.torch_engine import EngineConfig, TorchEngine
+from rollout.trajectory import Trajectory
+from rollout.vllm_engine import VLLMEngine
+from sandbox.base_image import ensure_base_image
+from sandbox.cli import Parser, bad_input
+from sandbox.task_images import build_task_images, default_base_image_overrides, parse_override
+from sandbox.tasks import Task, load_task_dirs
+from t1model.device import check_device
+from t1model.hf_io import load_pretrained, read_config
+from t1model.tokenizer import ChatTokenizer
+
+RESUME_KEYS = ("checkpoint", "tasks", "temperature", "seed", "max_turns", "max_reply_tokens", "max_tokens")
+"""Settings a resumed evaluation must share with the one it continues (its attempts are comparable then)."""
+
+
+def _parser() -> Parser:
+    return Parser(prog="python -m rollout.evaluate", description=__doc__.split("\n\n")[0],
+                  epilog="example: python -m rollout.evaluate --checkpoint runs/exp1/final --tasks ~/tb2 "
+                         "--attempts 5 --temperature 1 --out runs/exp1/tb2_final")
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _parser()
+    p.add_argument("--checkpoint", required=True, help="HF Qwen3-MoE checkpoint dir (with its tokenizer.json)")
+    p.add_argument("--tasks", required=True, help="task dir or dir of task dirs")
+    p.add_argument("--out", required=True, help="output directory (an existing one is resumed)")
+    p.add_argument("--attempts", type=int, default=1, help="attempts per task")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--seed", type=int, default=0, help="attempt a of task t samples with seed (seed, t, a)")
+    p.add_argument("--parallel", type=int, default=4, help="attempts running at once (sandboxes and engine slots)")
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-reply-tokens", type=int, default=384, help="tokens per reply at most")
+    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per attempt")
+    p.add_argument("--engine", choices=("torch", "vllm"), default="torch",
+                   help="rollout engine: TorchEngine (any device) or vLLM (CUDA; pip install -e '.[gpu]')")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
+                   help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
+    args = p.parse_args(argv)
+    for name in ("attempts", "parallel", "max_turns", "max_reply_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.temperature < 0:
+        p.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.max_tokens <= args.max_reply_tokens:
+        p.error(f"--max-tokens must be > --max-reply-tokens ({args.max_reply_tokens}), got {args.max_tokens}")
+    try:
+        check_device(torch.device(args.device), name="--device")
+    except (RuntimeError, ValueError) as e:  # RuntimeError: torch.device's own for an unknown device string
+        p.error(str(e) if isinstance(e, ValueError) else f"--device {args.device!r}: {e}")
+    return args
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What report.json records of the run; RESUME_KEYS of it must match when resuming."""
+    return {"checkpoint": str(Path(args.checkpoint).resolve()), "tasks": str(Path(args.tasks).resolve()),
+            "attempts": args.attempts, "temperature": args.temperature, "seed": args.seed,
+            "max_turns": args.max_turns, "max_reply_tokens": args.max_reply_tokens, "max_tokens": args.max_tokens,
+            "engine": args.engine}
+
+
+def check_resumable(out: Path, settings: dict[str, Any]) -> None:
+    """ValueError naming the first setting that differs from the evaluation already in `out`."""
+    path = out / "settings.json"
+    if not path.is_file():
+        return
+    before = json.loads(path.read_text())
+    for key in RESUME_KEYS:
+        if before.get(key) != settings[key]:
+            raise ValueError(f"--out {out} holds an evaluation with {key}={before.get(key)!r}, not "
+                             f"{settings[key]!r}: use another --out, or the same settings to resume it")
+
+
+def attempt_seed(seed: int, task: str, attempt: int) -> int:
+    """A task's attempt seed from its name (crc32), not its position: stable when tasks come and go."""
+    return derive_seed(seed, zlib.crc32(task.encode()), attempt)
+
+
+def open_engine(args: argparse.Namespace) -> tuple[Engine, ChatTokenizer]:
+    """The checkpoint served by TorchEngine or vLLM, and its tokenizer (tokenizer.json, else the built-in one)."""
+    ckpt = args.checkpoint
+    has_tok = (Path(ckpt) / "tokenizer.json").is_file()
+    tok = ChatTokenizer.from_pretrained(ckpt) if has_tok else ChatTokenizer.builtin()
+    max_len = args.max_tokens + args.max_reply_tokens + 8
+    if args.engine == "vllm":
+        return VLLMEngine.from_pretrained(ckpt, read_config(ckpt), max_model_len=max_len, seed=args.seed,
+                                          trainer_device=args.device), tok
+    model = load_pretrained(ckpt, device=args.device).eval().requires_grad_(False)
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.config.vocab_size}")
+    cfg = EngineConfig(max_batch=args.parallel, num_slots=2 * args.parallel, max_seq_len=max_len)
+    return TorchEngine(model, cfg), tok
+
+
+def run_attempts(args: argparse.Namespace, todo: list[tuple[Task, int]], out: Path) -> None:
+    """Run the `todo` (task, attempt) pairs, appending each finished attempt's record to attempts.jsonl."""
+    overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
+    ensure_base_image()
+    images = build_task_images(sorted({t.name: t for t, _ in todo}.values(), key=lambda t: t.name),
+                               base_image_overrides=overrides)
+    specs = [EpisodeSpec(task=t, image=images[t.name], seed=attempt_seed(args.seed, t.name, a)) for t, a in todo]
+    # wall_clock_s None: each attempt is cut at its own task's agent timeout, so one long task stalls nothing else.
+    config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens,
+                         max_tokens=args.max_tokens, temperature=args.temperature, wall_clock_s=None)
+    lock = threading.Lock()
+    records = open(out / "attempts.jsonl", "a")
+
+    def on_done(i: int, traj: Trajectory) -> None:
+        rec = scorecard.attempt_record(traj, attempt=todo[i][1])
+        with lock:  # one whole line per attempt, on disk before the next: what a resumed run trusts
+            records.write(json.dumps(rec) + "\n")
+            records.flush()
+            os.fsync(records.fileno())
+            print(f"  {rec['task']:32s} attempt {rec['attempt']:2d}  {'resolved' if rec['resolved'] else 'failed  '}"
+                  f"  tests {rec['passed']}/{rec['total']}  turns {rec['turns']:3d}  tokens {rec['tokens']:6d}  "
+                  f"{rec['time_s']:.1f}s  {rec['why']}", flush=True)
+
+    engine, tok = open_engine(args)
+    try:
+        with engine:
+            run_episodes(engine, tok, specs, config=config, num_parallel=args.parallel, on_done=on_done)
+    finally:
+        records.close()
+
+
+def write_report(out: Path, settings: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = scorecard.task_table(records)
+    report = {"settings": settings, "summary": scorecard.summarize(records), "tasks": rows}
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "tasks.tsv").write_text(scorecard.format_table(rows, sep="\t"))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    out = Path(args.out)
+    settings = settings_of(args)
+    with bad_input(_parser()):  # missing checkpoint, malformed task, another evaluation in --out: the user's
+        read_config(args.checkpoint)
+        tasks = load_task_dirs(args.tasks)
+        check_resumable(out, settings)
+        done = scorecard.read_records(out / "attempts.jsonl")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "settings.json").write_text(json.dumps(settings, indent=1))
+    scorecard.write_records(out / "attempts.jsonl", done)  # drops a line an interruption cut short
+    finished = {(r["task"], r["attempt"]) for r in done}
+    todo = [(t, a) for t in tasks for a in range(args.attempts) if (t.name, a) not in finished]
+    print(f"evaluate: {len(tasks)} tasks x {args.attempts} attempts at T={args.temperature:g}: "
+          f"{len(todo)} to run, {len(tasks) * args.attempts - len(todo)} already done; {args.checkpoint} on "
+          f"{args.engine} ({args.device}), {args.parallel} at once", flush=True)
+    if todo:
+        run_attempts(args, todo, out)
+    names = {t.name for t in tasks}
+    records = [r for r in scorecard.read_records(out / "attempts.jsonl")
+               if r["task"] in names and r["attempt"] < args.attempts]
+    report = write_report(out, settings, records)
+    s = report["summary"]
+    print(scorecard.format_table(report["tasks"]))
+    print(f"resolved {s['resolved_rate']:.3f}, 95% bootstrap [{s['ci_low']:.3f}, {s['ci_high']:.3f}] over "
+          f"{s['tasks']:.0f} tasks x {s['attempts']:.0f} attempts at T={args.temperature:g}; verifier fraction "
+          f"{s['verifier_frac']:.3f}")
+    print((out / "report.json").resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

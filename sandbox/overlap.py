@@ -1,0 +1,69 @@
+"""The guard against training on the test: do the evaluation tasks overlap the training tasks?
+
+Two checks today, each a function (train, evaluation) -> the overlapping pairs it finds:
+- the same task name (a benchmark copied into the training directory, or the same directory twice);
+- the same instruction once normalized (case and runs of whitespace ignored): a task renamed or re-packaged.
+`CHECKS` lists them; the n-gram decontaminator (`python -m sandbox.decontaminate`, normalized 13-token overlap
+and 5-gram Jaccard against the evaluation set) is meant to become one more entry of the same shape, so that the
+trainer's guard (`check_disjoint`) refuses what it finds as well without changing its callers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sandbox.tasks import Task
+
+
+@dataclass(frozen=True)
+class Overlap:
+    train: str
+    """Name of the training task."""
+    held_out: str
+    """Name of the evaluation task it overlaps."""
+    why: str
+    """What the check found ("same name", "same instruction", ...)."""
+
+
+def normalize_instruction(text: str) -> str:
+    """Lower case, every run of whitespace one space, no leading or trailing space."""
+    return " ".join(text.lower().split())
+
+
+def same_name(train: Sequence[Task], held_out: Sequence[Task]) -> list[Overlap]:
+    names = {t.name for t in train}
+    return [Overlap(t.name, t.name, "same name") for t in held_out if t.name in names]
+
+
+def same_instruction(train: Sequence[Task], held_out: Sequence[Task]) -> list[Overlap]:
+    by_text: dict[str, str] = {}
+    for t in train:
+        by_text.setdefault(normalize_instruction(t.instruction), t.name)
+    return [Overlap(by_text[key], t.name, "same instruction") for t in held_out
+            if (key := normalize_instruction(t.instruction)) in by_text]
+
+
+Check = Callable[[Sequence[Task], Sequence[Task]], list[Overlap]]
+CHECKS: tuple[Check, ...] = (same_name, same_instruction)
+"""Every check the guard runs (the seam for the n-gram decontaminator)."""
+
+
+def find_overlaps(train: Sequence[Task], held_out: Sequence[Task]) -> list[Overlap]:
+    """What every check in `CHECKS` finds, one entry per (train, evaluation) pair (its first reason)."""
+    seen: dict[tuple[str, str], Overlap] = {}
+    for check in CHECKS:
+        for o in check(train, held_out):
+            seen.setdefault((o.train, o.held_out), o)
+    return list(seen.values())
+
+
+def check_disjoint(train: Sequence[Task], held_out: Sequence[Task], *, train_what: str, held_out_what: str) -> None:
+    """ValueError in one line, naming up to three of the pairs, when the two task sets overlap."""
+    found = find_overlaps(train, held_out)
+    if not found:
+        return
+    shown = "; ".join(f"{o.held_out} ~ {o.train} ({o.why})" for o in found[:3])
+    more = f"; and {len(found) - 3} more" if len(found) > 3 else ""
+    raise ValueError(f"{held_out_what} overlaps {train_what}: {len(found)} of its {len(held_out)} tasks "
+                     f"match training tasks ({shown}{more}); evaluate on tasks the run does not train on")
