@@ -62,6 +62,20 @@ def check_version(text: str) -> None:
                            f"found {text}: pip install -e '.[gpu]'")
 
 
+def require_vllm() -> None:
+    """ValueError (one line: bad input of `python -m t1core.train`) unless a supported vLLM is installed; checked
+    from the distribution's metadata, without importing vLLM (slow, and it initialises CUDA)."""
+    from importlib import metadata, util
+
+    if util.find_spec("vllm") is None:
+        raise ValueError("rollout.engine='vllm' but vLLM is not installed here (it needs a CUDA machine): "
+                         "pip install -e '.[gpu]', or rollout.engine='torch'")
+    try:
+        check_version(metadata.version("vllm"))
+    except (RuntimeError, metadata.PackageNotFoundError) as e:
+        raise ValueError(str(e) or "vLLM's version is unknown (no distribution metadata)") from None
+
+
 def load_vllm() -> VllmApi:
     """Import vLLM and check it; RuntimeError naming what is missing (not installed, too old, no R3 support)."""
     try:
@@ -84,6 +98,9 @@ def load_vllm() -> VllmApi:
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "1") in ("0", "false", "False"):
         raise RuntimeError("VLLM_USE_V2_MODEL_RUNNER is off, but vLLM returns routed experts only from the V2 runner")
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # read by the engine processes vLLM is about to start
+    # The worker unpickles the CUDA IPC handles of a colocated weight update only with this set
+    # (rollout.vllm_weights.ipc_update_info); it must be in the environment before the engine processes start.
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
     def make_llm(kwargs: dict[str, Any]) -> Any:
         kwargs = dict(kwargs)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import torch
 
+from rollout import vllm_api
 from rollout.agent import AgentConfig, SandboxLimits
 from rollout.torch_engine import EngineConfig, TorchEngine
+from rollout.vllm_convert import check_temperature
 from rollout.vllm_engine import VLLMEngine
 from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.base_image import ensure_base_image
@@ -142,6 +144,9 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.tasks.source != "builtin" and not Path(cfg.tasks.source).is_dir():
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {cfg.tasks.source!r}")
     pretrains(cfg)
+    if cfg.rollout.engine == "vllm":
+        vllm_api.require_vllm()
+        check_temperature(cfg.rollout.temperature, key="rollout.temperature")
 
 
 def pretrains(cfg: RunConfig) -> bool:
