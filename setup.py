@@ -31,6 +31,11 @@ setup(
         # vllm: rollout/vllm_engine.py was written against 0.33 (routed_experts_prompt_start, trainer-side
         # weight-transfer engines); rollout.vllm_api.SUPPORTED holds the same range.
         "gpu": ["triton>=3.0", "vllm>=0.33,<0.34", "flash-attn>=2.6", "nvidia-ml-py>=12.0"],
-        "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51"],
+        # msgspec: tests/fake_vllm.py encodes payloads as vLLM's collective_rpc does. The rest are what the real
+        # vLLM 0.33 modules of the vllm_real lane import on a CPU (tests/test_vllm_real.py; vLLM itself is not
+        # installed: its wheel would bring a CUDA torch).
+        "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51", "msgspec", "pyzmq",
+                "cbor2", "psutil", "pybase64", "cachetools", "py-cpuinfo", "aiohttp", "openai", "openai-harmony",
+                "uvloop", "prometheus_client"],
     },
 )

@@ -145,8 +145,8 @@ def check_config(cfg: RunConfig) -> None:
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {cfg.tasks.source!r}")
     pretrains(cfg)
     if cfg.rollout.engine == "vllm":
-        vllm_api.require_vllm()
         check_temperature(cfg.rollout.temperature, key="rollout.temperature")
+        vllm_api.require_vllm()
 
 
 def pretrains(cfg: RunConfig) -> bool:

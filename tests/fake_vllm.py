@@ -48,7 +48,7 @@ import torch
 
 from t1kernels.rows import batch_invariant_mode, mm_rows
 from rollout.sampling import sample_tokens, uniform
-from rollout.vllm_api import VllmApi
+from rollout.vllm_api import VllmApi, check_version
 from rollout.vllm_weights import wire_fields
 from t1model.hf_io import load_pretrained
 
@@ -445,6 +445,11 @@ class FakeTransport:
             client.update_weights({**wire_fields(names, tensors), "handle": handle})
         finally:
             _WIRE.pop(handle, None)
+
+
+def require() -> None:
+    """`rollout.vllm_api.require_vllm` with the fake in place (monkeypatch it in with `fake_api`)."""
+    check_version("0.33.0")
 
 
 def fake_api() -> VllmApi:

@@ -34,6 +34,7 @@ MAX_LEN = 192
 @pytest.fixture(autouse=True)
 def _fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_api, "load_vllm", fake_vllm.fake_api)
+    monkeypatch.setattr(vllm_api, "require_vllm", fake_vllm.require)
 
 
 def _engines(model: MoEModel, **kw: object) -> tuple[VLLMEngine, TorchEngine]:
