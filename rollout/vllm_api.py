@@ -97,10 +97,7 @@ def load_vllm() -> VllmApi:
         raise RuntimeError(f"vLLM {vllm.__version__} lacks routed-experts capture ({missing}): pip install -e '.[gpu]'")
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "1") in ("0", "false", "False"):
         raise RuntimeError("VLLM_USE_V2_MODEL_RUNNER is off, but vLLM returns routed experts only from the V2 runner")
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # read by the engine processes vLLM is about to start
-    # The worker unpickles the CUDA IPC handles of a colocated weight update only with this set
-    # (rollout.vllm_weights.ipc_update_info); it must be in the environment before the engine processes start.
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ.update(engine_environment())  # read by the engine processes vLLM is about to start
 
     def make_llm(kwargs: dict[str, Any]) -> Any:
         kwargs = dict(kwargs)
@@ -111,6 +108,14 @@ def load_vllm() -> VllmApi:
                    final_only=RequestOutputKind.FINAL_ONLY, WeightTransferInitRequest=WeightTransferInitRequest,
                    WeightTransferUpdateRequest=WeightTransferUpdateRequest, make_llm=make_llm,
                    make_transport=VllmTransport, wire_device="cuda")
+
+
+def engine_environment() -> dict[str, str]:
+    """What `load_vllm` puts in the environment before vLLM starts its engine processes (they inherit it):
+    VLLM_USE_V2_MODEL_RUNNER (routed experts come only from the V2 runner) and VLLM_ALLOW_INSECURE_SERIALIZATION,
+    without which the worker refuses the pickled CUDA IPC handles of a colocated weight update (ipc_engine.py:83-91;
+    `rollout.vllm_weights.ipc_update_info` says why they travel pickled)."""
+    return {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
 def _field_names(cls: Any) -> set[str]:

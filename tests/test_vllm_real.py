@@ -210,11 +210,13 @@ def test_ipc_updates_pass_vllms_msgpack_and_worker_parsing(vllm_src: types.Modul
     monkeypatch.setattr(packed_tensor, "torch", stub.torch_on_cpu())
     monkeypatch.setattr(vllm_weights, "gpu_uuid", lambda: "GPU-stub")
     monkeypatch.setattr(vllm_weights, "PACKED_BUFFER_BYTES", 1 << 18)  # several chunks per update
-    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # what load_vllm sets for the worker
+    for key, value in vllm_api.engine_environment().items():  # what load_vllm leaves for vLLM's processes
+        monkeypatch.setenv(key, value)
     llm_cls = type("IpcLLM", (_RealWireLLM,), {"ipc": stub, "versions": []})
     with _engine(MoEModel(CFG, seed=0), llm_cls, "colocated") as engine:
         _three_updates(engine, llm_cls)
-    # What the adapter sent before #42: the raw handle, which vLLM's encoder refuses (serial_utils.py:220)
+    # What the adapter sent before #42, into an engine started without VLLM_ALLOW_INSECURE_SERIALIZATION: the raw
+    # handle, which vLLM's encoder refuses (serial_utils.py:220)
     _, raw = stub.reduce_tensor(torch.empty(4, dtype=torch.uint8))
     monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION")
     with pytest.raises(TypeError, match="not serializable"):
