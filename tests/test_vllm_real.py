@@ -48,8 +48,10 @@ def vllm_src() -> Iterator[types.ModuleType]:
     sys.path.insert(0, str(src))
     try:
         yield importlib.import_module("vllm")
-    finally:
+    finally:  # later tests see no vLLM, as before this module
         sys.path.remove(str(src))
+        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+            del sys.modules[name]
 
 
 def _rpc(payload: Any) -> Any:
