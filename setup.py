@@ -35,6 +35,11 @@ setup(
         # flash-attn compiles against the installed CUDA torch: its own extra, installed last with
         # --no-build-isolation (t1model.attention uses it when importable, else SDPA).
         "flash": ["flash-attn>=2.6"],
-        "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51"],
+        # msgspec: tests/fake_vllm.py encodes payloads as vLLM's collective_rpc does. The rest are what the real
+        # vLLM 0.33 modules of the vllm_real lane import on a CPU (tests/test_vllm_real.py; vLLM itself is not
+        # installed: its wheel would bring a CUDA torch).
+        "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51", "msgspec", "pyzmq",
+                "cbor2", "psutil", "pybase64", "cachetools", "py-cpuinfo", "aiohttp", "openai", "openai-harmony",
+                "uvloop", "prometheus_client"],
     },
 )

@@ -205,6 +205,7 @@ def main() -> int:
         from rollout import vllm_api
         from tests import fake_vllm
         vllm_api.load_vllm = fake_vllm.fake_api
+        vllm_api.require_vllm = fake_vllm.require
         args.dtype, device, tol = torch.float32, "cpu", (1e-5, 1e-4)
     else:
         try:

@@ -2,7 +2,7 @@
 # The device check: one command that measures production on a lent H100/H200 and fits a 15-minute lease with room
 # to rerun it (cold Triton cache included).
 #
-#   bash bench/gpu_run.sh [--dry-run] [--only moe,logprob,model,pytest,vllm]
+#   bash bench/gpu_run.sh [--dry-run] [--only moe,logprob,model,pytest,vllm,train]
 #
 # Parts, each under its own time limit (seconds; they sum to under 10 minutes, one device command: with the
 # machine's start it fits the 15-minute lease, and a failed part reruns alone with --only):
@@ -18,6 +18,10 @@
 #   vllm     bench/gpu_check_vllm.py: VLLMEngine against a real vLLM 0.33 (TITO, log-probs with R3, routing
 #            agreement, prefix cache, weight update inside a 2-rank trainer world). Needs vLLM installed on the
 #            device; without it the part says so and is reported as skipped (exit 77), not failed.
+#   train    bench/gpu_check_train.py: two RL steps of python -m t1core.train, tiny model, run.device=cuda, torch
+#            engine (critic-only, then actor+critic). Its episodes need a Docker daemon: without one the part says
+#            so and is skipped (exit 77). Its 65 s came from moe (-30), logprob (-10) and model (-10), cut without a
+#            device measurement: a part that runs out of time reruns alone with --only.
 # No tuning sweeps: tiles are chosen ahead of time (python -m t1kernels.aot_report checks them for spills on a CPU).
 # Every part writes $OUT/<part>.log (and .jsonl rows where the check emits them); $OUT/summary.json holds each
 # part's exit status and time. Exit status: 0 when every part passed, 1 otherwise (a part that hits its time limit
@@ -25,10 +29,10 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
-declare -A LIMIT_S=([env]=20 [moe]=190 [logprob]=110 [model]=110 [pytest]=40 [vllm]=110)
-PARTS=(env moe logprob model pytest vllm)
+declare -A LIMIT_S=([env]=20 [moe]=160 [logprob]=100 [model]=100 [pytest]=40 [vllm]=110 [train]=65)
+PARTS=(env moe logprob model pytest vllm train)
 BUDGET_S=600  # one device command's limit
-SKIPPED=77    # a part's exit status for "cannot run here" (bench/gpu_check_vllm.py without vLLM)
+SKIPPED=77    # a part's exit status for "cannot run here" (gpu_check_vllm.py without vLLM, gpu_check_train.py without Docker)
 PY=${PYTHON:-python3}
 DRY=0
 ONLY=""
@@ -60,6 +64,7 @@ part_cmd() {  # the command of one part; $1 = part, $2 = extra flag (--dry-run o
     model) echo "$PY bench/gpu_check_model.py --device cuda --deterministic $2" ;;
     pytest) echo "$PY -m pytest -q -p no:cacheprovider tests/test_moe.py tests/test_logprob.py -k cuda" ;;
     vllm) echo "$PY bench/gpu_check_vllm.py $2" ;;
+    train) echo "$PY bench/gpu_check_train.py --out $OUT/train-run $2" ;;
   esac
 }
 
@@ -76,7 +81,7 @@ if [ "$DRY" = 1 ]; then
   for p in "${PARTS[@]}"; do
     echo "PART ${p} limit_s=${LIMIT_S[$p]} cmd: $(part_cmd "$p" "")" | tee -a "$OUT/plan.log"
     case "$p" in
-      moe|logprob|model|vllm) bash -c "$(part_cmd "$p" --dry-run)" 2>&1 | tee -a "$OUT/plan.log" || status=1 ;;
+      moe|logprob|model|vllm|train) bash -c "$(part_cmd "$p" --dry-run)" 2>&1 | tee -a "$OUT/plan.log" || status=1 ;;
     esac
   done
   exit "$status"

@@ -62,6 +62,20 @@ def check_version(text: str) -> None:
                            f"found {text}: pip install -e '.[gpu]'")
 
 
+def require_vllm() -> None:
+    """ValueError (one line: bad input of `python -m t1core.train`) unless a supported vLLM is installed; checked
+    from the distribution's metadata, without importing vLLM (slow, and it initialises CUDA)."""
+    from importlib import metadata, util
+
+    if util.find_spec("vllm") is None:
+        raise ValueError("rollout.engine='vllm' but vLLM is not installed here (it needs a CUDA machine): "
+                         "pip install -e '.[gpu]', or rollout.engine='torch'")
+    try:
+        check_version(metadata.version("vllm"))
+    except (RuntimeError, metadata.PackageNotFoundError) as e:
+        raise ValueError(str(e) or "vLLM's version is unknown (no distribution metadata)") from None
+
+
 def load_vllm() -> VllmApi:
     """Import vLLM and check it; RuntimeError naming what is missing (not installed, too old, no R3 support)."""
     try:
@@ -83,7 +97,7 @@ def load_vllm() -> VllmApi:
         raise RuntimeError(f"vLLM {vllm.__version__} lacks routed-experts capture ({missing}): pip install -e '.[gpu]'")
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "1") in ("0", "false", "False"):
         raise RuntimeError("VLLM_USE_V2_MODEL_RUNNER is off, but vLLM returns routed experts only from the V2 runner")
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # read by the engine processes vLLM is about to start
+    os.environ.update(engine_environment())  # read by the engine processes vLLM is about to start
 
     def make_llm(kwargs: dict[str, Any]) -> Any:
         kwargs = dict(kwargs)
@@ -94,6 +108,14 @@ def load_vllm() -> VllmApi:
                    final_only=RequestOutputKind.FINAL_ONLY, WeightTransferInitRequest=WeightTransferInitRequest,
                    WeightTransferUpdateRequest=WeightTransferUpdateRequest, make_llm=make_llm,
                    make_transport=VllmTransport, wire_device="cuda")
+
+
+def engine_environment() -> dict[str, str]:
+    """What `load_vllm` puts in the environment before vLLM starts its engine processes (they inherit it):
+    VLLM_USE_V2_MODEL_RUNNER (routed experts come only from the V2 runner) and VLLM_ALLOW_INSECURE_SERIALIZATION,
+    without which the worker refuses the pickled CUDA IPC handles of a colocated weight update (ipc_engine.py:83-91;
+    `rollout.vllm_weights.ipc_update_info` says why they travel pickled)."""
+    return {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
 def _field_names(cls: Any) -> set[str]:

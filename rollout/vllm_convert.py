@@ -27,6 +27,20 @@ import torch
 from rollout.engine import FinishReason, SamplingParams
 
 
+VLLM_MIN_TEMPERATURE = 0.01
+"""vLLM's `_MAX_TEMP` (vllm/sampling_params.py:33): `SamplingParams.__post_init__` (lines 560-568) raises any
+temperature in (0, 0.01) to 0.01 with only a log warning, so vLLM would sample and score at 0.01 while the trainer
+recomputes log-probs at the configured value (wrong ratios, silently). Such a temperature is refused instead."""
+
+
+def check_temperature(temperature: float, *, key: str = "temperature") -> None:
+    """ValueError for a temperature vLLM would silently change (`VLLM_MIN_TEMPERATURE`); 0 (greedy) is kept."""
+    if 0 < temperature < VLLM_MIN_TEMPERATURE:
+        raise ValueError(f"{key}={temperature}: vLLM raises any temperature in (0, {VLLM_MIN_TEMPERATURE}) to "
+                         f"{VLLM_MIN_TEMPERATURE} (vllm/sampling_params.py:560), so its samples and log-probs would "
+                         f"not be the ones the trainer scores; use 0 (greedy) or >= {VLLM_MIN_TEMPERATURE}")
+
+
 def vllm_sampling_kwargs(params: SamplingParams, *, max_tokens: int) -> dict[str, Any]:
     """Keyword arguments of `vllm.SamplingParams` for one T1 request (`output_kind` is added by the caller,
     which holds vLLM's enum).
@@ -34,12 +48,14 @@ def vllm_sampling_kwargs(params: SamplingParams, *, max_tokens: int) -> dict[str
     Log-probs: `logprobs=0` returns the sampled token's log-prob, under the engine's `logprobs_mode`
     ("processed_logprobs": after temperature, before nothing else since top-k and top-p are off), which is
     `rollout.sampling`'s definition. top_p < 1 is refused: vLLM's processed log-prob is then renormalised
-    over the nucleus while T1's is not. Stops: only `stop_token_ids` stop a request (`ignore_eos=True`: vLLM
-    would otherwise add the model's EOS ids to the stop set), and the stop token is part of `token_ids`.
+    over the nucleus while T1's is not; so is a temperature in (0, 0.01) (`check_temperature`). Stops: only
+    `stop_token_ids` stop a request (`ignore_eos=True`: vLLM would otherwise add the model's EOS ids to the stop
+    set), and the stop token is part of `token_ids`.
     """
     if params.top_p < 1:
         raise ValueError(f"params.top_p={params.top_p}: the vLLM engine needs top_p = 1 (its log-prob of a "
                          "top-p sample is renormalised over the nucleus, T1's is not)")
+    check_temperature(params.temperature, key="params.temperature")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     return {"n": 1, "temperature": float(params.temperature), "top_p": 1.0, "top_k": 0, "min_p": 0.0,

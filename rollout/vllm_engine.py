@@ -27,8 +27,17 @@ Weights (`update_weights`): chunks of `(HF name, whole tensor)` in `t1model.hf_i
 consumed lazily through vLLM's weight-transfer API (`rollout.vllm_weights`). New requests wait, in-flight
 requests finish on the weights they started with, then `pause_generation(mode="wait", clear_cache=True)`
 (no KV or prefix-cache entry of the old weights survives), `start_weight_update` / `update_weights` /
-`finish_weight_update(version)`, `resume_generation`. A stream that fails after the transfer began leaves
-vLLM half-updated: generation stays paused and every request is refused until an update completes.
+`finish_weight_update(version)`, `resume_generation`. One weight-sync client serves the engine's whole life:
+vLLM's trainer-side transfer engine keeps the client of its first update (distributed/weight_transfer/base.py:691),
+so the client reads the version being installed from the engine at each `finish_weight_update`.
+
+A failed update. A stream that fails after the transfer began leaves vLLM half-updated, and vLLM 0.33 has no way to
+abort an update: its worker refuses `start_weight_update` while one is open (v1/worker/gpu_worker.py:1569), its
+layers stay on the meta device until `finish_weight_update` (layerwise reload), and on NCCL the worker is left
+blocked in the broadcast, whose group vLLM says must be torn down (nccl_engine.py, `send_weights`). So every request
+is refused, and the next `update_weights` first shuts the engine down and starts it again from its checkpoint (the
+transfer handshake too), then streams the update; a complete update overwrites every weight, so what the restarted
+engine loaded does not matter. A good update after a failed one therefore serves requests again.
 
 Placement: "colocated" (vLLM shares the trainer's GPU, CUDA IPC transfer; `sleep()` frees vLLM's GPU memory
 while the trainer works and the next `update_weights` wakes it) or "disaggregated" (vLLM on GPUs of its own,
@@ -66,10 +75,12 @@ _T = TypeVar("_T")
 
 class _LoopClient:
     """vLLM's `VLLMWeightSyncClient` over the engine's loop: each call runs the `AsyncLLM` method there and waits
-    (called from the trainer's thread, or from the NCCL transport's helper thread)."""
+    (called from the trainer's thread, or from the NCCL transport's helper thread). One per engine (module
+    docstring); `version` is the policy version the update in progress installs."""
 
-    def __init__(self, engine: VLLMEngine, version: int) -> None:
-        self._engine, self._version = engine, version
+    def __init__(self, engine: VLLMEngine) -> None:
+        self._engine = engine
+        self.version: int | None = None
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         e = self._engine
@@ -83,8 +94,11 @@ class _LoopClient:
         e._run(e._llm.update_weights(e._api.WeightTransferUpdateRequest(update_info=update_info)))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        # The label is always the engine's next policy_version (completions report the spans of it).
-        self._engine._run(self._engine._llm.finish_weight_update(weight_version=str(self._version)))
+        # The label is always the engine's next policy_version (completions report the spans of it), whatever the
+        # transport passes.
+        if self.version is None:
+            raise RuntimeError("finish_weight_update outside VLLMEngine.update_weights")
+        self._engine._run(self._engine._llm.finish_weight_update(weight_version=str(self.version)))
 
 
 class VLLMEngine:
@@ -103,23 +117,24 @@ class VLLMEngine:
         self.config, self.placement = model_config, placement
         self.max_model_len = int(engine_args["max_model_len"])
         self._api, self._owned_dir = api, owned_dir
+        self._engine_args, self._gpus = dict(engine_args), gpus
         self._wire_device = torch.device(wire_device if wire_device is not None else api.wire_device)
         self._expected = expected_hf_params(model_config)
         self._weight_dtype = weight_dtype
         self._transport = api.make_transport(backend="ipc" if placement == "colocated" else "nccl",
                                              expected=self._expected, dtype=weight_dtype, nccl_init=nccl_init)
+        self._client = _LoopClient(self)
         self._version, self._inflight, self._ids = 0, 0, itertools.count()
         self._updating = self._sleeping = self._closed = False
         self._broken: str | None = None
         self._update_lock = threading.Lock()
         self.stats = {"requests": 0, "flush_requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                      "sampled_tokens": 0, "weight_updates": 0}
+                      "sampled_tokens": 0, "weight_updates": 0, "restarts": 0}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="t1-vllm-loop", daemon=True)
         self._thread.start()
         try:
-            with vllm_api.visible_gpus(gpus) if gpus is not None else contextlib.nullcontext():
-                self._llm = self._run(self._start(engine_args))
+            self._llm = self._launch()
         except BaseException:
             self._stop_loop()
             raise
@@ -194,6 +209,8 @@ class VLLMEngine:
         if self._closed:
             raise RuntimeError("engine is closed")
         with self._update_lock:
+            if self._broken is not None:
+                self._restart()
             version = self._version + 1
             stream = ValidatedStream(named_tensors, self._expected, dtype=self._weight_dtype, device=self._wire_device)
             # vLLM's senders read the current CUDA device (IPC handles' GPU, the NCCL communicator's device).
@@ -201,15 +218,32 @@ class VLLMEngine:
                          else contextlib.nullcontext())
             try:
                 woke = self._run(self._begin_update())
+                self._client.version = version
                 with on_device:
-                    self._transport.send(stream, _LoopClient(self, version))
+                    self._transport.send(stream, self._client)
                 self._run(self._end_update(version, woke))
             except BaseException as e:
                 self._run(self._refuse(f"the weight update to version {version} failed after {stream.count} "
                                        f"tensors ({type(e).__name__}: {e}); vLLM may hold a half-updated model"))
                 raise
+            finally:
+                self._client.version = None
             self.stats["weight_updates"] += 1
         return version
+
+    def _launch(self) -> Any:
+        """Start an `AsyncLLM` from the engine arguments, on this engine's GPUs."""
+        with vllm_api.visible_gpus(self._gpus) if self._gpus is not None else contextlib.nullcontext():
+            return self._run(self._start(self._engine_args))
+
+    def _restart(self) -> None:
+        """After a failed update or sleep (module docstring): shut vLLM down and start it again from its checkpoint;
+        the transport's handshake is redone on the next send. Requests stay refused until an update completes."""
+        self._run(self._stop_llm())
+        self._transport.reset()
+        self._llm = self._launch()
+        self._sleeping = False
+        self.stats["restarts"] += 1
 
     def sleep(self) -> None:
         """Colocated only: wait for in-flight requests, then release vLLM's weights and KV cache from GPU memory
@@ -244,7 +278,8 @@ class VLLMEngine:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _start(self, engine_args: dict[str, Any]) -> Any:
-        self._cond = asyncio.Condition()  # created on the loop that waits on it
+        if not hasattr(self, "_cond"):
+            self._cond = asyncio.Condition()  # created on the loop that waits on it
         llm = self._api.make_llm(engine_args)
         await llm.update_weight_version(str(self._version))
         return llm
@@ -269,7 +304,8 @@ class VLLMEngine:
         if self._closed:
             raise RuntimeError("engine is closed")
         if self._broken is not None:
-            raise RuntimeError(f"engine refuses requests: {self._broken}; a complete update_weights restores it")
+            raise RuntimeError(f"engine refuses requests: {self._broken}; the next update_weights restarts vLLM "
+                               "and restores it")
         if self._sleeping:
             raise RuntimeError("engine is asleep (sleep() freed its GPU memory); update_weights wakes it")
 
@@ -378,7 +414,12 @@ class VLLMEngine:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._llm.shutdown()
+        await self._stop_llm()
+
+    async def _stop_llm(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:  # None: a restart failed to start the new one
+            llm.shutdown()
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

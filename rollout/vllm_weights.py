@@ -14,8 +14,10 @@ group, which under torchrun is the trainer's world); both drive the inference si
 
 from __future__ import annotations
 
+import base64
 import functools
 import math
+import pickle
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, Protocol
 
@@ -96,13 +98,16 @@ class WeightSyncClient(Protocol):
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None: ...
     def start_weight_update(self) -> None: ...
     def update_weights(self, update_info: dict[str, Any]) -> None: ...
-    def finish_weight_update(self) -> None: ...
+    def finish_weight_update(self, weight_version: str | None = None) -> None: ...
 
 
 class Transport(Protocol):
-    """Moves one validated stream into the inference engine through `client` (start, updates, finish)."""
+    """Moves one validated stream into the inference engine through `client` (start, updates, finish). vLLM's
+    trainer-side engines keep the client of their first send (distributed/weight_transfer/base.py:691), so a
+    caller passes the same client every time; `reset` after the inference side was restarted."""
 
     def send(self, stream: ValidatedStream, client: WeightSyncClient) -> None: ...
+    def reset(self) -> None: ...
 
 
 def _torch_dtype_name(dtype: torch.dtype) -> str:
@@ -151,28 +156,50 @@ class VllmTransport:
         finally:
             self._source.stream = None
 
+    def reset(self) -> None:
+        """Forget the inference side: the engine was restarted, so the next send initialises the transfer again (a
+        new NCCL group; the IPC `packed` handshake). The old NCCL group is torn down, as vLLM asks after a failed
+        broadcast (nccl_engine.py, `NCCLTrainerWeightTransferEngine.send_weights`)."""
+        engine, self._engine, self._ipc_ready = self._engine, None, False
+        if engine is not None:
+            engine.shutdown()
+
     def _send_ipc(self, stream: ValidatedStream, client: WeightSyncClient) -> None:
         """What vLLM's IPC trainer engine does as the only rank of its group (init once with the packed flag; start;
         one update per filled buffer, each returning after the worker loaded it; finish; release the handles)."""
-        from dataclasses import asdict
-
-        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
         from vllm.distributed.weight_transfer.packed_tensor import packed_ipc_producer
 
         if not self._ipc_ready:
             client.init_weight_transfer_engine({"packed": True})
             self._ipc_ready = True
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
         client.start_weight_update()
         # The producer refills one buffer: resuming it is safe once update_weights has returned (the engine's
         # client waits for vLLM's workers to load each chunk).
-        for chunk in packed_ipc_producer(iterator=iter(stream), gpu_uuid=uuid, post_iter_func=lambda item: item[1],
-                                         buffer_size_bytes=self._buffer_bytes):
-            info = IPCWeightTransferUpdateInfo(names=chunk.names, dtype_names=chunk.dtype_names, shapes=chunk.shapes,
-                                               ipc_handles=chunk.ipc_handle, tensor_sizes=chunk.tensor_sizes)
-            client.update_weights(asdict(info))
+        for chunk in packed_ipc_producer(iterator=iter(stream), gpu_uuid=gpu_uuid(),
+                                         post_iter_func=lambda item: item[1], buffer_size_bytes=self._buffer_bytes):
+            client.update_weights(ipc_update_info(chunk))
         client.finish_weight_update()
-        torch.cuda.ipc_collect()
+        if torch.cuda.is_initialized():  # no CUDA context (a CPU test of the control plane): no handle to release
+            torch.cuda.ipc_collect()
+
+
+def gpu_uuid() -> str:
+    """The physical UUID of the current CUDA device: the key of an IPC handle (the worker looks its own up)."""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
+def ipc_update_info(chunk: Any) -> dict[str, Any]:
+    """One packed IPC chunk (`vllm...packed_tensor.PackedIpcChunk`) as the worker's `IPCWeightTransferUpdateInfo`
+    fields, msgpack-clean. AsyncLLM carries update_info through `collective_rpc`, which vLLM encodes with msgpack
+    (vllm/v1/serial_utils.py:220, `MsgpackEncoder.enc_hook`): the raw handle `reduce_tensor` makes holds the tensor
+    and storage classes and a `torch.dtype`, which it refuses. So the handle travels pickled and base64-encoded in
+    `ipc_handles_pickled`, as vLLM's own HTTP client sends it; the worker unpickles it only under
+    VLLM_ALLOW_INSECURE_SERIALIZATION=1 (ipc_engine.py:83-91), which `rollout.vllm_api.load_vllm` sets before the
+    engine starts."""
+    handle = base64.b64encode(pickle.dumps(chunk.ipc_handle, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+    return {"names": list(chunk.names), "dtype_names": list(chunk.dtype_names),
+            "shapes": [list(s) for s in chunk.shapes], "ipc_handles_pickled": handle,
+            "tensor_sizes": [int(n) for n in chunk.tensor_sizes]}
 
 
 PACKED_BUFFER_BYTES = 1 << 30

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import torch
 
+from rollout import vllm_api
 from rollout.agent import AgentConfig, SandboxLimits
 from rollout.torch_engine import EngineConfig, TorchEngine
+from rollout.vllm_convert import check_temperature
 from rollout.vllm_engine import VLLMEngine
 from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.base_image import ensure_base_image
@@ -156,6 +158,9 @@ def check_config(cfg: RunConfig) -> None:
         if source != evaluation.BUILTIN and not Path(source).is_dir():
             raise ValueError(f"eval.source: expected 'builtin' or directories of tasks, got {source!r}")
     pretrains(cfg)
+    if cfg.rollout.engine == "vllm":
+        check_temperature(cfg.rollout.temperature, key="rollout.temperature")
+        vllm_api.require_vllm()
 
 
 def pretrains(cfg: RunConfig) -> bool:

@@ -18,10 +18,18 @@ distributed/weight_transfer/):
   while paused, new requests are rejected. `sleep(level=2, mode)` pauses, then discards the weights (here: NaN)
   and the cache; `wake_up(tags)` resumes scheduling once weights and KV cache are both awake. Weight transfer: `init_weight_transfer_engine`, `start_weight_update`, `update_weights`
   (per-expert HF names loaded in place, as vLLM's load_weights does), `finish_weight_update(weight_version)`.
+As strict as vLLM 0.33 where the adapter could go wrong (each cites the real code it mirrors; the `vllm_real`
+lane, tests/test_vllm_real.py, runs the adapter against the real classes that import on a CPU):
+- every control-plane payload must be msgpack-clean (`collective_rpc` encodes it: v1/serial_utils.py:220);
+- `start_weight_update` is refused while an update is open (v1/worker/gpu_worker.py:1569), and the model is
+  unusable from then until `finish_weight_update` (layerwise reload leaves layers on meta: here NaN);
+- a failed `update_weights` closes the update on the worker (gpu_worker.py:1622-1626);
+- SamplingParams raises a temperature in (0, 0.01) to 0.01 (sampling_params.py:560-568);
+- `FakeTransport` keeps the client of its first send, as vLLM's trainer-side engines do (weight_transfer/base.py:691),
+  and carries tensors outside the payload (an in-process stand-in for the IPC handles / NCCL broadcast).
 Sampling uses T1's counter-based draws (`rollout.sampling`), and the forward runs in batch-invariant mode, so
 the fake's tokens and routing equal `TorchEngine`'s for the same weights and seeds. What is NOT reproduced:
-vLLM's kernels and numerics, its scheduler, its own RNG, and the CUDA IPC / NCCL data planes (`FakeTransport`
-hands tensors over in-process where vLLM's trainer-side engine would send IPC handles or broadcast).
+vLLM's kernels and numerics, its scheduler, its own RNG, and the CUDA IPC / NCCL data planes.
 """
 
 from __future__ import annotations
@@ -34,12 +42,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
 from t1kernels.rows import batch_invariant_mode, mm_rows
 from rollout.sampling import sample_tokens, uniform
-from rollout.vllm_api import VllmApi
+from rollout.vllm_api import VllmApi, check_version
 from rollout.vllm_weights import wire_fields
 from t1model.hf_io import load_pretrained
 
@@ -74,6 +83,8 @@ class SamplingParams:
     routed_experts_prompt_start: int = 0
 
     def __post_init__(self) -> None:
+        if 0 < self.temperature < 0.01:  # sampling_params.py:560-568: raised to _MAX_TEMP, only a warning logged
+            self.temperature = 0.01
         if not 0.0 < self.top_p <= 1.0 or self.temperature < 0 or (self.max_tokens is not None and self.max_tokens < 1):
             raise ValueError(f"invalid SamplingParams {self}")
 
@@ -311,28 +322,41 @@ class FakeAsyncLLM:
 
     async def init_weight_transfer_engine(self, request: WeightTransferInitRequest) -> None:
         self.calls.append(("init_weight_transfer_engine", request.init_info))
-        self.transfer_init = dict(request.init_info)
+        self.transfer_init = dict(rpc_payload(request.init_info))
 
     async def start_weight_update(self) -> None:
         self.calls.append(("start_weight_update", None))
+        if self.dead:
+            raise RuntimeError("EngineDeadError")
         if self.transfer_init is None:
             raise RuntimeError("weight transfer not initialised: call init_weight_transfer_engine first")
+        if self.updating:  # gpu_worker.py:1569
+            raise RuntimeError("start_weight_update called while a weight update is already active. Call "
+                               "finish_weight_update first.")
         if "weights" in self.asleep or self.running:
             raise RuntimeError("weights are asleep or requests are running")
         self.updating = True
+        with torch.no_grad():  # initialize_layerwise_reload: every layer on meta until finalize
+            for p in self.model.parameters():
+                p.fill_(math.nan)
 
     async def update_weights(self, request: WeightTransferUpdateRequest) -> None:
-        info = request.update_info
+        info = rpc_payload(request.update_info)
         self.calls.append(("update_weights", list(info["names"])))
-        if not self.updating:
-            raise RuntimeError("update_weights outside start/finish_weight_update")
-        if wire_fields(info["names"], info["tensors"]) != {k: info[k] for k in ("names", "dtype_names", "shapes")}:
-            raise ValueError("update_info names/dtype_names/shapes disagree with the tensors")
-        params = dict(self.model.named_parameters())
-        f = self.cfg.moe_intermediate_size
-        with torch.no_grad():
-            for name, t in zip(info["names"], info["tensors"]):
-                self._load(params, name, t, f)
+        if not self.updating:  # gpu_worker.py:1608
+            raise RuntimeError("start_weight_update must be called before update_weights.")
+        try:
+            tensors = _WIRE.pop(info["handle"])
+            if wire_fields(info["names"], tensors) != {k: info[k] for k in ("names", "dtype_names", "shapes")}:
+                raise ValueError("update_info names/dtype_names/shapes disagree with the tensors")
+            params = dict(self.model.named_parameters())
+            f = self.cfg.moe_intermediate_size
+            with torch.no_grad():
+                for name, t in zip(info["names"], tensors):
+                    self._load(params, name, t, f)
+        except BaseException:
+            self.updating = False  # gpu_worker.py:1622-1626 (the layers stay where the reload left them)
+            raise
 
     @staticmethod
     def _load(params: dict[str, torch.nn.Parameter], name: str, t: torch.Tensor, f: int) -> None:
@@ -351,6 +375,8 @@ class FakeAsyncLLM:
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.calls.append(("finish_weight_update", weight_version))
+        if not self.updating:  # gpu_worker.py:1638
+            raise RuntimeError("finish_weight_update called without a matching start_weight_update.")
         self.updating = False
         if weight_version is not None:
             self.version = weight_version
@@ -360,20 +386,42 @@ class FakeAsyncLLM:
         self.dead = True
 
 
+def rpc_payload(payload: Any) -> Any:
+    """`payload` after the msgpack round trip of AsyncLLM's `collective_rpc`; TypeError for what vLLM's encoder
+    refuses without VLLM_ALLOW_INSECURE_SERIALIZATION (v1/serial_utils.py:220: torch classes, dtypes, tensors
+    handed over by reference, any other object)."""
+    def refuse(obj: Any) -> Any:
+        raise TypeError(f"Object of type {type(obj)} is not serializable (vLLM's collective_rpc is msgpack)")
+
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(payload, enc_hook=refuse))
+
+
+_WIRE: dict[int, list[torch.Tensor]] = {}
+"""The fake's data plane: the tensors of one update chunk, keyed by the handle its msgpack-clean update_info
+carries (vLLM: a CUDA IPC handle, or an NCCL broadcast the worker receives)."""
+_handles = iter(range(1 << 62))
+
+
 class FakeTransport:
     """The control flow of vLLM's trainer-side weight engines (init once, then start, update chunks, finish per
-    round), carrying tensors in-process in buckets of at most `bucket_bytes`."""
+    round) in buckets of at most `bucket_bytes`, with tensors on `_WIRE`. Like vLLM's, it keeps the client it was
+    first given (base.py:691) until `reset`."""
 
     bucket_bytes = 1 << 20
 
     def __init__(self, *, backend: str, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
                  nccl_init: dict[str, Any] | None = None) -> None:
-        self.backend, self.expected, self.dtype, self.initialised = backend, expected, dtype, False
+        self.backend, self.expected, self.dtype = backend, expected, dtype
+        self.client: Any = None
+
+    def reset(self) -> None:
+        self.client = None
 
     def send(self, stream: Any, client: Any) -> None:
-        if not self.initialised:
+        if self.client is None:
+            self.client = client
             client.init_weight_transfer_engine({"packed": True})
-            self.initialised = True
+        client = self.client
         client.start_weight_update()
         names: list[str] = []
         tensors: list[torch.Tensor] = []
@@ -383,11 +431,25 @@ class FakeTransport:
             tensors.append(t)
             size += t.numel() * t.element_size()
             if size >= self.bucket_bytes:
-                client.update_weights({**wire_fields(names, tensors), "tensors": tensors})
+                self._update(client, names, tensors)
                 names, tensors, size = [], [], 0
         if names:
-            client.update_weights({**wire_fields(names, tensors), "tensors": tensors})
+            self._update(client, names, tensors)
         client.finish_weight_update()
+
+    @staticmethod
+    def _update(client: Any, names: list[str], tensors: list[torch.Tensor]) -> None:
+        handle = next(_handles)
+        _WIRE[handle] = tensors
+        try:
+            client.update_weights({**wire_fields(names, tensors), "handle": handle})
+        finally:
+            _WIRE.pop(handle, None)
+
+
+def require() -> None:
+    """`rollout.vllm_api.require_vllm` with the fake in place (monkeypatch it in with `fake_api`)."""
+    check_version("0.33.0")
 
 
 def fake_api() -> VllmApi:

@@ -48,7 +48,7 @@ def test_gpu_run_dry_run_plans_production_shapes_within_the_lease(tmp_path: Path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     limits = {m.group(1): int(m.group(2)) for m in (re.match(r"PART (\w+) limit_s=(\d+)", x) for x in lines) if m}
-    assert set(limits) == {"env", "moe", "logprob", "model", "pytest", "vllm"}
+    assert set(limits) == {"env", "moe", "logprob", "model", "pytest", "vllm", "train"}
     # one device command (10 minutes at most): with the machine's start it fits the 15-minute lease
     assert sum(limits.values()) < 10 * 60, limits
     plans = {p["script"]: p for p in (json.loads(x) for x in lines if x.startswith("{"))}
@@ -60,7 +60,9 @@ def test_gpu_run_dry_run_plans_production_shapes_within_the_lease(tmp_path: Path
     assert plans["model"]["deterministic"] and plans["model"]["device"] == "cuda"
     assert {"parity", "replay", "speed", "repeat"} <= set(plans["model"]["checks"])
     assert plans["vllm"]["checks"] == ["tito", "logprobs", "routing", "prefix", "update", "trainer_world"]
-    assert (tmp_path / "out" / "plan.log").read_text().count("PART ") == 6
+    assert plans["train"]["steps"] == 2 and plans["train"]["device"] == "cuda" and plans["train"]["engine"] == "torch"
+    assert "--run.device=cuda" in plans["train"]["argv"] and "--run.steps=2" in plans["train"]["argv"]
+    assert (tmp_path / "out" / "plan.log").read_text().count("PART ") == 7
     assert "set -u -o pipefail" in (ROOT / "bench" / "gpu_run.sh").read_text()
 
 

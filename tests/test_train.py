@@ -295,6 +295,27 @@ def test_an_unusable_cuda_device_fails_before_any_work(tmp_path: Path, capsys) -
     assert not out.exists()  # no run directory, no tasks written, no images built
 
 
+def test_vllm_engine_without_vllm_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Checked from the installed distributions, before anything is built (no traceback, no run directory)."""
+    from importlib import metadata
+
+    try:
+        pytest.skip(f"vLLM {metadata.version('vllm')} is installed here")
+    except metadata.PackageNotFoundError:
+        pass
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "t1core.train", "--out", str(out), "--rollout.engine=vllm"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(train.__file__).parents[1])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "rollout.engine='vllm' but vLLM is not installed here (it needs a CUDA machine): pip install -e '.[gpu]', "
+        "or rollout.engine='torch'")
+    assert not out.exists()
+    cfg = load_config(None, ["--rollout.engine=vllm", "--rollout.temperature=0.005"])
+    with pytest.raises(ValueError, match=r"rollout.temperature=0.005: vLLM raises"):  # checked before vLLM's presence
+        train.builders.check_config(cfg)
+
+
 @pytest.mark.parametrize("preset", sorted((Path(train.__file__).parent / "configs").glob("*.toml")), ids=lambda p: p.stem)
 def test_shipped_presets_load(preset: Path) -> None:
     cfg = train.load_config(str(preset), [])

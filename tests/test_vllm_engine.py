@@ -34,6 +34,7 @@ MAX_LEN = 192
 @pytest.fixture(autouse=True)
 def _fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_api, "load_vllm", fake_vllm.fake_api)
+    monkeypatch.setattr(vllm_api, "require_vllm", fake_vllm.require)
 
 
 def _engines(model: MoEModel, **kw: object) -> tuple[VLLMEngine, TorchEngine]:
@@ -221,22 +222,52 @@ def test_concurrent_submits_and_a_weight_update_mid_stream() -> None:
         assert vllm.submit(prompts[0], params[0]).result().policy_version == 1
 
 
-def test_a_broken_stream_refuses_requests_until_a_complete_update() -> None:
-    old, new = MoEModel(CFG, seed=0), MoEModel(CFG, seed=2)
-    vllm, ref = _engines(new)
+@pytest.mark.parametrize("placement", ["colocated", "disaggregated"])
+def test_a_failed_update_then_a_good_one_serves_requests_again(placement: str) -> None:
+    """vLLM cannot abort an update (its worker refuses a second start, gpu_worker.py:1569, as the fake does): the
+    engine refuses requests, then restarts vLLM before the next update, which then serves."""
+    new = MoEModel(CFG, seed=2)
+    nccl = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
+    vllm, ref = _engines(new, placement=placement, nccl_init=nccl if placement == "disaggregated" else None)
     items = list(hf_state_dict(new).items())
     p = SamplingParams(max_new_tokens=5, seed=1)
     with vllm, ref:
         with pytest.raises(ValueError, match="never arrived"):
             vllm.update_weights(iter(items[:-3]))
+        broken = vllm._llm
+        assert broken.updating  # the update stays open in vLLM
         with pytest.raises(RuntimeError, match="half-updated"):
             vllm.submit([5, 6, 7], p).result()
+        with pytest.raises(RuntimeError, match="already active"):  # what a retry without a restart would hit
+            vllm._run(broken.start_weight_update())
         assert vllm.policy_version == 0
         with pytest.raises(ValueError, match="out of order"):
             vllm.update_weights(iter(items[::-1]))
-        assert vllm.update_weights(iter(items)) == 1
+        assert broken.dead and vllm.stats["restarts"] == 1
+        assert vllm.update_weights(iter(items)) == 1 and vllm.stats["restarts"] == 2
+        assert [c for c, _ in vllm._llm.calls].count("init_weight_transfer_engine") == 1  # handshake redone
         _same(vllm.submit([5, 6, 7], p).result(), ref.submit([5, 6, 7], p).result())
-        del old
+        assert vllm.update_weights(iter(items)) == 2 and vllm.stats["restarts"] == 2
+
+
+def test_three_updates_reach_vllm_as_versions_1_2_3() -> None:
+    """The fake's transport keeps its first client, as vLLM's trainer-side engines do (base.py:691)."""
+    model = MoEModel(CFG, seed=0)
+    vllm, ref = _engines(model)
+    with vllm, ref:
+        for version in (1, 2, 3):
+            assert vllm.update_weights(hf_state_dict(model).items()) == version
+            assert vllm.submit([5, 6, 7], SamplingParams(max_new_tokens=3)).result().policy_version == version
+        assert [a for c, a in vllm._llm.calls if c == "finish_weight_update"] == ["1", "2", "3"]
+
+
+def test_temperatures_vllm_would_raise_are_refused() -> None:
+    assert fake_vllm.SamplingParams(temperature=0.005).temperature == 0.01  # vLLM's clamp, mirrored
+    vllm = VLLMEngine.from_model(MoEModel(CFG, seed=0), max_model_len=16, dtype=torch.float32)
+    with vllm:
+        with pytest.raises(ValueError, match=r"params.temperature=0.005: vLLM raises"):
+            vllm.submit([1, 2], SamplingParams(temperature=0.005))
+        assert vllm.submit([1, 2], SamplingParams(temperature=0.01, max_new_tokens=2)).result().finish_reason
 
 
 def test_colocated_sleep_wakes_weights_then_kv_cache_on_update() -> None:

@@ -83,6 +83,7 @@ def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPat
     from tests import fake_vllm
 
     monkeypatch.setattr(vllm_api, "load_vllm", fake_vllm.fake_api)
+    monkeypatch.setattr(vllm_api, "require_vllm", fake_vllm.require)
     policy = MoEModel(ModelConfig.tiny(), seed=0)
     disagg = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.dtype=float32"])
     assert builders.make_engine(policy, disagg, DataParallel(rank=1, world_size=2)) is None
@@ -139,6 +140,7 @@ def _rank(rank: int, port: int, args: list[str], out: str) -> None:
     # A short collective timeout: a rank left waiting fails the test instead of hanging it (init_from_env keeps it).
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=600))
     vllm_api.load_vllm = fake_vllm.fake_api
+    vllm_api.require_vllm = fake_vllm.require
     peaks: list[int] = []
     sync, close = train.Trainer.sync_engine, train.Trainer.close
     real_iter = distributed.iter_hf_tensors
