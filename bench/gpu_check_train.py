@@ -22,8 +22,7 @@ ARGV = ["--run.device=cuda", f"--run.steps={STEPS}", "--run.checkpoint_every=0",
         "--rollout.engine=torch", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
         "--rollout.concurrency=2", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
         "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0",
-        "--warmstart.sft_enabled=false", "--algo.critic_only_iterations=1", "--algo.skip_flat_steps=false",
-        "--algo.skip_flat_groups=false"]
+        "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=1", "--algo.actor_push=center"]
 SKIPPED = 77
 
 
@@ -58,7 +57,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/gpu_logs/train-check", help="run directory (must not exist)")
     args = ap.parse_args()
     if args.dry_run:
-        from t1core.config import load_config
+        from t1core.config_toml import load_config
 
         load_config(None, ARGV)  # a renamed or mistyped key fails here, on a CPU, not on the device
         print(json.dumps({"script": "train", "steps": STEPS, "device": "cuda", "engine": "torch",

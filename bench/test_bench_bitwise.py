@@ -21,8 +21,9 @@ from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
 from t1core.config import AlgoSection, OptimSection
 from t1model.model import ModelConfig, MoEModel, ValueModel
-from t1core.update import ActorCritic, ppo_update, score
+from t1core.update import ppo_update, score
 from tests.episodes import Episode
+from tests.step_objects import actor_critic, plan, step_batch
 
 EPISODES, ROUNDS = 8, 3
 
@@ -47,14 +48,12 @@ def _step(policy: MoEModel, critic: ValueModel, trajs: list[Trajectory], bitwise
           ) -> tuple[float, float, dict]:
     """One trainer step (score + one PPO epoch) on copies of the models; (wall s, process CPU s, score metrics)."""
     pol, cri = copy.deepcopy(policy).train(), copy.deepcopy(critic).train()
-    ac = ActorCritic(policy=pol, critic=cri, opt_actor=torch.optim.AdamW(pol.parameters(), lr=1e-4, foreach=False),
-                     opt_critic=torch.optim.AdamW(cri.parameters(), lr=1e-3, foreach=False),
-                     sched_actor=None, sched_critic=None)
-    algo = AlgoSection(bitwise=bitwise, advantage_norm="center")
-    rewards = [float(i % 3) for i in range(len(trajs))]
+    ac = actor_critic(pol, cri)
+    algo = AlgoSection(bitwise=bitwise)
+    batch, push = step_batch(trajs, [float(i % 3) for i in range(len(trajs))]), plan(negative_scale=0.0)
     t0, c0 = time.perf_counter(), time.process_time()
-    scored, metrics = score(trajs, rewards, policy=pol, critic=cri, ref_policy=None, algo=algo, temperature=1.0)
-    ppo_update(scored, ac, algo=algo, optim=OptimSection(), temperature=1.0, update_actor=True,
+    scored, metrics = score(batch, push, ac, algo=algo, temperature=1.0)
+    ppo_update(scored, push, ac, algo=algo, optim=OptimSection(), temperature=1.0,
                generator=torch.Generator().manual_seed(0))
     return time.perf_counter() - t0, time.process_time() - c0, metrics
 

@@ -108,7 +108,7 @@ class Completion:
 
 @runtime_checkable
 class Engine(Protocol):
-    """A batched, thread-safe generation engine."""
+    """A batched, thread-safe generation engine: every method the trainer calls on one."""
 
     @property
     def policy_version(self) -> int:
@@ -131,6 +131,16 @@ class Engine(Protocol):
         so a sharded trainer can produce them one decoder layer at a time and never hold the whole model. Every
         expected name arrives exactly once (missing, unknown or repeated: ValueError), and no request is ever served
         from a half-updated model. Requests finished before the call keep their version; later ones get the new."""
+        ...
+
+    def sleep(self) -> None:
+        """Give back the accelerator memory this engine shares with the trainer (weights, KV cache) until the next
+        `update_weights`, which wakes it; requests are refused meanwhile. The trainer asks only an engine that
+        shares its GPUs (a colocated vLLM); an engine that shares nothing (TorchEngine) does nothing."""
+        ...
+
+    def close(self) -> None:
+        """Stop the engine; requests not finished get a RuntimeError. Idempotent."""
         ...
 
 

@@ -220,6 +220,9 @@ class TorchEngine:
         if missing:
             raise ValueError(f"update_weights: {len(missing)} of {len(targets)} tensors missing, e.g. {missing[:3]}")
 
+    def sleep(self) -> None:
+        """Nothing to give back: the engine's copy lives in its own memory, sized once (`Engine.sleep`)."""
+
     def close(self) -> None:
         """Stop the engine thread; requests not finished get a RuntimeError."""
         with self._cv:

@@ -25,13 +25,13 @@ from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core import distributed, evaluation
 from t1core.config import RunConfig
+from t1core.step import SeedBlock
 from t1model.device import check_device
+from t1model.dtypes import DTYPES
 from t1model.hf_io import load_pretrained
 from t1model.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
 from t1core.rollout_ranks import RolloutRanks
 from t1model.tokenizer import ChatTokenizer
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -66,14 +66,14 @@ def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     families = list(t.families) or None
     if t.source == "builtin":
         out = run_dir / "tasks"
-        train = train_tasks(out, num_per_family=t.num_per_family, seed=t.train_seed, families=families)
+        train = train_tasks(out, num_per_family=t.num_per_family, seed=int(SeedBlock.TRAIN), families=families)
         rl = train
         if t.num_rl_per_family:
-            rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=t.rl_seed,
+            rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=int(SeedBlock.RL),
                               families=families, avoid=train) + (fixed_tasks("train") if t.rl_fixed_tasks else [])
         if evaluation.BUILTIN not in cfg.eval.source:
             return TaskSets(train, rl, [], [])
-        fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=t.heldout_seed,
+        fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=int(SeedBlock.HELDOUT),
                                    families=families, avoid=train + rl)
         return TaskSets(train, rl, fam, fixed)
     root = Path(t.source)
@@ -92,32 +92,30 @@ def build_images(tasks: TaskSets, cfg: RunConfig) -> None:
     tasks.images.update(build_task_images(tasks.all(), base_image_overrides=overrides))
 
 
-def compute_dtype(cfg: RunConfig) -> torch.dtype:
-    """The dtype layers compute in (model.dtype); the engine's weights are in it too."""
-    return _DTYPES[cfg.model.dtype]
-
-
 def shard_options(cfg: RunConfig) -> dict:
     """`distributed.shard_`'s keywords for this run: a half-precision model.dtype is mixed precision over fp32
-    masters (`load_models` builds the models in fp32 then); parallel.cpu_offload the CPUOffloadPolicy."""
-    dtype = compute_dtype(cfg)
+    masters (`load_models` builds the models in fp32 then); parallel.cpu_offload the CPUOffloadPolicy. Computed
+    once per run (`ModelBuilder`) and checked before anything is built (`check_config`)."""
+    dtype = DTYPES[cfg.model.dtype]
     if cfg.parallel.cpu_offload and torch.device(cfg.run.device).type != "cuda":
         raise ValueError(f"parallel.cpu_offload=true: offloads GPU memory to the host, expected run.device='cuda', "
                          f"got {cfg.run.device!r}")
     return {"param_dtype": None if dtype == torch.float32 else dtype, "cpu_offload": cfg.parallel.cpu_offload}
 
 
-def load_models(cfg: RunConfig, tok: ChatTokenizer,
-                dp: distributed.DataParallel | None = None) -> tuple[MoEModel, ValueModel]:
+def load_models(cfg: RunConfig, tok: ChatTokenizer, dp: distributed.DataParallel | None = None, *,
+                shard: dict | None = None) -> tuple[MoEModel, ValueModel]:
     """Policy (a preset, initialised from the run seed, or a HF checkpoint) and a critic from its weights; in fp32
     (the master weights) when model.dtype is half precision, which `distributed.shard_` then computes in.
-    A checkpoint on W ranks loads already sharded: each rank reads only its own rows (collective)."""
-    dtype, device = _DTYPES[cfg.model.dtype], torch.device(cfg.run.device)
-    dtype = torch.float32 if shard_options(cfg)["param_dtype"] is not None else dtype
+    A checkpoint on W ranks loads already sharded: each rank reads only its own rows (collective). `shard`: this
+    run's `shard_options` (computed here when not given)."""
+    shard = shard if shard is not None else shard_options(cfg)
+    dtype, device = DTYPES[cfg.model.dtype], torch.device(cfg.run.device)
+    dtype = torch.float32 if shard["param_dtype"] is not None else dtype
     name = cfg.model.name
     if Path(name).is_dir() and dp is not None and dp.distributed:
-        policy = distributed.sharded_from_pretrained(Path(name), dp, dtype=dtype, **shard_options(cfg))
-        critic = distributed.sharded_critic(policy, dp, **shard_options(cfg))
+        policy = distributed.sharded_from_pretrained(Path(name), dp, dtype=dtype, **shard)
+        critic = distributed.sharded_critic(policy, dp, **shard)
         for model in (policy, critic):
             set_moe_recompute(model, cfg.model.moe_recompute)
         return policy, critic
@@ -158,6 +156,7 @@ def check_config(cfg: RunConfig) -> None:
         if source != evaluation.BUILTIN and not Path(source).is_dir():
             raise ValueError(f"eval.source: expected 'builtin' or directories of tasks, got {source!r}")
     pretrains(cfg)
+    shard_options(cfg)
     if cfg.rollout.engine == "vllm":
         check_temperature(cfg.rollout.temperature, key="rollout.temperature")
         vllm_api.require_vllm()
@@ -192,12 +191,53 @@ def make_engine(policy: MoEModel, cfg: RunConfig,
     if r.engine == "vllm":
         return _make_vllm_engine(policy, cfg, dp or distributed.DataParallel.single())
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
-                        max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
+                        max_seq_len=r.max_seq_len, batch_invariant=r.batch_invariant)
+    dtype = DTYPES[cfg.model.dtype]
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
-        engine_model = load_pretrained(cfg.model.name, dtype=compute_dtype(cfg), device=cfg.run.device)
+        engine_model = load_pretrained(cfg.model.name, dtype=dtype, device=cfg.run.device)
     else:
-        engine_model = copy.deepcopy(policy).to(compute_dtype(cfg))  # fp32 masters: the engine serves model.dtype
+        engine_model = copy.deepcopy(policy).to(dtype)  # fp32 masters: the engine serves model.dtype
     return TorchEngine(engine_model.eval().requires_grad_(False), ecfg)
+
+
+class ModelBuilder:
+    """Policy, critic and the rollout engine, built in the one order that works; each stage refuses to run out of it.
+
+    1. `__init__` loads the plain models (`load_models`).
+    2. `take_engine_copy` gives the engine its copy of the plain policy (`make_engine`): it must see the model
+       before activation checkpointing wraps its forwards and before sharding replaces its parameters.
+    3. `wrap_and_shard` checkpoints the layers (parallel.activation_checkpointing) and shards both models
+       (`distributed.shard_`); optimizers are built from its result.
+    """
+
+    _ORDER = ("loaded", "engine_copied", "sharded")
+
+    def __init__(self, cfg: RunConfig, tok: ChatTokenizer, dp: distributed.DataParallel) -> None:
+        self.cfg, self.dp = cfg, dp
+        self.shard = shard_options(cfg)  # the one computation of it for this run
+        self.policy, self.critic = load_models(cfg, tok, dp, shard=self.shard)
+        self._stage = "loaded"
+
+    def _advance(self, to: str) -> None:
+        want = self._ORDER[self._ORDER.index(to) - 1]
+        if self._stage != want:
+            raise RuntimeError(f"ModelBuilder: {to!r} comes after {want!r}, but this builder is at {self._stage!r}")
+        self._stage = to
+
+    def take_engine_copy(self) -> TorchEngine | VLLMEngine | None:
+        """This rank's rollout engine over its own copy of the still plain policy (None on a rank without one)."""
+        self._advance("engine_copied")
+        return make_engine(self.policy, self.cfg, self.dp)
+
+    def wrap_and_shard(self) -> tuple[MoEModel, ValueModel]:
+        """(policy, critic), activation-checkpointed if asked and sharded: what the optimizers are built from."""
+        self._advance("sharded")
+        if self.cfg.parallel.activation_checkpointing:
+            distributed.checkpoint_layers_(self.policy)
+            distributed.checkpoint_layers_(self.critic)
+        distributed.shard_(self.policy, self.dp, **self.shard)
+        distributed.shard_(self.critic, self.dp, **self.shard)
+        return self.policy, self.critic
 
 
 def rollout_ranks(cfg: RunConfig, dp: distributed.DataParallel) -> RolloutRanks:
@@ -214,12 +254,12 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataPara
     r, v = cfg.rollout, cfg.vllm
     if not rollout_ranks(cfg, dp).owns_engine:
         return None
-    max_len = v.max_model_len or r.max_tokens + r.max_new_tokens_per_turn + 8
     nccl = None
     if v.placement == "disaggregated":  # the owning trainer rank is NCCL rank 0, vLLM's workers the others
-        nccl = {"master_address": v.nccl_address, "master_port": v.nccl_port, "world_size": 1 + v.tensor_parallel_size}
+        host, port = v.nccl_host_port
+        nccl = {"master_address": host, "master_port": port, "world_size": 1 + v.tensor_parallel_size}
     kw = dict(tensor_parallel_size=v.tensor_parallel_size, gpu_memory_utilization=v.gpu_memory_utilization,
-              max_model_len=max_len, enforce_eager=v.enforce_eager, placement=v.placement, dtype=_DTYPES[v.dtype],
+              max_model_len=r.max_seq_len, enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[v.dtype],
               seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
               local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
     if distributed.is_sharded(policy):
@@ -256,6 +296,13 @@ def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[s
         raise ValueError(f"optim.actor_frozen: {unmatched} match no parameter of the policy "
                          f"(names look like {names[:3]})")
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def freeze(model: torch.nn.Module, names: Sequence[str]) -> None:
+    """No gradient (so no optimizer step) for the parameters `names` (`frozen_parameters`); all others train."""
+    frozen = set(names)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name not in frozen)
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, cfg: RunConfig, decay_steps: int | None = None,

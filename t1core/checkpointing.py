@@ -32,7 +32,8 @@ import torch
 from t1core import distributed
 from t1model.hf_io import save_pretrained
 from t1model.model import MoEModel
-from t1core.config import RunConfig, config_to_toml, load_config
+from t1core.config import RunConfig
+from t1core.config_toml import config_to_toml, load_config
 from t1core.distributed import DataParallel
 
 LATEST = "latest"

@@ -1,31 +1,26 @@
-"""The one typed config tree of a T1 run: frozen keyword-only dataclasses, TOML + `--section.key=value`.
+"""The one typed config tree of a T1 run: frozen keyword-only dataclasses (the schema; reading and writing TOML,
+`--section.key=value` overrides and old field names live in `t1core.config_toml`).
 
 Every field carries its help text in `metadata["help"]` (printed by `format_config(cfg, with_help=True)` and
 written as a comment above each key by `config_to_toml`). The defaults ARE the embedded default run: the tiny
 model on the built-in tasks, sized for a 2-core CPU. Optional fields take the string "none" in TOML and on
-the command line (TOML has no null).
+the command line (TOML has no null). Values that depend on other fields ('auto') are resolved by `resolved`
+into a copy; a config is never changed after construction.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import re
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10 has no tomllib; tomli is the same parser (needs `pip install tomli`).
-    import tomli as tomllib
-
 Dtype = Literal["float32", "bfloat16", "float16"]
-AdvantageNorm = Literal["center", "group", "whiten", "none"]
+ActorPush = Literal["group_positive", "group", "center", "whiten", "raw"]
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+_ENDPOINT_RE = re.compile(r"^(?P<host>[^:\s]+):(?P<port>\d{1,5})$")
 
 
 def _field(default: Any, help: str) -> Any:
@@ -95,17 +90,14 @@ class ModelSection:
 class TasksSection:
     source: str = _field("builtin", "'builtin' for the repo's suite, or a directory of Harbor/Terminal-Bench tasks")
     families: tuple[str, ...] = _field((), "seeded task families to train on; empty = every built-in family")
-    num_per_family: int = _field(24, "training (SFT) instances synthesized per family, from seed block train_seed")
-    num_heldout_per_family: int = _field(8, "held-out instances per family, from seed block heldout_seed")
+    num_per_family: int = _field(24, "training (SFT) instances synthesized per family (seed block SeedBlock.TRAIN)")
+    num_heldout_per_family: int = _field(8, "held-out instances per family (seed block SeedBlock.HELDOUT)")
     num_rl_per_family: int = _field(
-        16, "RL instances per family, from seed block rl_seed: instances the warm start never saw; 0 = RL on the "
+        16, "RL instances per family (seed block SeedBlock.RL): instances the warm start never saw; 0 = RL on the "
         "SFT instances")
     rl_fixed_tasks: bool = _field(
         False, "RL also practises the fixed train tasks (SFT'd already; long multi-turn episodes whose many "
         "sampled tokens weigh heavily in a step's loss); false = RL on the unseen family instances only")
-    train_seed: int = _field(0, "seed block of the training instances (block b draws seeds b*100000, b*100000+1, ...)")
-    rl_seed: int = _field(1, "seed block of the RL instances (train split, so it must differ from train_seed)")
-    heldout_seed: int = _field(100_000, "seed block of the held-out instances (held-out split)")
     base_image_overrides: tuple[str, ...] = _field(
         (), "'PATTERN=IMAGE' pairs mapping a Dockerfile FROM (glob, e.g. 'debian:*') onto a local image")
 
@@ -116,11 +108,6 @@ class TasksSection:
         _check(self.num_heldout_per_family >= 0, "tasks.num_heldout_per_family", ">= 0",
                self.num_heldout_per_family)
         _check(self.num_rl_per_family >= 0, "tasks.num_rl_per_family", ">= 0", self.num_rl_per_family)
-        for name in ("train_seed", "rl_seed", "heldout_seed"):
-            _check(getattr(self, name) >= 0, f"tasks.{name}", ">= 0", getattr(self, name))
-        # Both are train-split blocks: one block would give the RL the SFT instances again.
-        _check(self.num_rl_per_family == 0 or self.rl_seed != self.train_seed, "tasks.rl_seed",
-               "a seed block other than tasks.train_seed", self.rl_seed)
         for pair in self.base_image_overrides:
             pattern, sep, image = pair.partition("=")
             _check(bool(sep and pattern and image), "tasks.base_image_overrides", "'PATTERN=IMAGE' items", pair)
@@ -162,7 +149,7 @@ class RolloutSection:
     episodes_per_step: int = _field(16, "episodes collected per RL step")
     group_size: int = _field(
         4, "episodes per task instance in a step (episodes_per_step / group_size instances, each sampled "
-        "group_size times); with algo.advantage_norm='group' the episodes of one instance are each other's baseline")
+        "group_size times); with algo.actor_push='group...' the episodes of one instance are each other's baseline")
     concurrency: int = _field(8, "episodes run at once (each holds one sandbox and one engine slot)")
     max_turns: int = _field(6, "assistant turns per episode before it is cut")
     max_new_tokens_per_turn: int = _field(
@@ -195,6 +182,12 @@ class RolloutSection:
                "1.0 with rollout.engine='vllm' (vLLM's log-prob of a top-p sample is renormalised, T1's is not)",
                self.top_p)
 
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence an engine must hold: the episode budget plus one more reply (the last turn may start
+        just under max_tokens), plus a few positions for the template glue around it."""
+        return self.max_tokens + self.max_new_tokens_per_turn + 8
+
 
 @dataclass(frozen=True, kw_only=True)
 class VllmSection:
@@ -206,16 +199,13 @@ class VllmSection:
     tensor_parallel_size: int = _field(1, "GPUs one vLLM instance spreads the model over (tensor parallel)")
     gpu_memory_utilization: float = _field(
         0.5, "fraction of each GPU vLLM may take for weights and KV cache (colocated: leave the trainer its share)")
-    max_model_len: int | None = _field(
-        None, "longest sequence vLLM serves; none = rollout.max_tokens + rollout.max_new_tokens_per_turn + 8")
     enforce_eager: bool = _field(False, "no CUDA graphs (faster start, slower decode)")
     dtype: Literal["bfloat16", "float16", "float32"] = _field("bfloat16", "vLLM's weight dtype")
     executor: Literal["mp", "ray"] = _field(
         "mp", "where vLLM's workers run: 'mp' vLLM's local executor, on the owning trainer rank's node (colocated: "
         "its GPU; disaggregated: GPUs no trainer rank holds); 'ray' (disaggregated) vLLM's Ray executor, on a Ray "
         "cluster started beforehand, e.g. engine nodes of their own (pip install ray)")
-    nccl_address: str = _field("127.0.0.1", "disaggregated: address of the trainer-vLLM NCCL rendezvous")
-    nccl_port: int = _field(29650, "disaggregated: port of the trainer-vLLM NCCL rendezvous")
+    nccl_endpoint: str = _field("127.0.0.1:29650", "disaggregated: 'HOST:PORT' of the trainer-vLLM NCCL rendezvous")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -225,11 +215,17 @@ class VllmSection:
                "1 with vllm.placement='colocated' (more GPUs: placement='disaggregated')", self.tensor_parallel_size)
         _check(0 < self.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization", "in (0, 1]",
                self.gpu_memory_utilization)
-        _check(self.max_model_len is None or self.max_model_len >= 3, "vllm.max_model_len", ">= 3 or none",
-               self.max_model_len)
-        _check(1 <= self.nccl_port < 65536, "vllm.nccl_port", "in [1, 65535]", self.nccl_port)
+        m = _ENDPOINT_RE.match(self.nccl_endpoint)
+        _check(m is not None and 1 <= int(m["port"]) < 65536, "vllm.nccl_endpoint", "'HOST:PORT' with a port in "
+               "[1, 65535]", self.nccl_endpoint)
         _check(self.executor == "mp" or self.placement == "disaggregated", "vllm.executor",
                "'mp' with vllm.placement='colocated' (a colocated engine shares its trainer rank's GPU)", self.executor)
+
+    @property
+    def nccl_host_port(self) -> tuple[str, int]:
+        """nccl_endpoint as (host, port)."""
+        host, port = self.nccl_endpoint.rsplit(":", 1)
+        return host, int(port)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,32 +246,23 @@ class AlgoSection:
     outcome_bonus: float = _field(1.0, "reward added when every verifier passes (on top of the verifier count)")
     turn_penalty: float = _field(0.0, "reward subtracted per assistant turn (>= 0); 0 = off")
     format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
-    use_tito: bool = _field(True, "train on the exact sampled token IDs (false: re-tokenize the transcript)")
-    use_r3: bool = _field(True, "replay the rollout's expert routing in every training forward")
     bitwise: Literal["auto", "on", "off"] = _field(
         "auto", "'on': the trainer's policy forward runs the batch-invariant engine's products, attention and "
         "log-softmax (t1kernels.rows), so its log-probs and routing equal the rollout's bit for bit; every step checks "
         "mismatch/max_abs == 0 and stops the run at the first token that differs. Needs run.device='cpu', "
-        "model.dtype='float32', rollout.engine='torch', rollout.batch_invariant and algo.use_tito (GPU plan: "
-        "ARCHITECTURE.md). 'auto': 'on' where those hold, else 'off'")
-    advantage_norm: AdvantageNorm = _field(
-        "group", "per-step advantage normalisation: 'center' subtracts the token mean, 'group' subtracts the "
-        "token mean of the episodes of the same task instance (needs rollout.group_size >= 2: tokens the "
-        "episodes share then get no net push, the ones that differ carry the signal), 'whiten' also divides by "
-        "the std (a step whose episodes all scored alike then gets a full-size update from critic noise alone), "
-        "'none' keeps GAE's raw advantages")
-    negative_adv_scale: float = _field(
-        0.0, "multiplier of negative advantages after normalisation (1 = plain PPO; 0 = only episodes better than "
-        "their group push, so a failed near-miss, whose tokens were mostly right, pushes nothing down)")
-    skip_flat_steps: bool = _field(
-        True, "no actor update in a step whose episodes all got the same reward: its advantages hold nothing but "
-        "the critic's error (the critic still trains on it)")
-    skip_flat_groups: bool = _field(
-        True, "no policy-gradient push from the episodes of a task instance whose group (>= 2 episodes) all got "
-        "the same reward (half of the tiny default's groups): with the group as baseline their advantages are the "
-        "critic's error alone, and with negative_adv_scale < 1 the positive half of that error is kept, a push up "
-        "on whatever was sampled. The critic still trains on them, the KL term still applies, and a step with no "
-        "other group takes no actor step")
+        "model.dtype='float32', rollout.engine='torch' and rollout.batch_invariant (GPU plan: ARCHITECTURE.md). "
+        "'auto': 'on' where those hold, else 'off' (resolved into the run's copy of the config: `resolved`)")
+    actor_push: ActorPush = _field(
+        "group_positive", "which episodes move the actor, and how (t1core.step.PUSH_RULES). 'group_positive': "
+        "each token's advantage minus the mean of the episodes of the same task instance (needs rollout.group_size "
+        ">= 2: tokens the episodes share get no net push, the ones that differ carry the signal), negative "
+        "advantages then scaled to 0 (only episodes better than their group push, so a failed near-miss, whose "
+        "tokens were mostly right, pushes nothing down), no push from a group whose episodes all scored alike (its "
+        "advantages are the critic's error alone) and no actor step in a step where every group or every episode "
+        "scored alike. 'group': the same with negative advantages kept (plain PPO on the group baseline). "
+        "'center': the step's token mean as baseline, every step moves the actor. 'whiten': 'center', then divided "
+        "by the std (a step whose episodes all scored alike then gets a full-size update from critic noise alone). "
+        "'raw': GAE's advantages as they are. The critic trains on every episode under every rule")
     critic_only_iterations: int = _field(
         2, "RL steps that update only the critic before the first actor update (the critic's warm start)")
     ppo_epochs: int = _field(1, "passes over each step's batch")
@@ -295,7 +282,6 @@ class AlgoSection:
         _check(self.icepop is None or 0 < self.icepop[0] < 1 < self.icepop[1], "algo.icepop",
                "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
         _check(self.critic_only_iterations >= 0, "algo.critic_only_iterations", ">= 0", self.critic_only_iterations)
-        _check(0 <= self.negative_adv_scale <= 1, "algo.negative_adv_scale", "in [0, 1]", self.negative_adv_scale)
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", self.ppo_epochs)
         _check(self.minibatch_tokens >= 1, "algo.minibatch_tokens", ">= 1", self.minibatch_tokens)
 
@@ -308,15 +294,10 @@ class WarmstartSection:
         "from a checkpoint is never pretrained")
     pretrain_lr: float = _field(1e-3, "learning rate of base pretraining")
     pretrain_row_tokens: int = _field(2048, "tokens per pretraining step (whole instruction/command pairs)")
-    pretrain_seed_block: int = _field(
-        2, "seed block of the pretraining corpus (train split; must differ from tasks.train_seed and tasks.rl_seed)")
-    sft_enabled: bool = _field(True, "supervised fine-tuning on reference-solution transcripts before RL")
-    sft_epochs: int = _field(4, "passes over the SFT transcripts")
+    sft_epochs: int = _field(
+        4, "passes of supervised fine-tuning over the reference-solution transcripts before RL; 0 = no SFT")
     sft_max_steps: int | None = _field(None, "stop SFT after this many optimizer steps; none = run all epochs")
     sft_lr: float = _field(1e-3, "SFT learning rate of the actor")
-    sft_lr_decay: bool = _field(
-        True, "decay the SFT learning rate linearly to 0 over its optimizer steps (after the warmup), so that the "
-        "last minibatches leave no mark of their own; false = constant")
     sft_minibatch_tokens: int = _field(4096, "tokens per SFT optimizer step (separate from algo.minibatch_tokens)")
     verify_references: bool = _field(
         False, "run the verifiers on every reference transcript and drop those that fail (slower; the test "
@@ -327,8 +308,7 @@ class WarmstartSection:
         _check(self.pretrain_steps >= 0, "warmstart.pretrain_steps", ">= 0", self.pretrain_steps)
         _check(self.pretrain_lr > 0, "warmstart.pretrain_lr", "> 0", self.pretrain_lr)
         _check(self.pretrain_row_tokens >= 64, "warmstart.pretrain_row_tokens", ">= 64", self.pretrain_row_tokens)
-        _check(self.pretrain_seed_block >= 0, "warmstart.pretrain_seed_block", ">= 0", self.pretrain_seed_block)
-        _check(self.sft_epochs >= 1, "warmstart.sft_epochs", ">= 1", self.sft_epochs)
+        _check(self.sft_epochs >= 0, "warmstart.sft_epochs", ">= 0", self.sft_epochs)
         _check(self.sft_max_steps is None or self.sft_max_steps >= 1, "warmstart.sft_max_steps", ">= 1 or none",
                self.sft_max_steps)
         _check(self.sft_lr > 0, "warmstart.sft_lr", "> 0", self.sft_lr)
@@ -344,9 +324,10 @@ class OptimSection:
     grad_clip: float | None = _field(1.0, "global grad-norm clip per model; none = off")
     warmup_steps: int = _field(
         10, "linear LR warmup in optimizer steps (Adam's first steps move every weight by ~lr whatever its gradient)")
-    actor_lr_decay: bool = _field(
-        True, "decay the actor's RL learning rate linearly towards 0 over run.steps (by RL step, times the warmup): "
-        "the last steps' episodes then leave no mark of their own, as the SFT decay does for its last minibatches")
+    lr_decay: bool = _field(
+        True, "decay the learning rates linearly towards 0 after the warmup: SFT's over its optimizer steps, the "
+        "actor's RL rate over run.steps (by RL step), so that the last minibatches and the last steps' episodes "
+        "leave no mark of their own; false = constant (pretraining and the critic are never decayed)")
     actor_frozen: tuple[str, ...] = _field(
         (), "policy parameters RL leaves as warm-started: fnmatch patterns over parameter names, e.g. "
         "['lm_head.*', 'model.embed_tokens.*'] or ['*.mlp.gate.*'] (the routers); pretraining and SFT train them "
@@ -408,11 +389,9 @@ class EvalSection:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelSection:
-    nodes: int = _field(1, "nodes the run is planned for (python -m t1core.plan); torchrun sets the real ranks")
-    gpus_per_node: int = _field(1, "GPUs (ranks) per node the run is planned for (python -m t1core.plan)")
-    gpu_mem_gib: float = _field(140.0, "memory of one GPU in GiB the plan must fit (H200: 140)")
-    host_mem_gib: float = _field(
-        1800.0, "host memory per node in GiB the plan must fit (what parallel.cpu_offload moves there)")
+    """How the trainer spreads its memory (torchrun sets the ranks; the hardware a plan is made for is the planner's
+    own [plan] table: python -m t1core.plan)."""
+
     activation_checkpointing: bool = _field(
         False, "recompute each decoder layer's activations in the backward (torch.utils.checkpoint per layer): "
         "only the layers' inputs stay alive between forward and backward")
@@ -422,10 +401,6 @@ class ParallelSection:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        _check(self.nodes >= 1, "parallel.nodes", ">= 1", self.nodes)
-        _check(self.gpus_per_node >= 1, "parallel.gpus_per_node", ">= 1", self.gpus_per_node)
-        _check(self.gpu_mem_gib > 0, "parallel.gpu_mem_gib", "> 0", self.gpu_mem_gib)
-        _check(self.host_mem_gib > 0, "parallel.host_mem_gib", "> 0", self.host_mem_gib)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -449,159 +424,36 @@ class RunConfig:
                f">= rollout.max_tokens ({self.rollout.max_tokens})", self.algo.minibatch_tokens)
         _check(self.warmstart.sft_minibatch_tokens >= self.rollout.max_tokens, "warmstart.sft_minibatch_tokens",
                f">= rollout.max_tokens ({self.rollout.max_tokens})", self.warmstart.sft_minibatch_tokens)
-        _check(self.algo.advantage_norm != "group" or self.rollout.group_size >= 2, "algo.advantage_norm",
-               "'group' only with rollout.group_size >= 2 (a lone episode would be its own baseline)",
-               self.algo.advantage_norm)
-        needs = {"run.device": (self.run.device, "cpu"), "model.dtype": (self.model.dtype, "float32"),
-                 "rollout.engine": (self.rollout.engine, "torch"),
-                 "rollout.batch_invariant": (self.rollout.batch_invariant, True),
-                 "algo.use_tito": (self.algo.use_tito, True)}
+        _check(not self.algo.actor_push.startswith("group") or self.rollout.group_size >= 2, "algo.actor_push",
+               "a rule without the group baseline when rollout.group_size is 1 (a lone episode would be its own "
+               "baseline)", self.algo.actor_push)
         if self.algo.bitwise == "on":
-            for name, (got, want) in needs.items():
+            for name, (got, want) in _bitwise_needs(self).items():
                 _check(got == want, name, f"{want!r} with algo.bitwise='on' (bit-equal log-probs are built for the "
                        "CPU engine; set algo.bitwise='off')", got)
-        elif self.algo.bitwise == "auto":  # resolved here, so the run's config.toml says what ran
-            on = all(got == want for got, want in needs.values())
-            object.__setattr__(self, "algo", dataclasses.replace(self.algo, bitwise="on" if on else "off"))
-        w, t = self.warmstart, self.tasks
-        _check(w.pretrain_steps == 0 or w.pretrain_seed_block not in (t.train_seed, t.rl_seed),
-               "warmstart.pretrain_seed_block", "a seed block other than tasks.train_seed and tasks.rl_seed",
-               w.pretrain_seed_block)
 
 
-def _sections() -> dict[str, type]:
+def _bitwise_needs(cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """field -> (value, the value algo.bitwise='on' needs)."""
+    return {"run.device": (cfg.run.device, "cpu"), "model.dtype": (cfg.model.dtype, "float32"),
+            "rollout.engine": (cfg.rollout.engine, "torch"),
+            "rollout.batch_invariant": (cfg.rollout.batch_invariant, True)}
+
+
+def resolved(cfg: RunConfig) -> RunConfig:
+    """A copy of `cfg` with its 'auto' values decided (algo.bitwise: 'on' where the run can be bitwise, else 'off'),
+    so that the run's config.toml says what ran; `cfg` itself is left as it is."""
+    if cfg.algo.bitwise != "auto":
+        return cfg
+    on = all(got == want for got, want in _bitwise_needs(cfg).values())
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, bitwise="on" if on else "off"))
+
+
+def sections() -> dict[str, type]:
+    """Section name -> its dataclass, in the order of RunConfig."""
     return typing.get_type_hints(RunConfig)
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """A TOML value (or a string from the command line) converted to the field type `tp`."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return value.strip() if isinstance(value, str) else value  # membership is checked by __post_init__
-    if origin in (typing.Union, types.UnionType):
-        if isinstance(value, str) and value.strip().lower() == "none":
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(value, inner, where)
-    if origin is tuple:
-        if isinstance(value, str):
-            text = value.strip().strip("[]()").strip()
-            value = [] if not text else [item.strip().strip("'\"") for item in text.split(",")]
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where}: expected a list, got {value!r}")
-        item_types = [args[0]] * len(value) if args[-1] is Ellipsis else list(args)
-        if len(item_types) != len(value):
-            raise ValueError(f"{where}: expected {len(args)} items, got {len(value)} ({value!r})")
-        return tuple(_coerce(v, t, where) for v, t in zip(value, item_types))
-    if isinstance(value, str) and tp is not str:
-        return _parse_scalar(value, tp, where)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value  # type errors are reported by the section's __post_init__
-
-
-def _parse_scalar(text: str, tp: Any, where: str) -> Any:
-    text = text.strip()
-    if tp is bool:
-        lowered = text.lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"{where}: expected a bool (true/false), got {text!r}")
-    try:
-        return tp(text)
-    except ValueError:
-        raise ValueError(f"{where}: expected {_type_name(tp)}, got {text!r}") from None
-
-
-def _build(raw: dict[str, dict[str, Any]]) -> RunConfig:
-    sections = {}
-    for name, cls in _sections().items():
-        hints = typing.get_type_hints(cls)
-        values = {key: _coerce(v, hints[key], f"{name}.{key}") for key, v in raw.get(name, {}).items()}
-        sections[name] = cls(**values)
-    return RunConfig(**sections)
-
-
-def _check_keys(raw: dict[str, Any], origin: str) -> None:
-    sections = _sections()
-    for name, values in raw.items():
-        if name not in sections:
-            raise ValueError(f"{origin}: unknown section {name!r}; valid sections: {sorted(sections)}")
-        if not isinstance(values, dict):
-            raise ValueError(f"{origin}: expected [{name}] to be a table, got {values!r}")
-        valid = [f.name for f in dataclasses.fields(sections[name])]
-        for key in values:
-            if key not in valid:
-                raise ValueError(f"{origin}: unknown key {name}.{key}; valid keys of [{name}]: {valid}")
-
-
-def parse_override(arg: str) -> tuple[str, str, str]:
-    """'--section.key=value' -> (section, key, value); the value stays a string until it meets its field."""
-    match = re.fullmatch(r"--([A-Za-z_]\w*)\.([A-Za-z_]\w*)=(.*)", arg, flags=re.DOTALL)
-    if match is None:
-        raise ValueError(f"override: expected '--section.key=value', got {arg!r}")
-    return match.group(1), match.group(2), match.group(3)
-
-
-def load_config(toml_path: str | None, overrides: list[str]) -> RunConfig:
-    """The embedded defaults, updated by a TOML file (if given), then by `--section.key=value` overrides."""
-    raw: dict[str, dict[str, Any]] = {}
-    if toml_path is not None:
-        with open(toml_path, "rb") as f:
-            raw = tomllib.load(f)
-        _check_keys(raw, toml_path)
-    for arg in overrides:
-        section, key, value = parse_override(arg)
-        _check_keys({section: {key: value}}, arg)
-        raw.setdefault(section, {})[key] = value
-    return _build(raw)
-
-
-def _toml_value(value: Any) -> str:
-    if value is None:
-        return '"none"'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)  # shortest round-tripping form; always has '.', 'e' or is inf/nan
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"config value of unsupported type {type(value).__name__}: {value!r}")
-
-
-def config_to_toml(cfg: RunConfig) -> str:
-    """TOML text that `load_config` reads back to an equal config; each key carries its help as a comment."""
-    lines: list[str] = []
-    for name in _sections():
-        section = getattr(cfg, name)
-        lines.append(f"[{name}]")
-        for f in dataclasses.fields(section):
-            lines.append(f"# {f.metadata['help']}")
-            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _display(value: Any) -> str:
-    return "none" if value is None else _toml_value(value)
-
-
-def format_config(cfg: RunConfig, *, with_help: bool = False) -> str:
-    """One 'section.key = value' line per field, for printing at the start of a run."""
-    rows = [(f"{name}.{f.name}", _display(getattr(getattr(cfg, name), f.name)), f.metadata["help"])
-            for name in _sections() for f in dataclasses.fields(getattr(cfg, name))]
-    width = max(len(key) for key, _, _ in rows)
-    value_width = max(len(value) for _, value, _ in rows)
-    if with_help:
-        return "\n".join(f"{k:<{width}} = {v:<{value_width}}  # {h}" for k, v, h in rows)
-    return "\n".join(f"{k:<{width}} = {v}" for k, v, _ in rows)
+def num_fields() -> int:
+    """Config fields in all (the issue-48 budget: at most 90)."""
+    return sum(len(dataclasses.fields(cls)) for cls in sections().values())

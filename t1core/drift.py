@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Iterable
 from concurrent.futures import Future
+
+import torch
 
 from rollout.engine import Completion, Engine, SamplingParams, generate_via_submit
 from rollout.trajectory import Trajectory
 
 
 class CompletionLog:
-    """An `Engine` that forwards to `engine` and records every completion's token ids by prompt."""
+    """An `Engine` that forwards every call to `engine` and records every completion's token ids by prompt."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -47,6 +50,15 @@ class CompletionLog:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         return generate_via_submit(self, prompts, params)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        return self.engine.update_weights(named_tensors)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def close(self) -> None:
+        self.engine.close()
 
     def drift(self, traj: Trajectory) -> int:
         """Loss-region tokens of `traj` that differ from the engine's completion for the same prompt

@@ -23,7 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout.trajectory import Trajectory
+from t1core.config import RunConfig
+from t1core import evaluation
 from t1core.evaluation import benchmark_keys
+from t1core.heldout import summary_lines
+from t1core.step import solved
 
 
 def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -252,3 +257,34 @@ class Stopwatch:
         """The accumulated seconds per phase since the last pop, keyed "time/<phase>"; resets."""
         totals, self._totals = self._totals, {}
         return {f"time/{name}": seconds for name, seconds in totals.items()}
+
+
+def rollout_metrics(trajs: list[Trajectory], rewards: list[float]) -> dict[str, float]:
+    """One RL step's rollout rows: rewards, success, lengths, malformed replies, sandbox errors, episode times."""
+    n = len(trajs)
+    verified = [t.verifier for t in trajs if t.verifier]
+    tokens = sum(t.num_tokens for t in trajs)
+    out = {
+        "reward/dense_mean": sum(v["passed"] for v in verified) / n,
+        "reward/shaped_mean": sum(rewards) / n,
+        "outcome/rate": sum(map(solved, trajs)) / n,
+        "rollout/turns_mean": sum(len(t.turns) for t in trajs) / n,
+        "rollout/tokens": float(tokens),
+        "rollout/sampled_tokens": float(sum(int(t.loss_mask.sum()) for t in trajs)),
+        "rollout/malformed_tool_calls": float(sum(t.metrics.get("malformed_tool_calls", 0) for t in trajs)),
+        "rollout/sandbox_errors": float(sum(t.finish_reason.startswith("sandbox_error") for t in trajs)),
+        "tito/prefix_checks": float(sum(t.metrics.get("tito_prefix_checks", 0) for t in trajs)),
+    }
+    for key in ("generate_s", "command_s", "verify_s"):
+        out[f"time/episode_{key}"] = sum(t.metrics.get(key, 0.0) for t in trajs)
+    return out
+
+
+def closing_lines(metrics_path: Path, after: Mapping[str, Any], cfg: RunConfig) -> list[str]:
+    """The run's last lines: the fidelity summary over its steps, and what RL did to held-out success."""
+    fidelity = fidelity_line(read_metrics(metrics_path), bitwise=cfg.algo.bitwise == "on")
+    lines = summary_lines(after, temperature=cfg.rollout.temperature)
+    lines += evaluation.closing_lines(after, temperature=cfg.rollout.temperature)
+    if not after["eval/tasks"]:
+        lines.append(f"evaluation: none ({evaluation.nothing_reason(cfg)})")
+    return ([fidelity] if fidelity else []) + lines

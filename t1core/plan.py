@@ -1,8 +1,9 @@
-"""`python -m t1core.plan --config FILE [--nodes N] [--gpus-per-node G] [--gpu-mem-gib M] [--section.key=value ...]`
+"""`python -m t1core.plan --config FILE [--nodes N] [--gpus-per-node G] [--gpu-mem-gib M] [--host-mem-gib H] [--section.key=value ...]`
 
 Per-rank memory of a run before renting the nodes: built from the model's shape alone (meta device, no weight is
 read), laid out as the trainer lays it out. Ends with `fits: yes|no (peak X GiB of M GiB per rank)`; exit status 0
-only when it fits, 1 when it does not (with the settings that would make it fit), 2 on bad input.
+only when it fits, 1 when it does not (with the settings that would make it fit), 2 on bad input. The hardware is
+the planner's own (`Hardware`): the config file's [plan] table (which the trainer skips), then the flags.
 
 Legend: N parameters, W ranks (nodes x GPUs per node), T tokens of one micro-batch, L layers, D model dim, F expert
 hidden dim, E experts, K top-k, V vocab, H query heads, Hkv KV heads, Dh head dim, S engine context.
@@ -17,7 +18,7 @@ What a rank holds (t1core.distributed, rollout.torch_engine):
 - Policy and critic (the same trunk plus a scalar head) each have all of the above; their updates run one after
   the other, so activations count once. The KL anchor (algo.kl_coef > 0) is a frozen shard in the compute dtype.
 - Each rank's engine: a whole copy of the policy in the compute dtype, an fp32 copy of the LM head for sampling,
-  and a KV cache of 2 x rollout.concurrency slots of S = rollout.max_tokens + max_new_tokens_per_turn + 8 tokens.
+  and a KV cache of 2 x rollout.concurrency slots of S = RolloutSection.max_seq_len tokens.
 - Activations assume flash-attn varlen (O(T) attention state) and the MoE kernel keeping its pre-activations.
 """
 
@@ -34,7 +35,9 @@ from pathlib import Path
 import torch
 
 from sandbox.cli import Parser
-from t1core.config import RunConfig, load_config
+from t1core.config import RunConfig, _check, _check_types, _field
+from t1core.config_compat import PLAN_KEYS
+from t1core.config_toml import PLANNER_TABLE, _coerce, load_config, read_toml
 from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
 GIB = 2**30
@@ -43,6 +46,45 @@ RESERVE_BYTES = 3 * GIB
 # Checkpoint directories that are not on this machine are planned by their (HF repo) name.
 KNOWN_CHECKPOINTS = {"qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """The machines a plan is made for (read only here; torchrun sets the real ranks)."""
+
+    nodes: int = _field(1, "nodes the run is planned for")
+    gpus_per_node: int = _field(1, "GPUs (ranks) per node")
+    gpu_mem_gib: float = _field(140.0, "memory of one GPU in GiB the plan must fit (H200: 140)")
+    host_mem_gib: float = _field(1800.0, "host memory per node in GiB the plan must fit (what parallel.cpu_offload "
+                                         "moves there)")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.nodes >= 1, "plan.nodes", ">= 1", self.nodes)
+        _check(self.gpus_per_node >= 1, "plan.gpus_per_node", ">= 1", self.gpus_per_node)
+        _check(self.gpu_mem_gib > 0, "plan.gpu_mem_gib", "> 0", self.gpu_mem_gib)
+        _check(self.host_mem_gib > 0, "plan.host_mem_gib", "> 0", self.host_mem_gib)
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def hardware_from(toml_path: str | None, **flags: float | int | None) -> Hardware:
+    """The config file's [plan] table (a file written before it existed: its old [parallel] keys), then the flags
+    that were given."""
+    values: dict[str, object] = {}
+    if toml_path is not None:
+        raw = read_toml(toml_path)
+        old = raw.get("parallel", {}) if isinstance(raw.get("parallel"), dict) else {}
+        values = {k: old[k] for k in PLAN_KEYS if k in old}
+        table = raw.get(PLANNER_TABLE, {})
+        if not isinstance(table, dict) or set(table) - set(PLAN_KEYS):
+            raise ValueError(f"{toml_path}: [plan] takes the keys {list(PLAN_KEYS)}, got {table!r}")
+        values.update(table)
+    values.update({k: v for k, v in flags.items() if v is not None})
+    hints = {f.name: f.type for f in dataclasses.fields(Hardware)}
+    return Hardware(**{k: _coerce(v, {"int": int, "float": float}[hints[k]], f"plan.{k}") for k, v in values.items()})
 
 
 class PlanError(ValueError):
@@ -171,7 +213,7 @@ class Plan:
 def micro_batch_tokens(cfg: RunConfig) -> int:
     """Tokens one rank forwards and backwards at once: the largest of the RL, SFT and pretraining minibatches."""
     tokens = cfg.algo.minibatch_tokens
-    if cfg.warmstart.sft_enabled:
+    if cfg.warmstart.sft_epochs:
         tokens = max(tokens, cfg.warmstart.sft_minibatch_tokens)
     if cfg.warmstart.pretrain_steps:
         tokens = max(tokens, cfg.warmstart.pretrain_row_tokens)
@@ -214,7 +256,7 @@ def _engine_rows(cfg: RunConfig, mcfg: ModelConfig, *, n_policy: int, compute: i
     # TorchEngine keeps 2 slots per episode (prefix reuse); vLLM pages its cache: one sequence per episode.
     slots = 2 * max(r.concurrency, 1) if where == "gpu" and engine == "torch" else max(r.concurrency, 1)
     slots *= world if where == "engine GPU" else 1
-    seq = r.max_tokens + r.max_new_tokens_per_turn + 8
+    seq = r.max_seq_len
     kv = 2 * mcfg.num_hidden_layers * slots * mcfg.num_key_value_heads * seq * mcfg.head_dim * compute // split_kv
     head_fp32 = 4 * mcfg.vocab_size * mcfg.hidden_size if compute != 4 and engine == "torch" else 0
     what = "whole policy" if split_w == 1 else f"policy / {split_w} tensor-parallel GPUs"
@@ -223,11 +265,11 @@ def _engine_rows(cfg: RunConfig, mcfg: ModelConfig, *, n_policy: int, compute: i
             Row(f"engine KV cache ({slots} slots x {seq} tokens)", kv, where)]
 
 
-def plan(cfg: RunConfig) -> Plan:
-    """The per-rank memory plan of `cfg` on the hardware its [parallel] section names."""
+def plan(cfg: RunConfig, hw: Hardware) -> Plan:
+    """The per-rank memory plan of `cfg` on the hardware `hw`."""
     par = cfg.parallel
     mcfg, source = model_shape(cfg.model.name)
-    world = par.nodes * par.gpus_per_node
+    world = hw.world
     compute = _DTYPE_BYTES[cfg.model.dtype]
     mixed = compute != 4
     where = "host" if par.cpu_offload else "gpu"
@@ -249,10 +291,10 @@ def plan(cfg: RunConfig) -> Plan:
     rows += _engine_rows(cfg, mcfg, n_policy=sum(math.prod(s) for s in pol.values()), compute=compute, world=world)
     rows.append(Row("reserve (CUDA context, NCCL buffers, allocator slack)", RESERVE_BYTES, "gpu"))
     gpu = sum(x.bytes for x in rows if x.where == "gpu")
-    host = sum(x.bytes for x in rows if x.where == "host") * par.gpus_per_node
+    host = sum(x.bytes for x in rows if x.where == "host") * hw.gpus_per_node
     engine_gpu = sum(x.bytes for x in rows if x.where == "engine GPU")
     return Plan(model=mcfg, source=source, params=count_params(mcfg), world=world, rows=rows, gpu_bytes=gpu,
-                host_bytes_per_node=host, gpu_limit=int(par.gpu_mem_gib * GIB), host_limit=int(par.host_mem_gib * GIB),
+                host_bytes_per_node=host, gpu_limit=int(hw.gpu_mem_gib * GIB), host_limit=int(hw.host_mem_gib * GIB),
                 engine_gpu_bytes=engine_gpu)
 
 
@@ -260,7 +302,7 @@ def _with(cfg: RunConfig, section: str, **changes: object) -> RunConfig:
     return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **changes)})
 
 
-def fixes(cfg: RunConfig) -> list[str]:
+def fixes(cfg: RunConfig, hw: Hardware) -> list[str]:
     """Settings that make a plan fit, each checked by planning again: the first of activation checkpointing, CPU
     offload and a smaller rollout.concurrency (cumulative, in that order) that fits, and the fewest nodes."""
     out, changed, trial = [], [], cfg
@@ -272,12 +314,12 @@ def fixes(cfg: RunConfig) -> list[str]:
         trial = _with(trial, section, **{key: value})
         changed = [c for c in changed if not c.startswith(f"--{section}.{key}=")]
         changed.append(f"--{section}.{key}={str(value).lower()}")
-        p = plan(trial)
+        p = plan(trial, hw)
         if p.fits:
             out.append(" ".join(changed) + f" (peak {p.gpu_bytes / GIB:.1f} GiB)")
             break
-    for nodes in range(cfg.parallel.nodes + 1, 257):
-        p = plan(_with(cfg, "parallel", nodes=nodes))
+    for nodes in range(hw.nodes + 1, 257):
+        p = plan(cfg, dataclasses.replace(hw, nodes=nodes))
         if p.fits:
             out.append(f"--nodes {nodes} (peak {p.gpu_bytes / GIB:.1f} GiB)")
             break
@@ -299,27 +341,27 @@ def vllm_layout(cfg: RunConfig, *, world: int) -> str:
             "never run against a real vLLM")
 
 
-def format_plan(p: Plan, cfg: RunConfig) -> str:
+def format_plan(p: Plan, cfg: RunConfig, hw: Hardware) -> str:
     par = cfg.parallel
     lines = [
         f"model: {p.source}: {p.params.total / 1e9:.2f}B parameters, {p.params.active / 1e9:.2f}B active per token "
         f"(D={p.model.hidden_size}, L={p.model.num_hidden_layers}, E={p.model.num_experts}, "
         f"K={p.model.num_experts_per_tok}, F={p.model.moe_intermediate_size}, V={p.model.vocab_size})",
-        f"hardware: {par.nodes} node(s) x {par.gpus_per_node} GPU(s) = {p.world} rank(s), {par.gpu_mem_gib:g} GiB "
-        f"per GPU, {par.host_mem_gib:g} GiB host per node; model.dtype={cfg.model.dtype}, activation checkpointing "
+        f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {p.world} rank(s), {hw.gpu_mem_gib:g} GiB "
+        f"per GPU, {hw.host_mem_gib:g} GiB host per node; model.dtype={cfg.model.dtype}, activation checkpointing "
         f"{'on' if par.activation_checkpointing else 'off'}, CPU offload {'on' if par.cpu_offload else 'off'}",
         "",
         f"{'per rank':<78} {'GiB':>9}  where",
     ]
     for row in p.rows:
         lines.append(f"{row.name:<78} {row.bytes / GIB:>9.2f}  {row.where}")
-    lines.append(f"{'total on each GPU':<78} {p.gpu_bytes / GIB:>9.2f}  of {par.gpu_mem_gib:g}")
+    lines.append(f"{'total on each GPU':<78} {p.gpu_bytes / GIB:>9.2f}  of {hw.gpu_mem_gib:g}")
     if p.engine_gpu_bytes:
         lines.append(f"{f'each of the vLLM engine GPUs ({cfg.vllm.tensor_parallel_size}, besides the trainer ranks)':<78} "
-                     f"{p.engine_gpu_bytes / GIB:>9.2f}  of {par.gpu_mem_gib:g}")
+                     f"{p.engine_gpu_bytes / GIB:>9.2f}  of {hw.gpu_mem_gib:g}")
     if par.cpu_offload:
         lines.append(f"{'host memory per node (offloaded state of its ranks)':<78} "
-                     f"{p.host_bytes_per_node / GIB:>9.2f}  of {par.host_mem_gib:g}")
+                     f"{p.host_bytes_per_node / GIB:>9.2f}  of {hw.host_mem_gib:g}")
     if cfg.rollout.engine == "vllm":
         lines.append(vllm_layout(cfg, world=p.world))
     engine = next(r for r in p.rows if r.name.startswith("engine weights"))
@@ -327,45 +369,47 @@ def format_plan(p: Plan, cfg: RunConfig) -> str:
         lines.append(f"the engine's weights alone ({engine.bytes / GIB:.1f} GiB) exceed one GPU: this model needs a "
                      "tensor-parallel rollout engine (rollout.engine='vllm' with vllm.tensor_parallel_size)")
     if not p.fits:
-        found = fixes(cfg)
+        found = fixes(cfg, hw)
         lines.append("")
         lines.append("would fit with: " + ("; ".join(found) if found else "none of the single changes tried "
                                             "(activation checkpointing, CPU offload, rollout.concurrency, up to 256 "
                                             "nodes)"))
-    where = f"(peak {p.gpu_bytes / GIB:.1f} GiB of {par.gpu_mem_gib:g} GiB per rank"
-    where += f"; host {p.host_bytes_per_node / GIB:.0f} of {par.host_mem_gib:g} GiB per node)" if par.cpu_offload \
+    where = f"(peak {p.gpu_bytes / GIB:.1f} GiB of {hw.gpu_mem_gib:g} GiB per rank"
+    where += f"; host {p.host_bytes_per_node / GIB:.0f} of {hw.host_mem_gib:g} GiB per node)" if par.cpu_offload \
         else ")"
     lines.append(f"fits: {'yes' if p.fits else 'no'} {where}")
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> RunConfig:
+def parse_args(argv: list[str] | None) -> tuple[RunConfig, Hardware]:
     p = Parser(prog="python -m t1core.plan", description=__doc__.split("\n\n")[1].strip(),
                epilog="example: python -m t1core.plan --config t1core/configs/qwen3_30b_a3b_harbor.toml --nodes 2")
     p.add_argument("--config", help="TOML file of the run (defaults: the embedded CPU run)")
-    p.add_argument("--nodes", type=int, help="nodes (default: parallel.nodes)")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: parallel.gpus_per_node)")
-    p.add_argument("--gpu-mem-gib", type=float, help="GiB per GPU (default: parallel.gpu_mem_gib)")
+    p.add_argument("--nodes", type=int, help="nodes (default: plan.nodes of the config file, else 1)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: plan.gpus_per_node, else 1)")
+    p.add_argument("--gpu-mem-gib", type=float, help="GiB per GPU (default: plan.gpu_mem_gib, else 140)")
+    p.add_argument("--host-mem-gib", type=float, help="GiB of host memory per node (default: plan.host_mem_gib, "
+                                                        "else 1800)")
     args, overrides = p.parse_known_args(argv)
     if args.config is not None and not Path(args.config).is_file():
         p.error(f"--config {args.config}: no such file")
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
     if bad:
         p.error(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
-    hw = [f"--parallel.{key}={value}" for key, value in (("nodes", args.nodes), ("gpus_per_node", args.gpus_per_node),
-                                                          ("gpu_mem_gib", args.gpu_mem_gib)) if value is not None]
     try:
-        return load_config(args.config, [*overrides, *hw])
+        hw = hardware_from(args.config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                           gpu_mem_gib=args.gpu_mem_gib, host_mem_gib=args.host_mem_gib)
+        return load_config(args.config, overrides), hw
     except (ValueError, OSError) as e:
         p.error(str(e).splitlines()[0])
     raise AssertionError("unreachable")
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
+    cfg, hw = parse_args(argv)
     try:
-        p = plan(cfg)
-        text = format_plan(p, cfg)
+        p = plan(cfg, hw)
+        text = format_plan(p, cfg, hw)
     except ValueError as e:  # PlanError, or a checkpoint's config.json this model cannot load
         print(f"python -m t1core.plan: error: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -28,7 +29,11 @@ from tqdm import tqdm
 from t1kernels.logprob import token_logprobs
 from sandbox.families import FAMILIES, generate
 from sandbox.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
+from t1core import builders
+from t1core.builders import TaskSets
+from t1core.config import RunConfig
 from t1core.distributed import DataParallel
+from t1core.step import SeedBlock
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 from t1core.update import _step, _summarise
 
@@ -74,32 +79,64 @@ def packed_rows(texts: Iterator[str], tok: ChatTokenizer, *, row_tokens: int
         yield torch.tensor(ids), torch.tensor(targets), torch.tensor(cu)
 
 
-def pretrain(policy: torch.nn.Module, tok: ChatTokenizer, *, families: Sequence[str], steps: int,
-             opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler | None, grad_clip: float | None,
-             row_tokens: int, seed_block: int, avoid: Collection[str] = (),
+@dataclass(frozen=True, kw_only=True)
+class PretrainConfig:
+    """What `pretrain` trains on and for how long."""
+
+    families: Sequence[str]
+    """Built-in families whose generators write the corpus."""
+    steps: int
+    """Optimizer steps."""
+    row_tokens: int
+    """Tokens per step (whole instruction/command pairs)."""
+    seed_block: int
+    """Seed block of the corpus's instances (`t1core.step.SeedBlock.PRETRAIN` in a run)."""
+    grad_clip: float | None = None
+    """Global grad-norm clip; None = off."""
+    avoid: Collection[str] = ()
+    """Instructions left out of the corpus (the RL and held-out instances')."""
+
+
+def pretrain(policy: torch.nn.Module, tok: ChatTokenizer, config: PretrainConfig, *, opt: torch.optim.Optimizer,
+             sched: torch.optim.lr_scheduler.LRScheduler | None,
              dp: DataParallel = DataParallel.single()) -> dict[str, float]:
-    """`steps` optimizer steps of next-token loss on the synthetic corpus; returns first/last-50-step losses.
+    """`config.steps` optimizer steps of next-token loss on the synthetic corpus; returns first/last-50-step losses.
 
     With W ranks a step takes W consecutive rows of the stream, rank r the r-th (every rank walks the same stream);
     the logged loss is the main rank's row."""
     device = next(policy.parameters()).device
     params = [p for p in policy.parameters() if p.requires_grad]
-    rows = packed_rows(corpus_texts(families, seed_block=seed_block, avoid=avoid), tok, row_tokens=row_tokens)
+    c = config
+    rows = packed_rows(corpus_texts(c.families, seed_block=c.seed_block, avoid=c.avoid), tok, row_tokens=c.row_tokens)
     metrics: dict[str, list[float]] = defaultdict(list)
     losses: list[float] = []
     tokens = 0
-    for _ in tqdm(range(steps), desc="pretrain", leave=False, file=sys.stdout, disable=None):
+    for _ in tqdm(range(c.steps), desc="pretrain", leave=False, file=sys.stdout, disable=None):
         mine = [next(rows) for _ in range(dp.world_size)][dp.rank]
         ids_T, targets_T, cu = (x.to(device) for x in mine)
         logp_T = token_logprobs(policy(ids_T, cu_seqlens=cu), policy.lm_head.weight, targets_T)
         loss = -logp_T[targets_T != -100].mean()
-        _step(loss, params, opt, sched, grad_clip, "pretrain", metrics, dp=dp)  # non-finite: skipped and counted
+        _step(loss, params, opt, sched, c.grad_clip, "pretrain", metrics, dp=dp)  # non-finite: skipped and counted
         losses.append(loss.item())
         tokens += ids_T.numel()
     window = max(1, min(50, len(losses) // 2))
-    out = {"pretrain/steps": float(steps), "pretrain/tokens": float(tokens)}
+    out = {"pretrain/steps": float(c.steps), "pretrain/tokens": float(tokens)}
     if losses:
         out["pretrain/loss_first"] = sum(losses[:window]) / window
         out["pretrain/loss_last"] = sum(losses[-window:]) / window
     out.update(_summarise(metrics))
     return out
+
+
+def pretrain_base(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, tasks: TaskSets,
+                  dp: DataParallel) -> dict[str, float]:
+    """The run's base pretraining (from-scratch presets only, `builders.pretrains`): warmstart.pretrain_steps on the
+    corpus of the run's families, RL, held-out and benchmark (eval.source) instructions kept out of it."""
+    w = cfg.warmstart
+    opt, sched = builders.make_optimizer(policy, lr=w.pretrain_lr, cfg=cfg)
+    config = PretrainConfig(families=list(cfg.tasks.families) or list(FAMILIES), steps=w.pretrain_steps,
+                            row_tokens=w.pretrain_row_tokens, seed_block=int(SeedBlock.PRETRAIN),
+                            grad_clip=cfg.optim.grad_clip,
+                            avoid={task.instruction.strip() for task in
+                                   tasks.rl + tasks.heldout_family + sum(tasks.benchmarks.values(), [])})
+    return pretrain(policy, tok, config, opt=opt, sched=sched, dp=dp)

@@ -11,10 +11,11 @@ import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rollout.sampling import derive_seed
-from t1core.config import AlgoSection
+from rollout.trajectory import Trajectory
+from t1core.config import ActorPush, AlgoSection
 
 
 class Stream(enum.IntEnum):
@@ -29,6 +30,22 @@ class Stream(enum.IntEnum):
     """The SFT data order."""
     HELDOUT = 1 << 21
     """Held-out evaluation: the same sampling seeds before and after RL."""
+
+
+class SeedBlock(enum.IntEnum):
+    """Seed blocks of the built-in task splits (block b draws task seeds b*100000, b*100000+1, ...). They are fixed,
+    not drawn from run.seed: every seed of an experiment trains and is evaluated on the same instances, so seeds
+    compare like with like. TRAIN, RL and PRETRAIN are blocks of the train split and must differ (one block would
+    give the RL the SFT instances again, or put RL instructions into the pretraining corpus)."""
+
+    TRAIN = 0
+    """The SFT instances."""
+    RL = 1
+    """The RL instances (unseen by the warm start)."""
+    PRETRAIN = 2
+    """The base pretraining corpus."""
+    HELDOUT = 100_000
+    """The held-out instances (held-out split)."""
 
 
 def seed_for(run_seed: int, stream: Stream, *indices: int) -> int:
@@ -60,7 +77,7 @@ class StepBatch:
     """What one step's collection hands to the update: the trajectories with sampled tokens, their rewards and the
     task instance (group) each came from, and the step's rollout metrics."""
 
-    trajs: list
+    trajs: list[Trajectory]
     rewards: list[float]
     group_ids: list[int]
     metrics: dict[str, float]
@@ -71,33 +88,66 @@ class StepBatch:
                              f"{len(self.group_ids)} group ids")
 
 
+Baseline = Literal["group", "center", "whiten", "none"]
+
+
+@dataclass(frozen=True)
+class PushRule:
+    """What one `algo.actor_push` choice means (see its help)."""
+
+    baseline: Baseline
+    """How advantages are normalised over the step (`t1core.update.normalise_advantages`)."""
+    negative_scale: float
+    """Multiplier of negative advantages after normalisation (1 = plain PPO)."""
+    skip_flat_steps: bool
+    """No actor update in a step whose episodes all got the same reward."""
+    skip_flat_groups: bool
+    """Advantage 0 for the episodes of a group (>= 2 episodes) that all got the same reward; no actor step when
+    every group is flat."""
+
+
+PUSH_RULES: dict[ActorPush, PushRule] = {
+    "group_positive": PushRule("group", 0.0, skip_flat_steps=True, skip_flat_groups=True),
+    "group": PushRule("group", 1.0, skip_flat_steps=True, skip_flat_groups=True),
+    "center": PushRule("center", 1.0, skip_flat_steps=False, skip_flat_groups=False),
+    "whiten": PushRule("whiten", 1.0, skip_flat_steps=False, skip_flat_groups=False),
+    "raw": PushRule("none", 1.0, skip_flat_steps=False, skip_flat_groups=False),
+}
+
+
 @dataclass(frozen=True)
 class PushPlan:
-    """Which part of a step's batch may move the actor."""
+    """Which part of a step's batch may move the actor, and how its advantages are shaped."""
 
     update_actor: bool
     """False in the critic-only steps, in a flat step, and when every group is flat."""
     no_push: list[bool] | None
     """Per trajectory: advantage 0 (its group, >= 2 episodes, all scored alike); None when the rule is off."""
     metrics: dict[str, float]
+    baseline: Baseline = "group"
+    """The rule's advantage baseline."""
+    negative_scale: float = 1.0
+    """The rule's multiplier of negative advantages."""
 
 
 def push_plan(rewards: Sequence[float], group_ids: Sequence[int], *, step: int, algo: AlgoSection,
               group_size: int) -> PushPlan:
-    """The rules that decide what pushes the actor, in one place:
+    """The rules that decide what pushes the actor, in one place (`PUSH_RULES[algo.actor_push]`):
     - critic-only warm start: no actor update before step algo.critic_only_iterations;
-    - algo.skip_flat_steps: a step whose episodes all got one reward holds nothing but the critic's error;
-    - algo.skip_flat_groups: the same per task instance (group of >= 2 episodes): its episodes get advantage 0,
+    - skip_flat_steps: a step whose episodes all got one reward holds nothing but the critic's error;
+    - skip_flat_groups: the same per task instance (group of >= 2 episodes): its episodes get advantage 0,
       and a step where every group is flat takes no actor step. The critic trains on everything."""
-    flat_step = algo.skip_flat_steps and max(rewards) == min(rewards)
+    rule = PUSH_RULES[algo.actor_push]
+    flat_step = rule.skip_flat_steps and max(rewards) == min(rewards)
     update_actor = step >= algo.critic_only_iterations and not flat_step
     metrics = {"train/flat_step": float(flat_step)}
     no_push = None
-    if algo.skip_flat_groups and group_size >= 2:
+    if rule.skip_flat_groups and group_size >= 2:
         no_push = flat_groups(rewards, group_ids)
         metrics["train/flat_group_episode_frac"] = sum(no_push) / len(no_push)
         update_actor = update_actor and not all(no_push)
-    return PushPlan(update_actor=update_actor, no_push=no_push, metrics=metrics)
+    return PushPlan(update_actor=update_actor, no_push=no_push, metrics=metrics, baseline=rule.baseline,
+                    negative_scale=rule.negative_scale)
 
 
 def rewards_by_group(rewards: Sequence[float], group_ids: Sequence[int]) -> dict[int, list[float]]:

@@ -2,8 +2,9 @@
 
 Legend: T packed tokens, B trajectories, L_moe MoE layers, K top-k.
 
-The trainer's forward always runs over the exact token IDs of the trajectories (TITO) and, with
-`use_r3`, replays the routing recorded at rollout. The scoring pass (no grad) gives pi_old, the critic's
+The trainer's forward always runs over the exact token IDs of the trajectories (TITO) and replays the routing
+recorded at rollout (R3; `replay=False` is for hand-built trajectories without routing, and the ablation lives in
+`t1core.experiments.mismatch`). The scoring pass (no grad) gives pi_old, the critic's
 V_old, GAE advantages and the train-vs-rollout mismatch metrics; then `ppo_epochs` passes update the actor
 (unless critic-only) and the critic. A non-finite loss or gradient skips that optimizer step and says why.
 Under torchrun (`dp`, t1core.distributed) each optimizer step takes one minibatch per rank and scoring is
@@ -22,6 +23,7 @@ from t1kernels.logprob import token_logprobs
 from t1kernels.rows import batch_invariant_mode, token_logprobs_rows
 from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to
 from t1core.config import AlgoSection, OptimSection
+from t1core.step import PushPlan, StepBatch
 from t1core.distributed import DataParallel, reshard_
 from t1core.losses import (entropy_bonus, first_mismatch, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
                            ppo_policy_loss, routing_agreement, sft_loss, value_loss)
@@ -100,50 +102,52 @@ _SINGLE = DataParallel.single()
 
 
 @torch.no_grad()
-def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.Module, critic: torch.nn.Module,
-          ref_policy: torch.nn.Module | None, algo: AlgoSection, temperature: float,
-          group_ids: Sequence[int] | None = None, no_push: Sequence[bool] | None = None,
-          routing_agreement: bool = True, dp: DataParallel = _SINGLE) -> tuple[list[Scored], dict[str, float]]:
-    """Pack, compute pi_old / V_old / GAE per minibatch, normalise advantages over the whole step.
+def score(batch: StepBatch, plan: PushPlan, ac: ActorCritic, *, algo: AlgoSection, temperature: float,
+          routing_agreement: bool = True, replay: bool = True, dp: DataParallel = _SINGLE,
+          ) -> tuple[list[Scored], dict[str, float]]:
+    """Pack, compute pi_old / V_old / GAE per minibatch, shape advantages over the whole step as `plan` says.
 
-    `group_ids[i]`: the task instance of trajectory i (needed by advantage_norm='group'). `no_push[i]`: trajectory
-    i gets advantage 0 on every token after normalisation (`t1core.step.flat_groups`); its values still train the critic.
+    `plan.baseline` normalises the advantages (`batch.group_ids` are the task instances 'group' needs);
+    `plan.no_push[i]`: trajectory i gets advantage 0 on every token after normalisation (`t1core.step.flat_groups`),
+    its values still train the critic; `plan.negative_scale` then scales negative advantages.
     `routing_agreement`: also measure how often the trainer's own router picks the replayed experts (one more
-    policy forward per minibatch, without replay; only with algo.use_r3).
+    policy forward per minibatch, without replay). `replay=False`: no routing replay (trajectories without routing).
     With several ranks each minibatch is scored on one of them and every rank gets all results.
 
     Each minibatch is scored on the policy's device and its Scored comes back on the host: a step's batches do
     not all sit in device memory, ranks exchange host tensors, and `ppo_update` moves one minibatch at a time."""
+    trajectories, rewards = batch.trajs, batch.rewards
+    policy, critic, ref_policy = ac.policy, ac.critic, ac.ref_policy
     groups = split_by_tokens([t.num_tokens for t in trajectories], max_tokens=algo.minibatch_tokens)
     device = _device(policy)
     bitwise = algo.bitwise == "on"
 
     def score_group(group: list[int]) -> tuple[Scored, dict[str, list[tuple[float, int]]]]:
         metrics = defaultdict(list)
-        batch = pack([trajectories[i] for i in group], rewards=[rewards[i] for i in group],
-                     with_routing=algo.use_r3).to(device)
-        old_logp_T, _ = policy_logprobs(policy, batch, temperature=temperature, replay=algo.use_r3,
+        packed = pack([trajectories[i] for i in group], rewards=[rewards[i] for i in group],
+                      with_routing=replay).to(device)
+        old_logp_T, _ = policy_logprobs(policy, packed, temperature=temperature, replay=replay,
                                         bitwise=bitwise)
         mismatch = None
         if bitwise:
-            mismatch = first_mismatch(old_logp_T, batch.rollout_logp_T, batch.loss_mask_T, batch.cu_seqlens)
+            mismatch = first_mismatch(old_logp_T, packed.rollout_logp_T, packed.loss_mask_T, packed.cu_seqlens)
             mismatch = mismatch and (group[mismatch[0]], *mismatch[1:])
-        values_T = critic_values(critic, batch, replay=algo.use_r3)
-        rewards_T = place_terminal_rewards(batch.reward_B, batch.loss_mask_T, batch.cu_seqlens)
-        adv_T, ret_T = gae(rewards_T, values_T, batch.loss_mask_T, batch.cu_seqlens, gamma=algo.gamma,
+        values_T = critic_values(critic, packed, replay=replay)
+        rewards_T = place_terminal_rewards(packed.reward_B, packed.loss_mask_T, packed.cu_seqlens)
+        adv_T, ret_T = gae(rewards_T, values_T, packed.loss_mask_T, packed.cu_seqlens, gamma=algo.gamma,
                            lam=algo.gae_lambda)
         if algo.critic_lambda != algo.gae_lambda:
             # Decoupled GAE: the actor's advantages use gae_lambda, the critic's targets critic_lambda.
-            _, ret_T = gae(rewards_T, values_T, batch.loss_mask_T, batch.cu_seqlens, gamma=algo.gamma,
+            _, ret_T = gae(rewards_T, values_T, packed.loss_mask_T, packed.cu_seqlens, gamma=algo.gamma,
                            lam=algo.critic_lambda)
         ref_T = None
         if ref_policy is not None:
-            ref_T, _ = policy_logprobs(ref_policy, batch, temperature=temperature, replay=algo.use_r3,
+            ref_T, _ = policy_logprobs(ref_policy, packed, temperature=temperature, replay=replay,
                                        bitwise=bitwise)  # KL exactly 0 while the anchor's weights
-        for k, v in _fidelity_metrics(policy, batch, old_logp_T, replayed=algo.use_r3 and routing_agreement,
+        for k, v in _fidelity_metrics(policy, packed, old_logp_T, replayed=replay and routing_agreement,
                                       bitwise=bitwise).items():
-            metrics[k].append((v, batch.reward_B.numel()))
-        return Scored(batch, old_logp_T, values_T, adv_T, ret_T, ref_T, group, mismatch).to("cpu"), dict(metrics)
+            metrics[k].append((v, packed.reward_B.numel()))
+        return Scored(packed, old_logp_T, values_T, adv_T, ret_T, ref_T, group, mismatch).to("cpu"), dict(metrics)
 
     scored, metrics = [], defaultdict(list)
     for one, rows in dp.map(groups, score_group):
@@ -153,14 +157,15 @@ def score(trajectories: Sequence, rewards: Sequence[float], *, policy: torch.nn.
     reshard_([policy, critic, ref_policy], dp)
     if bitwise:  # every rank holds every minibatch's result here, so all ranks raise together
         _check_bitwise(scored, trajectories, metrics)
-    _normalise_advantages(scored, algo.advantage_norm, group_ids)
+    _normalise_advantages(scored, plan.baseline, batch.group_ids)
+    no_push = plan.no_push
     if no_push is not None and any(no_push):
         for s in scored:
             keep_B = torch.tensor([not no_push[i] for i in s.traj_ids])
             s.advantages_T = torch.where(keep_B[s.batch.traj_index_T], s.advantages_T, 0.0)
-    if algo.negative_adv_scale != 1.0:
+    if plan.negative_scale != 1.0:
         for s in scored:
-            s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * algo.negative_adv_scale, s.advantages_T)
+            s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * plan.negative_scale, s.advantages_T)
     return scored, {k: max(v for v, _ in rows) if k == "mismatch/max_abs"
                     else sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
 
@@ -221,7 +226,7 @@ def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[i
     masks = [s.batch.loss_mask_T for s in scored]
     if mode == "group":
         if group_ids is None:
-            raise ValueError("advantage_norm='group' needs the group id (task instance) of every trajectory")
+            raise ValueError("baseline 'group' needs the group id (task instance) of every trajectory")
         # Token sums and counts per group, over all minibatches; then each token minus its group's mean.
         gid_T = [torch.as_tensor([group_ids[i] for i in s.traj_ids], dtype=torch.long)[s.batch.traj_index_T]
                  for s in scored]
@@ -303,9 +308,12 @@ class ActorCritic:
     ref_policy: torch.nn.Module | None = None
 
 
-def ppo_update(scored: list[Scored], ac: ActorCritic, *, algo: AlgoSection, optim: OptimSection, temperature: float,
-               update_actor: bool, generator: torch.Generator, dp: DataParallel = _SINGLE) -> dict[str, float]:
-    """`algo.ppo_epochs` passes over the scored minibatches (shuffled by `generator`, one per rank per step)."""
+def ppo_update(scored: list[Scored], plan: PushPlan, ac: ActorCritic, *, algo: AlgoSection, optim: OptimSection,
+               temperature: float, generator: torch.Generator, replay: bool = True,
+               dp: DataParallel = _SINGLE) -> dict[str, float]:
+    """`algo.ppo_epochs` passes over the scored minibatches (shuffled by `generator`, one per rank per step); the
+    actor moves only when `plan.update_actor`, the critic always."""
+    update_actor = plan.update_actor
     metrics: dict[str, list[float]] = defaultdict(list)
     policy, critic = ac.policy, ac.critic
     actor_params = [p for p in policy.parameters() if p.requires_grad]
@@ -317,7 +325,7 @@ def ppo_update(scored: list[Scored], ac: ActorCritic, *, algo: AlgoSection, opti
             s = scored[order[j]].to(device)
             b = s.batch
             if update_actor:
-                logp_T, ent_T = policy_logprobs(policy, b, temperature=temperature, replay=algo.use_r3,
+                logp_T, ent_T = policy_logprobs(policy, b, temperature=temperature, replay=replay,
                                                 return_entropy=True, bitwise=algo.bitwise == "on")
                 loss, m = ppo_policy_loss(logp_T, s.old_logp_T, b.rollout_logp_T, s.advantages_T, b.loss_mask_T,
                                           clip_eps=algo.clip_eps, tis_cap=algo.tis_cap, icepop=algo.icepop)
@@ -332,7 +340,7 @@ def ppo_update(scored: list[Scored], ac: ActorCritic, *, algo: AlgoSection, opti
                 if weight:
                     for k, v in {**m, **m_ent}.items():
                         metrics[k].append(float(v))
-            values_T = critic_values(critic, b, replay=algo.use_r3)
+            values_T = critic_values(critic, b, replay=replay)
             v_loss, m = value_loss(values_T, s.old_values_T, s.returns_T, b.loss_mask_T, algo.value_clip_eps)
             _step(algo.vf_coef * v_loss, critic_params, ac.opt_critic, ac.sched_critic, optim.grad_clip, "value", metrics,
                   dp=dp, weight=weight)

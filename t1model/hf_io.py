@@ -23,12 +23,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from t1model.dtypes import DTYPES
 from t1model.model import ModelConfig, MoEModel
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -66,7 +66,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig, *, dtype: torch.dtype) -> dict[str, Any]:
     """config.json dict readable by transformers 4.x (num_experts, rope_theta) and 5.x (rope_parameters)."""
-    dtype_name = {v: k for k, v in _DTYPES.items()}[dtype]
+    dtype_name = {v: k for k, v in DTYPES.items()}[dtype]
     return {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
@@ -168,7 +168,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     hf_cfg = json.loads((path / "config.json").read_text())
     cfg = config_from_hf(hf_cfg)
     if dtype is None:
-        dtype = _DTYPES.get(hf_cfg.get("dtype") or hf_cfg.get("torch_dtype") or "float32", torch.float32)
+        dtype = DTYPES.get(hf_cfg.get("dtype") or hf_cfg.get("torch_dtype") or "float32", torch.float32)
     model = MoEModel(cfg, seed=None, dtype=dtype, device="meta")
     state: dict[str, torch.Tensor] = {}
     with contextlib.ExitStack() as stack:

@@ -27,6 +27,7 @@ from t1core.losses import mismatch_metrics
 from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import BitwiseMismatch, policy_logprobs, score
 from tests.episodes import Episode
+from tests.step_objects import actor_critic, plan, step_batch
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=2, hidden_size=128, moe_intermediate_size=64, vocab_size=512,
                                  head_dim=32, num_experts=8)
@@ -169,8 +170,9 @@ def test_the_step_check_catches_one_changed_reduction_order(policy: MoEModel, mo
     with _engine(policy) as engine:
         trajs = [e.trajectory() for e in _three_turn_episodes(engine, 2, seed=31)]
     critic = ValueModel.from_policy(policy)
-    algo = AlgoSection(bitwise="on", minibatch_tokens=4096, advantage_norm="center")
-    _, metrics = score(trajs, [1.0, 0.0], policy=policy, critic=critic, ref_policy=None, algo=algo, temperature=1.0)
+    algo = AlgoSection(bitwise="on", minibatch_tokens=4096)
+    step = (step_batch(trajs, [1.0, 0.0]), plan(negative_scale=0.0), actor_critic(policy, critic))
+    _, metrics = score(*step, algo=algo, temperature=1.0)
     assert metrics["mismatch/max_abs"] == 0.0 and metrics["mismatch/gap"] == 0.0
 
     o_proj = policy.model.layers[-1].self_attn.o_proj
@@ -184,7 +186,7 @@ def test_the_step_check_catches_one_changed_reduction_order(policy: MoEModel, mo
 
     monkeypatch.setattr(model_module, "linear_rows", split_k)
     with pytest.raises(BitwiseMismatch) as err:
-        score(trajs, [1.0, 0.0], policy=policy, critic=critic, ref_policy=None, algo=algo, temperature=1.0)
+        score(*step, algo=algo, temperature=1.0)
     batch = pack(trajs)
     with torch.no_grad():
         logp_T, _ = policy_logprobs(policy, batch, temperature=1.0, replay=True, bitwise=True)

@@ -16,7 +16,8 @@ import torch
 from t1model.hf_io import save_pretrained
 from t1core.checkpointing import (capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state,
                                   save_checkpoint)
-from t1core.config import RunConfig, load_config
+from t1core.config import RunConfig
+from t1core.config_toml import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from t1core.config import AlgoSection, load_config
+from t1core.config import AlgoSection
+from t1core.config_toml import load_config
 from rollout.torch_engine import EngineConfig, TorchEngine
 from t1model.hf_io import hf_state_dict
 from t1core.distributed import DataParallel, full_state_dict, iter_hf_tensors, shard_
@@ -24,6 +25,7 @@ from t1core.losses import sft_loss
 from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import policy_logprobs, score, sft_update
 from t1core.builders import make_optimizer
+from tests.step_objects import actor_critic, plan, step_batch
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -59,9 +61,9 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         trajs = _trajectories()
         policy = shard_(MoEModel(SMALL, seed=0), dp)
         critic = shard_(ValueModel.from_policy(MoEModel(SMALL, seed=1)), dp)
-        algo = AlgoSection(use_r3=False, minibatch_tokens=80, advantage_norm="center")
-        scored, fidelity = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
-                                 algo=algo, temperature=1.0, dp=dp)
+        algo = AlgoSection(minibatch_tokens=80)
+        scored, fidelity = score(step_batch(trajs, [t.reward for t in trajs]), plan(negative_scale=0.0),
+                                 actor_critic(policy, critic), algo=algo, temperature=1.0, replay=False, dp=dp)
         opt, sched = _optimizer(policy)
         gen = torch.Generator().manual_seed(5)
         m = sft_update(trajs, policy=policy, opt=opt, sched=sched, grad_clip=0.05, minibatch_tokens=80,
@@ -104,9 +106,9 @@ def test_two_sharded_ranks_take_the_single_process_step(tmp_path) -> None:
     # Reference, one process, no sharding: scoring as it always ran ...
     trajs = _trajectories()
     policy, critic = MoEModel(SMALL, seed=0), ValueModel.from_policy(MoEModel(SMALL, seed=1))
-    algo = AlgoSection(use_r3=False, minibatch_tokens=80, advantage_norm="center")
-    scored, fidelity = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
-                             algo=algo, temperature=1.0)
+    algo = AlgoSection(minibatch_tokens=80)
+    scored, fidelity = score(step_batch(trajs, [t.reward for t in trajs]), plan(negative_scale=0.0),
+                             actor_critic(policy, critic), algo=algo, temperature=1.0, replay=False)
     assert len(scored) == len(got["scored"]) == 3
     for s, (logp, values, adv) in zip(scored, got["scored"]):
         torch.testing.assert_close(logp, s.old_logp_T, rtol=0, atol=0)
@@ -235,9 +237,9 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
     common = [f"--tasks.source={tasks}", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
               "--rollout.concurrency=1", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
               "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0",
-              "--warmstart.sft_enabled=false", "--algo.critic_only_iterations=0", "--run.checkpoint_every=1",
-              "--algo.kl_coef=0.1", "--algo.skip_flat_steps=false", "--algo.skip_flat_groups=false",
-              "--optim.actor_lr_decay=false", "--model.dtype=bfloat16", "--parallel.activation_checkpointing=true"]
+              "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=0", "--run.checkpoint_every=1",
+              "--algo.kl_coef=0.1", "--algo.actor_push=center",
+              "--optim.lr_decay=false", "--model.dtype=bfloat16", "--parallel.activation_checkpointing=true"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train.main(["--out", str(straight), "--run.steps=2", *common]) == 0
     assert train.main(["--out", str(split), "--run.steps=1", *common]) == 0

@@ -98,7 +98,7 @@ def test_gpu_run_skips_the_vllm_part_without_vllm(tmp_path: Path) -> None:
 # ---- precision of a CUDA run --------------------------------------------------------------------------------
 
 def test_fp32_on_cuda_is_announced_and_gpu_presets_are_bf16() -> None:
-    from t1core.config import load_config
+    from t1core.config_toml import load_config
     from t1core.train import precision_notice
     assert "float32 on CUDA" in precision_notice(load_config(None, ["--run.device=cuda", "--model.dtype=float32"]))
     assert precision_notice(load_config(None, ["--run.device=cuda:1", "--model.dtype=bfloat16"])) is None

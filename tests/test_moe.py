@@ -252,7 +252,7 @@ def test_backend_switch(monkeypatch):
 
 def _tiny_run_models(overrides: list[str]):
     from t1core import builders
-    from t1core.config import load_config
+    from t1core.config_toml import load_config
     cfg = load_config(None, ["--model.name=tiny", *overrides])
     return builders.load_models(cfg, builders.load_tokenizer(cfg))
 

@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 
 from t1model.hf_io import config_from_hf, config_to_hf
 from t1model.model import ModelConfig
-from t1core.plan import count_params, plan, policy_shapes
-from t1core.config import load_config
+from t1core.plan import Hardware, count_params, hardware_from, plan, policy_shapes
+from t1core.config_toml import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, worl
     ckpt = tmp_path / "small"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps(config_to_hf(SMALL, dtype=torch.float32)))
-    rows = {r.name: r.bytes for r in plan(load_config(None, [f"--model.name={ckpt}", f"--parallel.gpus_per_node={world}"])).rows}
+    rows = {r.name: r.bytes for r in plan(load_config(None, [f"--model.name={ckpt}"]), Hardware(gpus_per_node=world)).rows}
     planned = {"params": rows["policy parameters (sharded, fp32)"], "grads": rows["policy gradients (sharded)"],
                "optimizer": rows["policy optimizer state (AdamW moments, fp32)"]}
     # Rank 0 holds the largest chunks: exactly the planned bytes; every rank at most those.
@@ -142,7 +142,7 @@ def test_shipped_30b_preset_fits_its_stated_hardware() -> None:
     (["--config", "/nonexistent.toml"], "no such file"),
     (["--model.name=not_a_model"], "model.name='not_a_model'"),
     (["--run.steps=-1"], "run.steps"),
-    (["--nodes", "0"], "parallel.nodes"),
+    (["--nodes", "0"], "plan.nodes"),
     (["--parallel.bogus=1"], "unknown key parallel.bogus"),
     (["stray"], "unrecognised arguments"),
 ])
@@ -168,5 +168,18 @@ def test_122b_preset_is_planned_and_names_what_it_lacks() -> None:
     assert "one vLLM engine owned by rank 0" in out.stdout and "rank 0 runs every episode, 48 at once" in out.stdout
     assert "never run against a real vLLM" in out.stdout
     assert len(engine_gpu) == 1 and float(engine_gpu[0].split()[-3]) <= 140
-    trainer = plan(load_config(preset, []))
+    trainer = plan(load_config(preset, []), hardware_from(preset))
     assert trainer.engine_gpu_bytes > 0 and not any(r.where == "gpu" and r.name.startswith("engine") for r in trainer.rows)
+
+
+def test_hardware_comes_from_the_plan_table_then_the_flags(tmp_path: Path) -> None:
+    """The planner's own [plan] table (skipped by the trainer's config), an old config's [parallel] keys, and the
+    flags over both."""
+    path = tmp_path / "run.toml"
+    path.write_text("[parallel]\nnodes = 2\ngpus_per_node = 4\n[plan]\ngpus_per_node = 8\n")
+    assert hardware_from(str(path)) == Hardware(nodes=2, gpus_per_node=8)
+    assert hardware_from(str(path), nodes=5, gpu_mem_gib=80.0) == Hardware(nodes=5, gpus_per_node=8, gpu_mem_gib=80.0)
+    assert load_config(str(path), []) == load_config(None, [])  # the trainer ignores both
+    path.write_text("[plan]\nnodez = 2\n")
+    with pytest.raises(ValueError, match=r"\[plan\] takes the keys"):
+        hardware_from(str(path))

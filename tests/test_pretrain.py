@@ -10,10 +10,10 @@ import torch
 from sandbox.families import generate
 from sandbox.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
 from t1core import builders
-from t1core.config import load_config
+from t1core.config_toml import load_config
 from t1model.model import ModelConfig, MoEModel
 from sandbox.suite import SEED_STRIDE
-from t1core.pretrain import corpus_texts, packed_rows, pretrain
+from t1core.pretrain import PretrainConfig, corpus_texts, packed_rows, pretrain
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 FAMS = ["create_file", "count_lines"]
@@ -64,8 +64,8 @@ def _pretrained(steps: int) -> tuple[MoEModel, dict[str, float]]:
                                      head_dim=32, num_experts=4)
     model = MoEModel(cfg, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
-    metrics = pretrain(model, tok, families=FAMS, steps=steps, opt=opt, sched=None, grad_clip=1.0, row_tokens=512,
-                       seed_block=2)
+    config = PretrainConfig(families=FAMS, steps=steps, row_tokens=512, seed_block=2, grad_clip=1.0)
+    metrics = pretrain(model, tok, config, opt=opt, sched=None)
     return model, metrics
 
 

@@ -302,3 +302,22 @@ def test_engine_leaves_its_creators_thread_count_alone(model: MoEModel) -> None:
     t.start()
     t.join()
     assert seen["creator"] == threads
+
+
+def test_every_engine_the_trainer_holds_has_every_method_of_the_protocol() -> None:
+    """The trainer calls submit/generate/update_weights/sleep/close and reads policy_version on whatever engine
+    it holds: TorchEngine, VLLMEngine, and the CompletionLog that wraps either."""
+    from rollout.vllm_engine import VLLMEngine
+    from t1core.drift import CompletionLog
+
+    members = {"policy_version", "submit", "generate", "update_weights", "sleep", "close"}
+    assert members == {n for n in vars(Engine) if not n.startswith("_")}
+    for cls in (TorchEngine, VLLMEngine, CompletionLog):
+        missing = [m for m in members if getattr(cls, m, None) is None]
+        assert not missing, (cls.__name__, missing)
+    with TorchEngine(MoEModel(CFG, seed=0), EngineConfig(max_batch=1, num_slots=2, max_seq_len=64)) as eng:
+        log = CompletionLog(eng)
+        assert isinstance(log, Engine)
+        log.sleep()  # TorchEngine: nothing to give back; it still serves
+        assert log.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))[0].token_ids
+        assert log.update_weights(hf_state_dict(MoEModel(CFG, seed=1)).items()) == 1 == log.policy_version

@@ -39,10 +39,19 @@ def test_push_plan(step, rewards, groups, expect_update, expect_no_push) -> None
     assert plan.metrics["train/flat_step"] == float(len(set(rewards)) == 1)
 
 
-def test_push_plan_rules_can_be_switched_off() -> None:
-    algo = AlgoSection(critic_only_iterations=0, skip_flat_steps=False, skip_flat_groups=False)
+@pytest.mark.parametrize("rule", ["center", "whiten", "raw"])
+def test_push_rules_without_the_group_baseline_never_skip(rule: str) -> None:
+    algo = AlgoSection(critic_only_iterations=0, actor_push=rule)
     plan = push_plan([2.0, 2.0], [0, 0], step=0, algo=algo, group_size=2)
     assert plan.update_actor and plan.no_push is None and plan.metrics == {"train/flat_step": 0.0}
+    assert (plan.baseline, plan.negative_scale) == ({"center": "center", "whiten": "whiten", "raw": "none"}[rule], 1.0)
+
+
+def test_group_push_rules_differ_only_in_negative_advantages() -> None:
+    for rule, scale in (("group_positive", 0.0), ("group", 1.0)):
+        plan = push_plan([1.0, 2.0], [0, 0], step=5, algo=AlgoSection(actor_push=rule), group_size=2)
+        assert plan.update_actor and plan.no_push == [False, False]
+        assert (plan.baseline, plan.negative_scale) == ("group", scale)
     assert flat_groups([1.0, 1.0], [0, 1]) == [False, False]  # lone episodes are never flat
 
 

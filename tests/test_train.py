@@ -21,7 +21,7 @@ import torch
 
 from t1core import train
 from t1core.checkpointing import load_checkpoint
-from t1core.config import config_to_toml, load_config
+from t1core.config_toml import config_to_toml, load_config
 from t1core.update import _step
 
 docker = pytest.importorskip("docker")
@@ -40,12 +40,11 @@ needs_docker = pytest.mark.skipif(not _daemon_ok(), reason="no Docker daemon ans
 TINY = ["--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=1",
         "--rollout.max_turns=2",
         "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400",
-        "--warmstart.pretrain_steps=0", "--warmstart.sft_enabled=false", "--algo.critic_only_iterations=1",
+        "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=1",
         "--run.checkpoint_every=2",
         "--optim.lr_actor=1e-3",
         "--algo.kl_coef=0.1",  # KL on: resume must reload the anchor policy too
-        "--algo.skip_flat_steps=false",  # two episodes often score alike; the test needs actor updates
-        "--algo.skip_flat_groups=false"]  # the same for the one group of two
+        "--algo.actor_push=center"]  # two episodes often score alike; the test needs actor updates
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +66,9 @@ def _state(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.docker
 @needs_docker
 def test_resume_continues_bit_for_bit(tmp_path: Path, task_dir: Path, capsys) -> None:
-    # Extending run.steps on resume would move the end of the decayed RL rate (optim.actor_lr_decay): constant here;
+    # Extending run.steps on resume would move the end of the decayed RL rate (optim.lr_decay): constant here;
     # the crash test below resumes with the decay on.
-    common = [f"--tasks.source={task_dir}", *TINY, "--optim.actor_lr_decay=false"]
+    common = [f"--tasks.source={task_dir}", *TINY, "--optim.lr_decay=false"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train.main(["--out", str(straight), "--run.steps=4", *common]) == 0
     printed = capsys.readouterr().out  # a line per metrics row, also when stdout is no terminal (no bars then)
@@ -156,15 +155,16 @@ def test_resume_after_a_crash_continues_bit_for_bit(tmp_path: Path, task_dir: Pa
 @needs_docker
 def test_a_step_of_flat_groups_leaves_the_actor_alone(tmp_path: Path, task_dir: Path, monkeypatch) -> None:
     """Rewards forced to [1, 1, 2, 2]: two instances, each sampled twice, each group scoring alike. The step is not
-    flat (1 != 2), but no group says which of its actions were better: with algo.skip_flat_groups the actor
-    takes no step (the critic still does); without it, it moves on the critic's error."""
+    flat (1 != 2), but no group says which of its actions were better: under algo.actor_push='group_positive' the
+    actor takes no step (the critic still does); under 'center' it moves on the critic's error."""
     monkeypatch.setattr(train.Trainer, "rewards", lambda self, trajs: [1.0, 1.0, 2.0, 2.0][:len(trajs)])
     common = [f"--tasks.source={task_dir}", *TINY, "--rollout.episodes_per_step=4", "--run.steps=2",
               "--run.checkpoint_every=0"]
     moved = {}
     for skip in (True, False):
         out = tmp_path / f"skip_{skip}"
-        assert train.main(["--out", str(out), *common, f"--algo.skip_flat_groups={str(skip).lower()}"]) == 0
+        rule = "group_positive" if skip else "center"
+        assert train.main(["--out", str(out), *common, f"--algo.actor_push={rule}"]) == 0
         rows = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
         assert rows[1]["train/flat_step"] == 0.0
         assert rows[1]["train/actor_updated"] == (0.0 if skip else 1.0)
@@ -195,7 +195,7 @@ def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: 
 
     out = tmp_path / "frozen"
     args = ["--out", str(out), f"--tasks.source={task_dir}", *TINY, "--run.steps=3", "--run.checkpoint_every=0",
-            "--warmstart.sft_enabled=true", "--warmstart.sft_epochs=1", FROZEN]
+            "--warmstart.sft_epochs=1", FROZEN]
     assert train.main(args) == 0
     init = MoEModel(ModelConfig.tiny(), seed=0).state_dict()
     warm, final, frozen = _warm_final_frozen(out)
@@ -223,7 +223,7 @@ def test_actor_frozen_pattern_that_matches_nothing_is_an_error() -> None:
 def test_actor_lr_decay_follows_the_rl_step() -> None:
     from t1core import builders
 
-    cfg = train.load_config(None, ["--optim.warmup_steps=4", "--optim.actor_lr_decay=true"])
+    cfg = train.load_config(None, ["--optim.warmup_steps=4", "--optim.lr_decay=true"])
     done = {"frac": 0.0}
     opt, sched = builders.make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, cfg=cfg, progress=lambda: done["frac"])
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 4)  # warmup step 1 of 4
@@ -418,7 +418,7 @@ def _torchrun(args: list[str]) -> None:
 def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -> None:
     """Under torchrun: 4 steps straight and 2 + `--resume` + 2 end with the same sharded-then-gathered policy,
     critic and optimizer state (a checkpoint gathers the shards; resume scatters them back)."""
-    common = [f"--tasks.source={task_dir}", *TINY, "--optim.actor_lr_decay=false", "--algo.minibatch_tokens=700"]
+    common = [f"--tasks.source={task_dir}", *TINY, "--optim.lr_decay=false", "--algo.minibatch_tokens=700"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     _torchrun(["--out", str(straight), "--run.steps=4", *common])
     _torchrun(["--out", str(split), "--run.steps=2", *common])
@@ -490,7 +490,7 @@ def test_data_parallel_sft_transcripts_equal_a_single_process(tmp_path: Path) ->
 
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=3, seed=0, families=list(SHORT_FAMILIES)[:1])
-    common = [f"--tasks.source={tasks}", *TINY, "--warmstart.sft_enabled=true", "--warmstart.sft_epochs=1",
+    common = [f"--tasks.source={tasks}", *TINY, "--warmstart.sft_epochs=1",
               "--rollout.max_new_tokens_per_turn=384", "--rollout.max_tokens=2048", "--algo.minibatch_tokens=2048",
               "--run.steps=1",
               "--run.checkpoint_every=0"]

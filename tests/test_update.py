@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from t1core.batch import pack
-from t1core.config import AlgoSection, load_config
+from t1core.config import AlgoSection
+from t1core.config_toml import load_config
+from tests.step_objects import actor_critic, plan, step_batch
 from t1core.losses import gae, place_terminal_rewards
 from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1kernels.logprob import token_logprobs
@@ -39,10 +41,9 @@ def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets(
     policy = MoEModel(SMALL, seed=0)
     critic = ValueModel.from_policy(policy)
     torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)  # non-constant values
-    algo = AlgoSection(gae_lambda=0.8, critic_lambda=1.0, use_r3=False, advantage_norm="none",
-                       negative_adv_scale=1.0)
-    (s,), _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None, algo=algo,
-                    temperature=1.0)
+    algo = AlgoSection(gae_lambda=0.8, critic_lambda=1.0)
+    (s,), _ = score(step_batch(trajs, [t.reward for t in trajs]), plan(baseline="none"), actor_critic(policy, critic),
+                    algo=algo, temperature=1.0, replay=False)
     b = s.batch
     rewards_T = place_terminal_rewards(b.reward_B, b.loss_mask_T, b.cu_seqlens)
     adv_ref, _ = gae(rewards_T, s.old_values_T, b.loss_mask_T, b.cu_seqlens, gamma=1.0, lam=0.8)
@@ -124,9 +125,8 @@ def test_negative_advantages_are_scaled_after_normalisation() -> None:
     critic = ValueModel.from_policy(policy)
     runs = {}
     for scale in (1.0, 0.25):
-        algo = AlgoSection(use_r3=False, negative_adv_scale=scale, advantage_norm="center")
-        (s,), _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None, algo=algo,
-                        temperature=1.0)
+        (s,), _ = score(step_batch(trajs, [t.reward for t in trajs]), plan(baseline="center", negative_scale=scale),
+                        actor_critic(policy, critic), algo=AlgoSection(), temperature=1.0, replay=False)
         runs[scale] = s.advantages_T
     full = runs[1.0]
     assert bool((full < 0).any()) and bool((full > 0).any())
@@ -142,9 +142,9 @@ def test_group_normalisation_subtracts_each_instance_mean_across_minibatches() -
     group_ids = [0, 1, 0, 1]
     out = {}
     for mode in ("none", "group"):
-        algo = AlgoSection(use_r3=False, advantage_norm=mode, negative_adv_scale=1.0, minibatch_tokens=60)
-        scored, _ = score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
-                          algo=algo, temperature=1.0, group_ids=group_ids)
+        scored, _ = score(step_batch(trajs, [t.reward for t in trajs], group_ids), plan(baseline=mode),
+                          actor_critic(policy, critic), algo=AlgoSection(minibatch_tokens=60), temperature=1.0,
+                          replay=False)
         assert len(scored) > 1
         # Back to per-trajectory advantage vectors (masked positions only), in the step's order.
         per = {}
@@ -158,9 +158,6 @@ def test_group_normalisation_subtracts_each_instance_mean_across_minibatches() -
         mean = torch.cat([out["none"][i] for i in members]).mean()
         for i in members:
             torch.testing.assert_close(out["group"][i], out["none"][i] - mean, rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match="group id"):
-        score(trajs, [t.reward for t in trajs], policy=policy, critic=critic, ref_policy=None,
-              algo=AlgoSection(use_r3=False, advantage_norm="group"), temperature=1.0)
 
 
 def test_flat_groups_get_no_push_and_the_others_keep_their_advantages() -> None:
@@ -178,9 +175,9 @@ def test_flat_groups_get_no_push_and_the_others_keep_their_advantages() -> None:
     torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)  # values vary along each episode
     out = {}
     for no_push in (None, flat_groups(rewards, group_ids)):
-        algo = AlgoSection(use_r3=False, advantage_norm="group", negative_adv_scale=0.0)
-        (s,), _ = score(trajs, rewards, policy=policy, critic=critic, ref_policy=None, algo=algo, temperature=1.0,
-                        group_ids=group_ids, no_push=no_push)
+        (s,), _ = score(step_batch(trajs, rewards, group_ids),
+                        plan(baseline="group", negative_scale=0.0, no_push=no_push), actor_critic(policy, critic),
+                        algo=AlgoSection(), temperature=1.0, replay=False)
         out[no_push is None] = s
     plain, skipped = out[True], out[False]
     # traj_index_T counts in packing order; traj_ids maps it back to the step's order.

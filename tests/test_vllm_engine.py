@@ -389,9 +389,9 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
     args = ["--out", str(out), f"--tasks.source={tasks}", "--rollout.engine=vllm", "--run.steps=2",
             "--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=2",
             "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640",
-            "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0", "--warmstart.sft_enabled=false",
-            "--algo.critic_only_iterations=0", "--run.checkpoint_every=0", "--algo.skip_flat_steps=false",
-            "--algo.skip_flat_groups=false", "--optim.lr_actor=1e-3", "--vllm.dtype=float32"]
+            "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0",
+            "--algo.critic_only_iterations=0", "--run.checkpoint_every=0", "--algo.actor_push=center",
+             "--optim.lr_actor=1e-3", "--vllm.dtype=float32"]
     assert train.main(args) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     drift = [r["tito/drift_tokens"] for r in rows if "tito/drift_tokens" in r]
@@ -425,7 +425,7 @@ def test_gpu_check_script_runs_on_the_fake() -> None:
 
 
 def test_placement_checks() -> None:
-    from t1core.config import load_config
+    from t1core.config_toml import load_config
 
     with pytest.raises(ValueError, match="placement='colocated'"):
         load_config(None, ["--rollout.engine=vllm", "--vllm.tensor_parallel_size=2"])

@@ -78,7 +78,7 @@ def test_rollout_ranks_split_the_episodes() -> None:
 
 def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     from t1core import builders
-    from t1core.config import load_config
+    from t1core.config_toml import load_config
     from t1model.model import ModelConfig, MoEModel
     from tests import fake_vllm
 
@@ -180,8 +180,8 @@ def _train_on_two_ranks(tmp_path: Path, tasks: Path, placement: str) -> Path:
             "--vllm.dtype=float32", "--run.steps=2", "--rollout.episodes_per_step=4", "--rollout.group_size=2",
             "--rollout.concurrency=2", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
             "--rollout.max_tokens=640", "--algo.minibatch_tokens=700", "--warmstart.pretrain_steps=0",
-            "--warmstart.sft_enabled=false", "--algo.critic_only_iterations=0", "--run.checkpoint_every=0",
-            "--algo.skip_flat_steps=false", "--algo.skip_flat_groups=false", "--optim.lr_actor=1e-3"]
+            "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=0", "--run.checkpoint_every=0",
+            "--algo.actor_push=center", "--optim.lr_actor=1e-3"]
     out.mkdir(parents=True)
     mp.spawn(_rank, args=(_free_port(), args, str(out)), nprocs=WORLD, join=True)
     return out

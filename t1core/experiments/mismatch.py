@@ -62,6 +62,7 @@ from sandbox.tasks import Task
 from t1core.batch import PackedBatch, pack
 from t1core.drift import CompletionLog
 from t1core.losses import mismatch_metrics
+from t1model.dtypes import DTYPES
 from t1model.hf_io import load_pretrained
 from t1model.model import ModelConfig, MoEModel
 from t1core.retokenize import retokenize
@@ -69,7 +70,6 @@ from t1model.tokenizer import ChatTokenizer
 from t1core.update import policy_logprobs, sft_update
 from t1core.warmstart import reference_transcripts
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 CONDITIONS: dict[str, str] = {
     "retokenized": "(a) re-tokenized, no replay",
@@ -133,8 +133,8 @@ class MismatchConfig:
         if self.sft_epochs < 0 or not self.sft_lr > 0:
             raise ValueError(f"MismatchConfig: expected sft_epochs >= 0 and sft_lr > 0, got {self.sft_epochs}, "
                              f"{self.sft_lr}")
-        if self.rollout_dtype not in _DTYPES:
-            raise ValueError(f"MismatchConfig.rollout_dtype: expected one of {list(_DTYPES)}, got "
+        if self.rollout_dtype not in DTYPES:
+            raise ValueError(f"MismatchConfig.rollout_dtype: expected one of {list(DTYPES)}, got "
                              f"{self.rollout_dtype!r}")
         if self.max_tokens <= self.max_reply_tokens:
             raise ValueError(f"MismatchConfig.max_tokens: expected > max_reply_tokens={self.max_reply_tokens}, "
@@ -405,7 +405,7 @@ def run_experiment(config: MismatchConfig | None = None, *,
         tasks, images = prepare_tasks(cfg, work)
         log(f"{len(tasks)} tasks ready ({time.perf_counter() - t0:.0f}s); warm start ...")
         policy, warm = warm_start(cfg, tasks, images, tok, log)
-        rollout_model = copy.deepcopy(policy).to(_DTYPES[cfg.rollout_dtype]).eval().requires_grad_(False)
+        rollout_model = copy.deepcopy(policy).to(DTYPES[cfg.rollout_dtype]).eval().requires_grad_(False)
         parts: dict[str, list[ConditionScores]] = defaultdict(list)
         per_seed, all_trajs = {}, []
         for seed in cfg.seeds:
@@ -468,7 +468,7 @@ def _parse_args(argv: list[str] | None) -> tuple[MismatchConfig, str | None]:
     p.add_argument("--sft-epochs", type=int, default=d.sft_epochs, help="warm-start epochs (0: raw init)")
     p.add_argument("--sft-lr", type=float, default=d.sft_lr)
     p.add_argument("--checkpoint", default=None, help="HF checkpoint dir to use as the policy (skips warm start)")
-    p.add_argument("--rollout-dtype", default=d.rollout_dtype, choices=sorted(_DTYPES))
+    p.add_argument("--rollout-dtype", default=d.rollout_dtype, choices=sorted(DTYPES))
     p.add_argument("--max-turns", type=int, default=d.max_turns)
     p.add_argument("--max-reply-tokens", type=int, default=d.max_reply_tokens)
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
