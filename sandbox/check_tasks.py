@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sandbox.base_image import tls_advice
+from sandbox.docker_build import tls_failure
 from sandbox.errors import SandboxError
 from sandbox.cli import Parser
 from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
@@ -122,6 +124,9 @@ def _solution_reason(result: VerifierResult, ran: ScriptRun | None) -> str:
         last = [line for line in ran.output.splitlines() if line.strip()][-2:]
         parts.append(f"solution exit {ran.exit_code}{' (timed out)' if ran.timed_out else ''}: "
                      + " / ".join(last))
+        tls = tls_failure(ran.output)
+        if tls is not None:  # the script fetched over HTTPS in its sandbox
+            parts.append(tls_advice(tls, None))
     if result.error:
         parts.append(result.error)
     failed = [name for name, ok in result.per_test.items() if not ok]

@@ -27,8 +27,27 @@ _ACTIVE: set[subprocess.Popen] = set()  # running builds, killed by `kill_active
 _ACTIVE_LOCK = threading.Lock()
 
 
+# What pip/requests/urllib, curl, git, OpenSSL, apt, npm/node, Go and rustls (uv) print when a server's
+# certificate does not verify: behind a TLS-intercepting proxy, every HTTPS fetch of an image lacking its CA.
+_TLS_RE = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem|server certificate verification "
+    r"failed|self[- ]signed certificate in certificate chain|unable to get local issuer certificate|x509: "
+    r"certificate signed by unknown authority|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT_LOCALLY|invalid "
+    r"peer certificate|Certificate verification failed", re.IGNORECASE)
+
+
 class BuildFailed(SandboxError):
     """A `docker build` failed or ran out of time; the message names the step and shows its last output."""
+
+    def __init__(self, message: str, *, tls_line: str | None = None) -> None:
+        super().__init__(message)
+        self.tls_line = tls_line
+        """The first line of the log saying a certificate did not verify, else None."""
+
+
+def tls_failure(text: str) -> str | None:
+    """The first line of `text` (a build log, a script's output) that says a TLS certificate did not verify."""
+    return next((line.strip() for line in text.splitlines() if _TLS_RE.search(line)), None)
 
 
 def clean_text(raw: str) -> str:
@@ -78,7 +97,7 @@ def docker_build(context: Path, *, dockerfile: str, tag: str, labels: dict[str, 
     log = clean_text(b"".join(chunks).decode("utf-8", errors="replace"))
     removed = _remove_made_images(docker, log)
     raise BuildFailed(_failure_message(log, what=what, timed_out=timed_out, timeout_s=timeout_s, rc=rc,
-                                       removed=removed))
+                                       removed=removed), tls_line=None if timed_out else tls_failure(log))
 
 
 def kill_active_builds() -> None:

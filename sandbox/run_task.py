@@ -30,7 +30,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sandbox.base_image import tls_advice
 from sandbox.cli import Parser
+from sandbox.docker_build import tls_failure
 from sandbox.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
 from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
@@ -132,6 +134,9 @@ def format_table(task: Task, result: VerifierResult, ran: ScriptRun | None = Non
               f"  timed_out={result.timed_out}  verify {result.duration_s:.1f} s"]
     if result.error:
         lines.append(f"error: {result.error}")
+    tls = tls_failure(ran.output) if ran is not None else None
+    if tls is not None:
+        lines.append(f"note: {tls_advice(tls, None)}")
     return "\n".join(lines)
 
 
