@@ -6,8 +6,9 @@ Each step closes a way for the agent to influence its own score:
 1. Kill every process the agent left, its persistent shell included, from a fresh `docker exec` (that shell
    holds functions and traps the agent wrote; nothing of ours runs in it).
 2. Tamper check, computed outside the container: its changes (read from its overlay2 upper directory on
-   this host, else from the daemon's `docker diff`) must not touch the interpreter, pytest, site-packages,
-   the shells and tools the verifier calls, shared libraries or the ld.so configuration. A tampered sandbox
+   this host, else from the daemon's `docker diff`) must not touch the interpreter, the standard library,
+   pytest and what it imports, .pth files, the shells and tools the verifier calls, shared libraries or the
+   ld.so configuration (other packages in site-packages may change: tasks have the agent install them). A tampered sandbox
    scores 0 of the static test count, with the paths reported. Changed .pyc files there do not count as
    tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never reads them.
 3. Remove /tests and /logs/verifier (anything planted there), write the task's tests into a fresh directory
@@ -73,8 +74,22 @@ _PROTECTED_FILES = frozenset(
 )
 
 
+# Inside the Python library directories, site-packages is the agent's as much as the task's: solutions `pip
+# install` what the task needs, and code the tests import is agent code anyway (see the limit below). What the
+# verifier's own pytest run loads from there stays protected: pytest and the packages it imports (checked by
+# tests/test_verify_site.py against a real run), and whatever runs at interpreter start (.pth, *customize).
+_SITE_DIR_RE = re.compile(
+    r"^/usr(?:/local)?/lib/python3[^/]*/(?:site|dist)-packages(?:/(?:__pycache__/)?([^/]+))?")
+VERIFIER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "attr", "attrs", "packaging",
+                              "exceptiongroup", "tomli", "_distutils_hack", "sitecustomize", "usercustomize"})
+
+
 def is_protected(path: str) -> bool:
     """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery."""
+    site = _SITE_DIR_RE.match(path)
+    if site is not None and site.group(1) is not None:
+        top = site.group(1)
+        return top.endswith(".pth") or top.split(".", 1)[0].split("-", 1)[0] in VERIFIER_MODULES
     return path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
 
 
