@@ -222,8 +222,7 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
             per_test = _parse_progress(_read_optional(sandbox, f"{work}/out/progress.jsonl") or b"")
             if not per_test:
                 error = f"no results (exit code {code}): {out[-300:].strip()}"
-        for test_id in task.static_test_ids:
-            per_test.setdefault(test_id, False)
+        _add_missing_static_ids(per_test, task.static_test_ids)
     if not all(per_test.values()):
         error = _missing_dependency(out) or error
     passed = sum(per_test.values())
@@ -526,6 +525,15 @@ def _parse_junit(xml_bytes: bytes) -> dict[str, bool]:
         ok = not any(child.tag in ("failure", "error", "skipped") for child in case)
         per_test[key] = per_test.get(key, True) and ok
     return per_test
+
+
+def _add_missing_static_ids(per_test: dict[str, bool], static_ids: tuple[str, ...]) -> None:
+    """Count a test function found statically but absent from the results (its module failed to import) as
+    failed. A parametrized one is present as its instances, 'test_x[a]', 'test_x[b]'."""
+    instances = {test_id.split("[", 1)[0] for test_id in per_test}
+    for test_id in static_ids:
+        if test_id not in instances:
+            per_test[test_id] = False
 
 
 def _parse_progress(raw: bytes) -> dict[str, bool]:

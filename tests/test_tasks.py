@@ -334,6 +334,24 @@ def test_hanging_verifier_is_cut_and_unfinished_tests_fail(tmp_path: Path, overr
 
 
 @pytest.mark.docker
+def test_parametrized_tests_count_as_their_instances(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """A parametrized test function is its instances (not one more failed test under its bare name)."""
+    task = _harbor_task(tmp_path, "params", tests={"test_p.py": """
+        import pytest
+
+        @pytest.mark.parametrize("n", [1, 2, 3])
+        def test_small(n):
+            assert n < 3
+
+        def test_plain():
+            assert True
+        """})
+    result = _run(task, None, overrides)
+    assert result.per_test == {"test_p.py::test_small[1]": True, "test_p.py::test_small[2]": True,
+                               "test_p.py::test_small[3]": False, "test_p.py::test_plain": True}, result.output[-800:]
+
+
+@pytest.mark.docker
 def test_tests_arrive_byte_for_byte_inline_or_uploaded(tmp_path: Path, overrides: dict[str, str]) -> None:
     """Small test directories are written by the verifier's own exec, large ones uploaded: the same files,
     bytes and modes either way; and nothing a test prints can pose as the verifier's status line or XML."""
