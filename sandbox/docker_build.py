@@ -25,6 +25,7 @@ _MADE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 _OUTPUT_LINES = 25
 _ACTIVE: set[subprocess.Popen] = set()  # running builds, killed by `kill_active_builds` (sandbox.signals)
 _ACTIVE_LOCK = threading.Lock()
+_STOPPED = threading.Event()  # set by kill_active_builds: no build starts after it
 
 
 # What pip/requests/urllib, curl, git, OpenSSL, apt, npm/node, Go and rustls (uv) print when a server's
@@ -73,6 +74,8 @@ def docker_build(context: Path, *, dockerfile: str, tag: str, labels: dict[str, 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     with _ACTIVE_LOCK:
         _ACTIVE.add(proc)
+    if _STOPPED.is_set():  # after joining _ACTIVE: a kill_active_builds running now may have missed it
+        _kill(proc)
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(65536), b"")), daemon=True)
     reader.start()
@@ -101,7 +104,9 @@ def docker_build(context: Path, *, dockerfile: str, tag: str, labels: dict[str, 
 
 
 def kill_active_builds() -> None:
-    """Kill every build this process is running (their threads then raise BuildFailed)."""
+    """Kill every build this process is running (their threads then raise BuildFailed), and any it starts
+    later (a process told to stop must not go on building)."""
+    _STOPPED.set()
     with _ACTIVE_LOCK:
         procs = list(_ACTIVE)
     for proc in procs:

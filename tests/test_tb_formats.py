@@ -402,6 +402,28 @@ def test_cli_json_on_failure_and_sigterm_removes_the_container(tmp_path: Path, o
 
 
 @pytest.mark.docker
+def test_sigterm_stops_check_tasks_before_its_next_task(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """Worker threads whose sandboxes the signal removed must not go on to the next task (each sleeps 600 s)."""
+    for name in ("s1", "s2", "s3"):
+        _harbor(tmp_path, name, "", {"environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n",
+                                     "tests/test_x.py": "def test_a():\n    pass\n",
+                                     "solution/solve.sh": "sleep 600\n"})
+    run_id = f"{RUN_ID}-sigterm-check"
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox.check_tasks", str(tmp_path), "--parallel", "2"],
+                            cwd=REPO, env={**os.environ, "T1_RUN_ID": run_id}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    client = docker_client()
+    deadline = time.monotonic() + 120
+    while len(client.containers(filters={"label": f"{LABEL_RUN}={run_id}"})) < 2 and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.communicate()
+    assert not client.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+@pytest.mark.docker
 def test_check_tasks_reports_builds_scores_and_reasons(tmp_path: Path, overrides: dict[str, str]) -> None:
     tests = {"tests/test_outputs.py": "from pathlib import Path\n\ndef test_out():\n"
                                       "    assert Path('/app/out.txt').read_text() == 'ok\\n'\n"}
