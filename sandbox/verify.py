@@ -63,8 +63,7 @@ _OUTPUT_TAIL = 16_000
 # `docker diff` paths that mark the sandbox as tampered: the verifier's own machinery. Any path starting with
 # one of _PROTECTED_PREFIXES, or equal to one of _PROTECTED_FILES.
 _PROTECTED_PREFIXES = (
-    "/usr/bin/python", "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/python", "/usr/local/bin/pytest",
-    "/usr/local/bin/py.test", "/usr/lib/python3", "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
+    "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/pytest", "/usr/local/bin/py.test", "/usr/lib/python3", "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
     "/usr/lib/x86_64-linux-gnu/", "/lib/x86_64-linux-gnu/", "/usr/lib/aarch64-linux-gnu/",
     "/lib/aarch64-linux-gnu/", "/lib64/", "/usr/lib64/",
 )
@@ -84,8 +83,15 @@ VERIFIER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", 
                               "exceptiongroup", "tomli", "_distutils_hack", "sitecustomize", "usercustomize"})
 
 
+# The interpreters themselves (python, python3, python3.11), not every script whose name starts with "python"
+# (pip writes /usr/local/bin/python-grpc-tools-protoc).
+_INTERPRETER_RE = re.compile(r"^/usr(?:/local)?/bin/python[0-9.]*$")
+
+
 def is_protected(path: str) -> bool:
     """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery."""
+    if _INTERPRETER_RE.match(path):
+        return True
     site = _SITE_DIR_RE.match(path)
     if site is not None and site.group(1) is not None:
         top = site.group(1)

@@ -221,7 +221,8 @@ _CHANGE_SCRIPTS = {
     "metadata_only": "touch /usr/lib/python3.11/os.py",
     # site-packages: the agent's packages may come and go; what the verifier's pytest loads, and .pth files, not.
     "site_package": f"mkdir -p {_SITE}/mylib {_SITE}/__pycache__ && echo X=1 > {_SITE}/mylib/__init__.py && "
-                    f"touch {_SITE}/__pycache__/six.cpython-311.pyc /usr/lib/python3/dist-packages/mylib2.py",
+                    f"touch {_SITE}/__pycache__/six.cpython-311.pyc /usr/lib/python3/dist-packages/mylib2.py "
+                    "/usr/local/bin/python-grpc-tools-protoc",
     "site_pth": f"mkdir -p {_SITE} && echo 'import os' > {_SITE}/zzz.pth",
     "site_pytest_shadow": f"mkdir -p {_SITE}/pytest && touch {_SITE}/pytest/__init__.py",
     "site_verifier_bytecode": f"mkdir -p {_SITE}/__pycache__ && touch {_SITE}/__pycache__/py.cpython-311.pyc",
