@@ -254,6 +254,11 @@ def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str
         # Python compiles everything from source (~0.4 s CPU more), so take that cost only when needed.
         pyc_flag = f"-X pycache_prefix={work}/pyc " if pyc_changed else ""
         cmd = f"/usr/bin/python3 -I -B {pyc_flag}{work}/runner.py {work}/out/progress.jsonl {shlex.join(args)}"
+        if task.test_deps.setup:
+            # The test script's own preparation (sandbox.test_deps.setup_steps), as its harness runs it: first,
+            # in a subshell of its own, under the same time limit; its failure is the tests' to find.
+            prepare = f"( {task.test_deps.setup}\n) < /dev/null; exec {cmd}"
+            cmd = f"/bin/bash -c {shlex.quote(prepare)}"
     else:
         assert task.test_script is not None, "script verifiers need a test script (checked by load_task)"
         # TB1's run-tests.sh sits beside tests/, not in it: it is one of the work directory's files.

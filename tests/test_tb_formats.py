@@ -32,7 +32,7 @@ from sandbox.image_cache import LABEL_KIND, LABEL_TASK, prune_task_images
 from sandbox.task_images import TaskImageError, _preload_plan, build_task_image, default_base_image_overrides
 from sandbox.run_task import run_task_report
 from sandbox.tasks import TaskFormatError, load_task, reference_solution
-from sandbox.test_deps import parse_test_deps
+from sandbox.test_deps import parse_test_deps, setup_steps
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = f"t1-test-tb-formats-{os.getpid()}"
@@ -267,6 +267,44 @@ def test_harbor_memory_solution_folder_and_copy_onto_a_directory(tmp_path: Path,
             r = sb.run("stat -c '%F %n' /app /app/data.txt /opt/data.txt", timeout=30)
         assert r.output.splitlines() == ["directory /app", "regular file /app/data.txt",
                                         "regular file /opt/data.txt"], (img, r.output)
+
+
+HARBOR_TEST_SH = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+source $HOME/.local/bin/env
+if [ "$PWD" = "/" ]; then
+    echo "Error: No working directory set."
+    exit 1
+fi
+if [ -f /app/stale ]; then rm /app/stale; fi
+cp /tests/fixture.txt /app/fixture.txt
+cat > /app/notes.txt << 'EOF'
+  kept as written, pytest and all
+EOF
+uvx -p 3.13 -w pytest==8.4.1 pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
+cp /tests/never.txt /app/
+"""
+
+
+def test_setup_steps_are_what_the_test_script_does_besides_the_harness() -> None:
+    assert setup_steps(HARBOR_TEST_SH) == ("cp /tests/fixture.txt /app/fixture.txt\n"
+                                           "cat > /app/notes.txt << 'EOF'\n  kept as written, pytest and all\nEOF")
+    assert setup_steps("#!/bin/bash\nuv run pytest $TEST_DIR/test_outputs.py -rA\n") == ""
+
+
+@pytest.mark.docker
+def test_test_script_setup_runs_before_the_tests(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """Harbor's test.sh copies a fixture into /app that the tests read (TB2's cancel-async-tasks does)."""
+    d = _harbor(tmp_path, "with-setup", "", {
+        "environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n", "tests/test.sh": HARBOR_TEST_SH,
+        "tests/fixture.txt": "seven\n",
+        "tests/test_outputs.py": "from pathlib import Path\n\ndef test_fixture():\n"
+                                 "    assert Path('fixture.txt').read_text() == 'seven\\n'\n\n"
+                                 "def test_notes():\n    assert 'pytest and all' in Path('/app/notes.txt').read_text()\n"})
+    result, _ = run_task_report(load_task(d), base_image_overrides=overrides, run_id=RUN_ID)
+    assert result.outcome and result.total == 2, result.output[-800:]
 
 
 @pytest.mark.docker
