@@ -163,3 +163,23 @@ def test_terminal_bench_2_reuses_terminal_bench_1() -> None:
     found = check_dirs(find_task_dirs(tb1), [tb2])
     same_name = {Path(o.train).name for o in found if Path(o.train).name == Path(o.eval).name}
     assert {"chess-best-move", "fix-git", "openssl-selfsigned-cert"} <= same_name
+
+
+def test_trainer_refuses_training_tasks_that_overlap(tmp_path: Path) -> None:
+    """tasks.decontaminate_against: a fixed training task copied into the evaluation set stops the run in one line
+    (exit 2) at the config check; the built-in suite against the fixtures above passes it."""
+    import shutil
+
+    evals = _eval_set(tmp_path / "eval")
+    shutil.copytree(ROOT / "tasks" / "fixed" / "git-merge-branch", evals / "copied")
+    (evals / "copied" / "instruction.md").write_text("A different instruction altogether, about nothing else.\n")
+    small = ["--tasks.num_per_family=1", "--tasks.num_rl_per_family=0", "--tasks.num_heldout_per_family=0"]
+    from t1core.builders import check_config
+    from t1core.config import load_config
+
+    check_config(load_config(None, [*small, f"--tasks.decontaminate_against=[\"{tmp_path / 'eval' / 'maze'}\"]"]))
+    r = subprocess.run([sys.executable, "-m", "t1core.train", "--out", str(tmp_path / "run"), *small,
+                        f"--tasks.decontaminate_against=[\"{evals}\"]"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert "tasks.decontaminate_against: 1 pairs" in r.stderr and "git-merge-branch and" in r.stderr, r.stderr
