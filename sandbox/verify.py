@@ -8,9 +8,10 @@ Each step closes a way for the agent to influence its own score:
 2. Tamper check, computed outside the container: its changes (read from its overlay2 upper directory on
    this host, else from the daemon's `docker diff`) must not touch the interpreter, the standard library,
    pytest and what it imports, .pth files, the shells and tools the verifier calls, shared libraries or the
-   ld.so configuration (other packages in site-packages may change: tasks have the agent install them). A tampered sandbox
-   scores 0 of the static test count, with the paths reported. Changed .pyc files there do not count as
-   tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never reads them.
+   ld.so configuration (other packages in site-packages may change: tasks have the agent install them). A
+   tampered sandbox scores 0 of the static test count, with the paths reported. Changed .pyc files there do not
+   count as tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never
+   reads them.
 3. Remove /tests and /logs/verifier (anything planted there), write the task's tests into a fresh directory
    with a random 128-bit name, and link /tests to it (tests written for /tests keep working).
 4. pytest kind: a fresh `docker exec` runs pytest as root with an empty environment (`env -i` plus the
@@ -63,7 +64,8 @@ _OUTPUT_TAIL = 16_000
 # `docker diff` paths that mark the sandbox as tampered: the verifier's own machinery. Any path starting with
 # one of _PROTECTED_PREFIXES, or equal to one of _PROTECTED_FILES.
 _PROTECTED_PREFIXES = (
-    "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/pytest", "/usr/local/bin/py.test", "/usr/lib/python3", "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
+    "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/pytest", "/usr/local/bin/py.test", "/usr/lib/python3",
+    "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
     "/usr/lib/x86_64-linux-gnu/", "/lib/x86_64-linux-gnu/", "/usr/lib/aarch64-linux-gnu/",
     "/lib/aarch64-linux-gnu/", "/lib64/", "/usr/lib64/",
 )
@@ -76,7 +78,7 @@ _PROTECTED_FILES = frozenset(
 # Inside the Python library directories, site-packages is the agent's as much as the task's: solutions `pip
 # install` what the task needs, and code the tests import is agent code anyway (see the limit below). What the
 # verifier's own pytest run loads from there stays protected: pytest and the packages it imports (checked by
-# tests/test_verify_site.py against a real run), and whatever runs at interpreter start (.pth, *customize).
+# tests/test_tasks.py against a real run), and whatever runs at interpreter start (.pth, *customize).
 _SITE_DIR_RE = re.compile(
     r"^/usr(?:/local)?/lib/python3[^/]*/(?:site|dist)-packages(?:/(?:__pycache__/)?([^/]+))?")
 VERIFIER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "attr", "attrs", "packaging",

@@ -302,7 +302,8 @@ def test_test_script_setup_runs_before_the_tests(tmp_path: Path, overrides: dict
         "tests/fixture.txt": "seven\n",
         "tests/test_outputs.py": "from pathlib import Path\n\ndef test_fixture():\n"
                                  "    assert Path('fixture.txt').read_text() == 'seven\\n'\n\n"
-                                 "def test_notes():\n    assert 'pytest and all' in Path('/app/notes.txt').read_text()\n"})
+                                 "def test_notes():\n"
+                                 "    assert 'pytest and all' in Path('/app/notes.txt').read_text()\n"})
     result, _ = run_task_report(load_task(d), base_image_overrides=overrides, run_id=RUN_ID)
     assert result.outcome and result.total == 2, result.output[-800:]
 

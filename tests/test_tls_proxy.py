@@ -78,7 +78,8 @@ def test_run_task_says_trust_host_ca_and_it_works(tmp_path: Path) -> None:
              # The marker keeps the image out of the task-image cache other runs may hold.
              "environment/Dockerfile": f"FROM debian:bookworm\nRUN python3 -m pip download --no-deps --retries 1 "
                                        f"-d /opt six  # {os.getpid()} {tmp_path.name}\n",
-             "tests/test_x.py": "import os\n\ndef test_six():\n    assert any('six' in f for f in os.listdir('/opt'))\n"}
+             "tests/test_x.py": "import os\n\ndef test_six():\n"
+                                "    assert any('six' in f for f in os.listdir('/opt'))\n"}
     for rel, text in files.items():
         (task / rel).parent.mkdir(parents=True, exist_ok=True)
         (task / rel).write_text(text)
