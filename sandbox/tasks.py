@@ -486,9 +486,19 @@ def static_test_ids(file: Path, tests_dir: Path) -> list[str]:
         raise TaskFormatError(file, "tests", f"syntax error at line {e.lineno}: {e.msg}") from e
     ids = []
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+        if _is_test_function(node):
             ids.append(f"{rel}::{node.name}")
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-            ids.extend(f"{rel}::{node.name}::{m.name}" for m in node.body
-                       if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test"))
+            ids.extend(f"{rel}::{node.name}::{m.name}" for m in node.body if _is_test_function(m))
     return ids
+
+
+def _is_test_function(node: ast.stmt) -> bool:
+    """A `def test*` that is not a fixture (`@pytest.fixture def test_data()` is one: pytest collects no test)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.name.startswith("test"):
+        return False
+    for dec in node.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if (target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")) == "fixture":
+            return False
+    return True

@@ -288,6 +288,19 @@ cp /tests/never.txt /app/
 """
 
 
+def test_fixtures_named_test_are_not_tests(tmp_path: Path) -> None:
+    """TB1 chem-property-targeting has `@pytest.fixture def test_data()`: pytest collects no test from it."""
+    from sandbox.tasks import static_test_ids
+
+    f = tmp_path / "test_f.py"
+    f.write_text("import pytest\nfrom pytest import fixture\n\n@pytest.fixture\ndef test_data():\n    return 1\n\n"
+                 "@fixture(scope='module')\ndef test_other():\n    return 2\n\n"
+                 "@pytest.mark.slow\ndef test_real(test_data):\n    assert test_data\n\n"
+                 "class TestX:\n    @pytest.fixture\n    def test_inner(self):\n        return 3\n\n"
+                 "    def test_method(self):\n        pass\n")
+    assert static_test_ids(f, tmp_path) == ["test_f.py::test_real", "test_f.py::TestX::test_method"]
+
+
 def test_setup_steps_are_what_the_test_script_does_besides_the_harness() -> None:
     assert setup_steps(HARBOR_TEST_SH) == ("cp /tests/fixture.txt /app/fixture.txt\n"
                                            "cat > /app/notes.txt << 'EOF'\n  kept as written, pytest and all\nEOF")
