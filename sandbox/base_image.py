@@ -149,6 +149,31 @@ def host_ca_bundle() -> Path:
     return path
 
 
+def tls_advice(failed_line: str, froms: list[str] | None) -> str:
+    """What to do about a certificate that did not verify (`failed_line`, from a build log or a script's output)
+    in an image built on the images `froms` (None: not known): one sentence, to append to the error."""
+    said = f"certificate verification failed ({failed_line[:160]})"
+    proxy = "HTTPS from here goes through a TLS-intercepting proxy whose CA the image lacks"
+    if froms is None:
+        return (f"{said}: {proxy}? Rerun with --trust-host-ca (or {ENV_TRUST_HOST_CA}=1): the base image then trusts "
+                f"this host's CA bundle ({ENV_HOST_CA_BUNDLE} names another)")
+    if any(f.startswith(f"{CA_REPOSITORY}:") for f in froms):
+        return (f"{said} although the image trusts this host's CA bundle: the intercepting proxy's CA is not in "
+                f"that bundle (set {ENV_HOST_CA_BUNDLE} to a file that holds it), or the failing tool keeps a "
+                "store of its own")
+    if any(f.startswith(f"{REPOSITORY}:") for f in froms):
+        return (f"{said}: {proxy}; rerun with --trust-host-ca (or {ENV_TRUST_HOST_CA}=1): the base image then "
+                "trusts this host's CA bundle")
+    return (f"{said}: {proxy}, and its FROM image ({', '.join(froms)}) is not mapped onto T1's base, so "
+            "--trust-host-ca does not reach it: map it there with --base-image, or add the CA to that image")
+
+
+def from_images(dockerfile_text: str) -> list[str]:
+    """The images a Dockerfile's FROM lines name (flags skipped)."""
+    return [next((w for w in line.split()[1:] if not w.startswith("--")), "") for line in dockerfile_text.splitlines()
+            if line.strip().upper().startswith("FROM ")]
+
+
 def _ensure_ca_layer(client: docker.APIClient, base_ref: str, *, log: bool) -> str:
     """`base_ref` plus the host's CA certificates (one file per certificate under
     /usr/local/share/ca-certificates, then update-ca-certificates, so a later run of it keeps them)."""

@@ -2,6 +2,7 @@
 full, and does doing nothing score less?
 
     python -m sandbox.check_tasks DIR [--parallel N] [--json] [--sample K --seed S] [--trust-host-ca]
+                                      [--network asked|harness]
                                       [--base-image PATTERN=IMAGE]
 
 DIR holds task directories (Harbor or Terminal-Bench 1 layout), or is one. For each task, with at most N tasks
@@ -21,17 +22,19 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sandbox.base_image import tls_advice
+from sandbox.docker_build import tls_failure
 from sandbox.errors import SandboxError
 from sandbox.cli import Parser
 from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.run_task import ScriptRun, run_task_report
 from sandbox.signals import exit_on_signals
-from sandbox.tasks import TaskFormatError, load_task, reference_solution
+from sandbox.tasks import NETWORK_MODES, NetworkMode, TaskFormatError, load_task, reference_solution
 from sandbox.verify import VerifierResult
 
 _REASON_CHARS = 400
@@ -75,8 +78,10 @@ def find_tasks(root: Path) -> list[Path]:
     return sorted(d for d in root.iterdir() if (d / "task.toml").is_file() or (d / "task.yaml").is_file())
 
 
-def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: str | None = None) -> TaskCheck:
-    """Build, run the reference solution, run nothing; never raises for a task's own failure."""
+def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: str | None = None,
+               network: NetworkMode = "asked") -> TaskCheck:
+    """Build, run the reference solution, run nothing; never raises for a task's own failure. `network`: see
+    `sandbox.tasks.sandbox_network`."""
     t0 = time.monotonic()
     _SINK.messages = caught = []
     try:
@@ -98,8 +103,9 @@ def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: s
             reasons.append("no reference solution")
         else:
             sol, ran = run_task_report(task, script=script, base_image_overrides=base_image_overrides,
-                                       run_id=run_id, upload_solution=True)
-        nothing, _ = run_task_report(task, base_image_overrides=base_image_overrides, run_id=run_id)
+                                       run_id=run_id, upload_solution=True, network=network)
+        nothing, _ = run_task_report(task, base_image_overrides=base_image_overrides, run_id=run_id,
+                                     network=network)
     except (TaskFormatError, TaskImageError, SandboxError, OSError, ValueError) as e:
         return TaskCheck(task=task.name, builds=True, build_s=built_s, reason=_short(f"run failed: {e}"),
                          warnings=notes, solution=_score(sol), solution_exit=ran.exit_code if ran else None)
@@ -118,6 +124,9 @@ def _solution_reason(result: VerifierResult, ran: ScriptRun | None) -> str:
         last = [line for line in ran.output.splitlines() if line.strip()][-2:]
         parts.append(f"solution exit {ran.exit_code}{' (timed out)' if ran.timed_out else ''}: "
                      + " / ".join(last))
+        tls = tls_failure(ran.output)
+        if tls is not None:  # the script fetched over HTTPS in its sandbox
+            parts.append(tls_advice(tls, None))
     if result.error:
         parts.append(result.error)
     failed = [name for name, ok in result.per_test.items() if not ok]
@@ -154,8 +163,17 @@ def _short(text: str) -> str:
 
 
 def check_tasks(paths: list[Path], *, base_image_overrides: Mapping[str, str], parallel: int = 2,
-                run_id: str | None = None) -> list[TaskCheck]:
-    """`check_task` over `paths` with `parallel` tasks at a time, in the order of `paths`."""
+                run_id: str | None = None, network: NetworkMode = "asked",
+                on_row: Callable[[TaskCheck], None] | None = None) -> list[TaskCheck]:
+    """`check_task` over `paths` with `parallel` tasks at a time, in the order of `paths`; `on_row` is called
+    with each row as it finishes (a long run shows its failures as they come)."""
+
+    def one(path: Path) -> TaskCheck:
+        row = check_task(path, base_image_overrides=base_image_overrides, run_id=run_id, network=network)
+        if on_row is not None:
+            on_row(row)
+        return row
+
     if parallel < 1:
         raise ValueError(f"parallel: expected >= 1, got {parallel}")
     pool = ThreadPoolExecutor(parallel)
@@ -163,8 +181,7 @@ def check_tasks(paths: list[Path], *, base_image_overrides: Mapping[str, str], p
         warnings.simplefilter("always", UserWarning)  # what loading and building warn about
         warnings.showwarning = _route_warning
         try:
-            return list(pool.map(lambda p: check_task(p, base_image_overrides=base_image_overrides, run_id=run_id),
-                                 paths))
+            return list(pool.map(one, paths))
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -175,15 +192,21 @@ def summary(rows: list[TaskCheck]) -> dict[str, Any]:
             "nothing_full": sum(r.nothing is not None and r.nothing[0] == r.nothing[1] > 0 for r in rows)}
 
 
-def format_table(rows: list[TaskCheck]) -> str:
-    def frac(x: tuple[int, int] | None) -> str:
-        return "-" if x is None else f"{x[0]}/{x[1]}"
+def _progress_line(row: TaskCheck, k: int, n: int) -> str:
+    return (f"[{k}/{n}] {row.task}: builds={'yes' if row.builds else 'NO'} ({row.build_s:.0f} s) "
+            f"solution={_frac(row.solution)} nothing={_frac(row.nothing)} {row.reason}")
 
+
+def _frac(x: tuple[int, int] | None) -> str:
+    return "-" if x is None else f"{x[0]}/{x[1]}"
+
+
+def format_table(rows: list[TaskCheck]) -> str:
     width = max([len(r.task) for r in rows] + [4])
     lines = [f"{'task':<{width}}  builds  solution  nothing  reason"]
     for r in rows:
         build = f"{'yes' if r.builds else 'NO'} {r.build_s:4.0f}s"
-        lines.append(f"{r.task:<{width}}  {build:<8}  {frac(r.solution):>6}  {frac(r.nothing):>7}  {r.reason}")
+        lines.append(f"{r.task:<{width}}  {build:<8}  {_frac(r.solution):>6}  {_frac(r.nothing):>7}  {r.reason}")
         lines += [f"{'':<{width}}  warning: {w}" for w in r.warnings]
     s = summary(rows)
     n = max(s["tasks"], 1)
@@ -198,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path, help="a directory of tasks (or one task)")
     parser.add_argument("--parallel", type=int, default=2, help="tasks checked at a time (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--network", choices=NETWORK_MODES, default="asked",
+                        help="asked (default): a network only when the task asks; harness: as the task's own "
+                             "harness gives it (TB1 always, Harbor unless allow_internet = false)")
     parser.add_argument("--sample", type=int, default=None, help="check a random sample of this many tasks")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample")
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
@@ -217,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides = dict(parse_override(spec) for spec in args.base_image)
         for pattern, image in default_base_image_overrides(trust_host_ca=args.trust_host_ca).items():
             overrides.setdefault(pattern, image)
-        rows = check_tasks(paths, base_image_overrides=overrides, parallel=args.parallel)
+        done = iter(range(1, len(paths) + 1))
+        rows = check_tasks(paths, base_image_overrides=overrides, parallel=args.parallel, network=args.network,
+                           on_row=lambda r: print(_progress_line(r, next(done), len(paths)), file=sys.stderr,
+                                                  flush=True))
     except (ValueError, SandboxError, OSError) as e:
         if args.json:
             print(json.dumps({"error": str(e)}), flush=True)

@@ -25,10 +25,30 @@ _MADE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 _OUTPUT_LINES = 25
 _ACTIVE: set[subprocess.Popen] = set()  # running builds, killed by `kill_active_builds` (sandbox.signals)
 _ACTIVE_LOCK = threading.Lock()
+_STOPPED = threading.Event()  # set by kill_active_builds: no build starts after it
+
+
+# What pip/requests/urllib, curl, git, OpenSSL, apt, npm/node, Go and rustls (uv) print when a server's
+# certificate does not verify: behind a TLS-intercepting proxy, every HTTPS fetch of an image lacking its CA.
+_TLS_RE = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem|server certificate verification "
+    r"failed|self[- ]signed certificate in certificate chain|unable to get local issuer certificate|x509: "
+    r"certificate signed by unknown authority|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT_LOCALLY|invalid "
+    r"peer certificate|Certificate verification failed", re.IGNORECASE)
 
 
 class BuildFailed(SandboxError):
     """A `docker build` failed or ran out of time; the message names the step and shows its last output."""
+
+    def __init__(self, message: str, *, tls_line: str | None = None) -> None:
+        super().__init__(message)
+        self.tls_line = tls_line
+        """The first line of the log saying a certificate did not verify, else None."""
+
+
+def tls_failure(text: str) -> str | None:
+    """The first line of `text` (a build log, a script's output) that says a TLS certificate did not verify."""
+    return next((line.strip() for line in text.splitlines() if _TLS_RE.search(line)), None)
 
 
 def clean_text(raw: str) -> str:
@@ -54,6 +74,8 @@ def docker_build(context: Path, *, dockerfile: str, tag: str, labels: dict[str, 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     with _ACTIVE_LOCK:
         _ACTIVE.add(proc)
+    if _STOPPED.is_set():  # after joining _ACTIVE: a kill_active_builds running now may have missed it
+        _kill(proc)
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(65536), b"")), daemon=True)
     reader.start()
@@ -78,11 +100,13 @@ def docker_build(context: Path, *, dockerfile: str, tag: str, labels: dict[str, 
     log = clean_text(b"".join(chunks).decode("utf-8", errors="replace"))
     removed = _remove_made_images(docker, log)
     raise BuildFailed(_failure_message(log, what=what, timed_out=timed_out, timeout_s=timeout_s, rc=rc,
-                                       removed=removed))
+                                       removed=removed), tls_line=None if timed_out else tls_failure(log))
 
 
 def kill_active_builds() -> None:
-    """Kill every build this process is running (their threads then raise BuildFailed)."""
+    """Kill every build this process is running (their threads then raise BuildFailed), and any it starts
+    later (a process told to stop must not go on building)."""
+    _STOPPED.set()
     with _ACTIVE_LOCK:
         procs = list(_ACTIVE)
     for proc in procs:

@@ -47,6 +47,9 @@ SHELL_ENV = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "ca
 TIMEOUT_EXIT_CODE = 124  # what `timeout(1)` returns; the partial output comes with it
 
 _LIVE: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
+# Set once the process removes its sandboxes (exit, SIGTERM): a worker thread must not start a new one after
+# that, or a run that was told to stop goes on with its next task.
+_CLOSING = threading.Event()
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ class DockerSandbox:
         """How the task's files got in: "upper_dir", "archive" (see sandbox.preload), "" without any."""
         self._create(cpus=cpus, pids=pids, network=network)
         _LIVE.add(self)
+        if _CLOSING.is_set():  # checked after joining _LIVE: a close_live_sandboxes running now may have missed it
+            self.close()
+            raise SandboxError("the process is shutting down: no new sandbox is started")
         try:
             self._spawn_shell()
         except BaseException:
@@ -488,7 +494,9 @@ class DockerSandbox:
 @atexit.register
 def close_live_sandboxes() -> None:
     """Remove every sandbox of this process that is still open. At exit: a normally exiting process removes
-    its containers (a killed one leaves them to `reap`); sandbox.signals calls it on SIGTERM/SIGINT."""
+    its containers (a killed one leaves them to `reap`); sandbox.signals calls it on SIGTERM/SIGINT. No
+    sandbox starts after it."""
+    _CLOSING.set()
     for sb in list(_LIVE):
         with contextlib.suppress(SandboxError):
             sb.close()

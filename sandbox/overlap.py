@@ -1,18 +1,19 @@
 """The guard against training on the test: do the evaluation tasks overlap the training tasks?
 
-Two checks today, each a function (train, evaluation) -> the overlapping pairs it finds:
+Three checks, each a function (train, evaluation) -> the overlapping pairs it finds (`CHECKS`):
 - the same task name (a benchmark copied into the training directory, or the same directory twice);
-- the same instruction once normalized (case and runs of whitespace ignored): a task renamed or re-packaged.
-`CHECKS` lists them; the n-gram decontaminator (`python -m sandbox.decontaminate`, normalized 13-token overlap
-and 5-gram Jaccard against the evaluation set) is meant to become one more entry of the same shape, so that the
-trainer's guard (`check_disjoint`) refuses what it finds as well without changing its callers.
+- the same instruction once normalized (case and runs of whitespace ignored): a task renamed or re-packaged;
+- the n-gram decontaminator (`sandbox.decontaminate`): a shared normalized 13-token instruction span, 5-gram
+  Jaccard above its threshold, or a byte-identical task-specific file (boilerplate many tasks share is not counted).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from sandbox import decontaminate
 from sandbox.tasks import Task
 
 
@@ -44,9 +45,20 @@ def same_instruction(train: Sequence[Task], held_out: Sequence[Task]) -> list[Ov
             if (key := normalize_instruction(t.instruction)) in by_text]
 
 
+def shared_ngrams_or_files(train: Sequence[Task], held_out: Sequence[Task]) -> list[Overlap]:
+    """`sandbox.decontaminate.find_overlaps` over the tasks' directories (tasks without one are not compared)."""
+    def texts(tasks: Sequence[Task]) -> tuple[list[decontaminate.TaskText], dict[str, str]]:
+        dirs = [(Path(t.path), t.name) for t in tasks if t.path is not None and Path(t.path).is_dir()]
+        return [decontaminate.read_task(d) for d, _ in dirs], {str(d): name for d, name in dirs}
+
+    (train_texts, train_names), (eval_texts, eval_names) = texts(train), texts(held_out)
+    return [Overlap(train_names.get(str(o.train), Path(o.train).name), eval_names.get(str(o.eval), Path(o.eval).name),
+                    o.kind) for o in decontaminate.find_overlaps(train_texts, eval_texts)]
+
+
 Check = Callable[[Sequence[Task], Sequence[Task]], list[Overlap]]
-CHECKS: tuple[Check, ...] = (same_name, same_instruction)
-"""Every check the guard runs (the seam for the n-gram decontaminator)."""
+CHECKS: tuple[Check, ...] = (same_name, same_instruction, shared_ngrams_or_files)
+"""Every check the guard runs."""
 
 
 def find_overlaps(train: Sequence[Task], held_out: Sequence[Task]) -> list[Overlap]:

@@ -30,12 +30,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sandbox.base_image import tls_advice
 from sandbox.cli import Parser
+from sandbox.docker_build import tls_failure
 from sandbox.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
 from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.signals import exit_on_signals
-from sandbox.tasks import Task, TaskFormatError, load_task, reference_solution
+from sandbox.tasks import (NETWORK_MODES, NetworkMode, Task, TaskFormatError, load_task, reference_solution,
+                           sandbox_network)
 from sandbox.verify import VerifierResult, run_verifiers
 
 SOLUTION_DIR = "/solution"  # where Harbor puts a task's solution/ folder
@@ -68,12 +71,14 @@ def run_task(task: Task, *, script: str | None = None, base_image_overrides: Map
 
 def run_task_report(task: Task, *, script: str | None = None, base_image_overrides: Mapping[str, str] | None = None,
                     run_id: str | None = None, interactive: bool = False,
-                    upload_solution: bool = False) -> tuple[VerifierResult, ScriptRun | None]:
-    """`run_task`, also returning what the script did (None when no script ran)."""
+                    upload_solution: bool = False,
+                    network: NetworkMode = "asked") -> tuple[VerifierResult, ScriptRun | None]:
+    """`run_task`, also returning what the script did (None when no script ran). `network`: see
+    `sandbox.tasks.sandbox_network`."""
     overrides = default_base_image_overrides() if base_image_overrides is None else base_image_overrides
     image = build_task_image(task, base_image_overrides=overrides)
     ran = None
-    with DockerSandbox(image, cpus=task.cpus, memory=task.memory_mb << 20, network=task.network,
+    with DockerSandbox(image, cpus=task.cpus, memory=task.memory_mb << 20, network=sandbox_network(task, network),
                        workdir=task.workdir, run_id=run_id) as sb:
         if upload_solution and task.solution_dir is not None:
             sb.upload_dir(task.solution_dir, SOLUTION_DIR)
@@ -129,6 +134,9 @@ def format_table(task: Task, result: VerifierResult, ran: ScriptRun | None = Non
               f"  timed_out={result.timed_out}  verify {result.duration_s:.1f} s"]
     if result.error:
         lines.append(f"error: {result.error}")
+    tls = tls_failure(ran.output) if ran is not None else None
+    if tls is not None:
+        lines.append(f"note: {tls_advice(tls, None)}")
     return "\n".join(lines)
 
 
@@ -159,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="map FROM images matching the glob PATTERN to a local IMAGE (repeatable)")
     parser.add_argument("--trust-host-ca", action="store_true",
                         help="map onto the base image that trusts this host's CA bundle (sandbox.base_image)")
+    parser.add_argument("--network", choices=NETWORK_MODES, default="asked",
+                        help="asked (default): a network only when the task asks; harness: as the task's own "
+                             "harness gives it (TB1 always, Harbor unless allow_internet = false)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     exit_on_signals()
@@ -176,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.script is not None:
             script = args.script.read_text()
         result, ran = run_task_report(task, script=script, base_image_overrides=overrides, interactive=args.shell,
-                                      upload_solution=args.solution)
+                                      upload_solution=args.solution, network=args.network)
     except (TaskFormatError, TaskImageError, SandboxError, ValueError, OSError) as e:
         if args.json:
             print(json.dumps(report_json(args.task_dir.name, None, None, str(e))), flush=True)

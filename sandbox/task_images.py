@@ -159,7 +159,7 @@ def _with_test_deps(client: docker.DockerClient, task: Task, image: TaskImage, u
                                  timeout_s=task.build_timeout_s, what=f"task {task.name}: installing the test "
                                  f"dependencies {' '.join(deps.pip + deps.apt)}")
                 except BuildFailed as e:
-                    warnings.warn(str(e), stacklevel=3)
+                    warnings.warn(_with_advice(e, "\n".join(lines)), stacklevel=3)
                     return image
     touch_image(ref)
     return TaskImage(ref)
@@ -448,4 +448,11 @@ def _build(client: docker.DockerClient, task: Task, dockerfile_text: str, ref: s
             docker_build(ctx, dockerfile=rel, tag=ref, labels=_labels(task, "task-image"),
                          timeout_s=task.build_timeout_s, what=f"task {task.name} ({task.dockerfile})")
         except BuildFailed as e:
-            raise TaskImageError(str(e)) from None
+            raise TaskImageError(_with_advice(e, dockerfile_text)) from None
+
+
+def _with_advice(e: BuildFailed, dockerfile_text: str) -> str:
+    """The build's error, and what to do when a certificate did not verify (sandbox.base_image.tls_advice)."""
+    from sandbox.base_image import from_images, tls_advice
+
+    return str(e) if e.tls_line is None else f"{e}\n{tls_advice(e.tls_line, from_images(dockerfile_text))}"

@@ -35,6 +35,8 @@ from sandbox.test_deps import TestDeps, parse_test_deps
 
 Layout = Literal["harbor", "tb1"]
 VerifierKind = Literal["pytest", "script"]
+NetworkMode = Literal["asked", "harness"]
+NETWORK_MODES: tuple[NetworkMode, ...] = ("asked", "harness")
 
 # Terminal-Bench 1 defaults (its task.yaml schema) and Harbor's usual ones.
 _TB1_AGENT_TIMEOUT_S = 360.0
@@ -94,6 +96,10 @@ class Task:
     """Whether the sandbox gets a network: only when the task asks for one (Harbor `allow_internet` or `network`
     = true). Terminal-Bench's harnesses give every container a network unless told otherwise; T1 does not, since
     the agent is untrusted code (a solution that downloads at solve time needs its task to ask)."""
+    harness_network: bool = False
+    """Whether the format's own harness gives the sandbox a network (`sandbox_network(task, "harness")`):
+    Terminal-Bench 1 always does (task.yaml cannot say otherwise); Harbor does unless `allow_internet` (or
+    `network`) is false, its default being true."""
     workdir: str
     """Working directory of the agent's shell and the verifiers: the Dockerfile's last WORKDIR, else its FROM
     image's (INHERITED_WORKDIRS), else /."""
@@ -223,6 +229,8 @@ def _load_harbor(root: Path) -> Task:
         cpus=_number(env, "cpus", _DEFAULT_CPUS, toml_path, "environment.cpus"),
         memory_mb=_size_mb(env, ("memory_mb", "memory"), toml_path) or _DEFAULT_MEMORY_MB,
         network=network,
+        harness_network=_bool(env, "allow_internet", _bool(env, "network", True, toml_path, "environment.network"),
+                              toml_path, "environment.allow_internet"),
         workdir=_workdir(dockerfile),
         dockerfile_dir=env_dir,
         dockerfile=dockerfile,
@@ -290,6 +298,7 @@ def _load_tb1(root: Path) -> Task:
         cpus=_DEFAULT_CPUS,
         memory_mb=_DEFAULT_MEMORY_MB,
         network=False,  # task.yaml cannot ask for one; Terminal-Bench's harness gives one, T1 does not
+        harness_network=True,
         workdir=_workdir(dockerfile),
         dockerfile_dir=context,
         dockerfile=dockerfile,
@@ -355,6 +364,14 @@ def inherited_workdir(image: str) -> str | None:
         if fnmatch.fnmatchcase(image, pattern):
             return workdir
     return None
+
+
+def sandbox_network(task: Task, mode: NetworkMode) -> bool:
+    """Whether `task`'s sandbox gets a network. 'asked' (T1's default: the agent is untrusted code): only when
+    the task asks for one. 'harness' (faithful to the task's own format): as its harness would give it."""
+    if mode not in NETWORK_MODES:
+        raise ValueError(f"network mode: expected one of {NETWORK_MODES}, got {mode!r}")
+    return task.harness_network if mode == "harness" else task.network
 
 
 def reference_solution(task: Task) -> str | None:
@@ -487,9 +504,19 @@ def static_test_ids(file: Path, tests_dir: Path) -> list[str]:
         raise TaskFormatError(file, "tests", f"syntax error at line {e.lineno}: {e.msg}") from e
     ids = []
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+        if _is_test_function(node):
             ids.append(f"{rel}::{node.name}")
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-            ids.extend(f"{rel}::{node.name}::{m.name}" for m in node.body
-                       if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test"))
+            ids.extend(f"{rel}::{node.name}::{m.name}" for m in node.body if _is_test_function(m))
     return ids
+
+
+def _is_test_function(node: ast.stmt) -> bool:
+    """A `def test*` that is not a fixture (`@pytest.fixture def test_data()` is one: pytest collects no test)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.name.startswith("test"):
+        return False
+    for dec in node.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if (target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")) == "fixture":
+            return False
+    return True

@@ -35,6 +35,9 @@ class TestDeps:
     """Debian package names."""
     unreadable: tuple[str, ...] = ()
     """Install commands this reader cannot turn into packages (requirement files, editable installs)."""
+    setup: str = ""
+    """The script's other steps before its test run (copy a fixture into /app, unpack test data), as bash:
+    T1 runs them before the tests (`setup_steps`)."""
 
     def __bool__(self) -> bool:
         return bool(self.pip or self.apt)
@@ -63,7 +66,45 @@ def parse_test_deps(script: str) -> TestDeps:
         (apt if kind == "apt" else pip).extend(packages)
     pip = [p for p in dict.fromkeys(pip) if not _HARNESS_PIP.match(p) and not p.startswith(("$", "/", "."))]
     apt = [p for p in dict.fromkeys(apt) if p not in _HARNESS_APT and not p.startswith("$")]
-    return TestDeps(pip=tuple(pip), apt=tuple(apt), unreadable=tuple(unreadable))
+    return TestDeps(pip=tuple(pip), apt=tuple(apt), unreadable=tuple(unreadable), setup=setup_steps(script))
+
+
+# The harness's own steps: installing (baked in at build), fetching and activating uv, and talking.
+_HARNESS_STEP = re.compile(r"^(?:sudo\s+)?(?:apt-get|apt|curl|wget|pip3?|python3?\s+-m\s+pip|uv|uvx|source|\.|"
+                           r"echo|printf|exit|set)\b")
+_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
+_BLOCK_OPEN = re.compile(r"^(?:if|case|for|while|until)\b")
+_BLOCK_CLOSE = re.compile(r"(?:^|[;&|]\s*)(?:fi|esac|done|\})\s*$")
+_TEST_RUN = re.compile(r"\b(?:pytest|uvx|uv\s+run)\b")
+
+
+def setup_steps(script: str) -> str:
+    """The lines of a test script before its test run (the first line naming pytest, uvx or `uv run`) that
+    are not the harness's own steps (installs, uv, messages) nor inside an if/case block (a check of the
+    working directory, say); "" when there are none. T1 runs pytest itself and skips the script, so these
+    (`cp /tests/test.py /app/`, `tar -xzf /tests/data.tar.gz -C /tests`) would otherwise be lost."""
+    steps: list[str] = []
+    depth, heredoc, keep = 0, None, False
+    for raw in script.replace("\\\n", " ").splitlines():
+        if heredoc is not None:  # a here-document's body goes through as it is, up to its delimiter
+            if keep:
+                steps.append(raw)
+            heredoc = None if raw.strip() == heredoc else heredoc
+            continue
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if _TEST_RUN.search(line):
+            break
+        opens = bool(_BLOCK_OPEN.match(line)) or line.endswith(("{", "then", "do"))
+        closes = bool(_BLOCK_CLOSE.search(line))
+        keep = depth == 0 and not opens and not _HARNESS_STEP.match(line)
+        depth = max(0, depth + opens - closes)
+        if keep:
+            steps.append(line)
+        here = _HEREDOC.search(line)
+        heredoc = here.group(1) if here else None
+    return "\n".join(steps)
 
 
 def _commands(script: str) -> list[list[str]]:

@@ -6,10 +6,12 @@ Each step closes a way for the agent to influence its own score:
 1. Kill every process the agent left, its persistent shell included, from a fresh `docker exec` (that shell
    holds functions and traps the agent wrote; nothing of ours runs in it).
 2. Tamper check, computed outside the container: its changes (read from its overlay2 upper directory on
-   this host, else from the daemon's `docker diff`) must not touch the interpreter, pytest, site-packages,
-   the shells and tools the verifier calls, shared libraries or the ld.so configuration. A tampered sandbox
-   scores 0 of the static test count, with the paths reported. Changed .pyc files there do not count as
-   tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never reads them.
+   this host, else from the daemon's `docker diff`) must not touch the interpreter, the standard library,
+   pytest and what it imports, .pth files, the shells and tools the verifier calls, shared libraries or the
+   ld.so configuration (other packages in site-packages may change: tasks have the agent install them). A
+   tampered sandbox scores 0 of the static test count, with the paths reported. Changed .pyc files there do not
+   count as tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never
+   reads them.
 3. Remove /tests and /logs/verifier (anything planted there), write the task's tests into a fresh directory
    with a random 128-bit name, and link /tests to it (tests written for /tests keep working).
 4. pytest kind: a fresh `docker exec` runs pytest as root with an empty environment (`env -i` plus the
@@ -62,8 +64,8 @@ _OUTPUT_TAIL = 16_000
 # `docker diff` paths that mark the sandbox as tampered: the verifier's own machinery. Any path starting with
 # one of _PROTECTED_PREFIXES, or equal to one of _PROTECTED_FILES.
 _PROTECTED_PREFIXES = (
-    "/usr/bin/python", "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/python", "/usr/local/bin/pytest",
-    "/usr/local/bin/py.test", "/usr/lib/python3", "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
+    "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/pytest", "/usr/local/bin/py.test", "/usr/lib/python3",
+    "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
     "/usr/lib/x86_64-linux-gnu/", "/lib/x86_64-linux-gnu/", "/usr/lib/aarch64-linux-gnu/",
     "/lib/aarch64-linux-gnu/", "/lib64/", "/usr/lib64/",
 )
@@ -73,8 +75,29 @@ _PROTECTED_FILES = frozenset(
 )
 
 
+# Inside the Python library directories, site-packages is the agent's as much as the task's: solutions `pip
+# install` what the task needs, and code the tests import is agent code anyway (see the limit below). What the
+# verifier's own pytest run loads from there stays protected: pytest and the packages it imports (checked by
+# tests/test_tasks.py against a real run), and whatever runs at interpreter start (.pth, *customize).
+_SITE_DIR_RE = re.compile(
+    r"^/usr(?:/local)?/lib/python3[^/]*/(?:site|dist)-packages(?:/(?:__pycache__/)?([^/]+))?")
+VERIFIER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "attr", "attrs", "packaging",
+                              "exceptiongroup", "tomli", "_distutils_hack", "sitecustomize", "usercustomize"})
+
+
+# The interpreters themselves (python, python3, python3.11), not every script whose name starts with "python"
+# (pip writes /usr/local/bin/python-grpc-tools-protoc).
+_INTERPRETER_RE = re.compile(r"^/usr(?:/local)?/bin/python[0-9.]*$")
+
+
 def is_protected(path: str) -> bool:
     """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery."""
+    if _INTERPRETER_RE.match(path):
+        return True
+    site = _SITE_DIR_RE.match(path)
+    if site is not None and site.group(1) is not None:
+        top = site.group(1)
+        return top.endswith(".pth") or top.split(".", 1)[0].split("-", 1)[0] in VERIFIER_MODULES
     return path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
 
 
@@ -207,8 +230,7 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
             per_test = _parse_progress(_read_optional(sandbox, f"{work}/out/progress.jsonl") or b"")
             if not per_test:
                 error = f"no results (exit code {code}): {out[-300:].strip()}"
-        for test_id in task.static_test_ids:
-            per_test.setdefault(test_id, False)
+        _add_missing_static_ids(per_test, task.static_test_ids)
     if not all(per_test.values()):
         error = _missing_dependency(out) or error
     passed = sum(per_test.values())
@@ -234,6 +256,11 @@ def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str
         # Python compiles everything from source (~0.4 s CPU more), so take that cost only when needed.
         pyc_flag = f"-X pycache_prefix={work}/pyc " if pyc_changed else ""
         cmd = f"/usr/bin/python3 -I -B {pyc_flag}{work}/runner.py {work}/out/progress.jsonl {shlex.join(args)}"
+        if task.test_deps.setup:
+            # The test script's own preparation (sandbox.test_deps.setup_steps), as its harness runs it: first,
+            # in a subshell of its own, under the same time limit; its failure is the tests' to find.
+            prepare = f"( {task.test_deps.setup}\n) < /dev/null; exec {cmd}"
+            cmd = f"/bin/bash -c {shlex.quote(prepare)}"
     else:
         assert task.test_script is not None, "script verifiers need a test script (checked by load_task)"
         # TB1's run-tests.sh sits beside tests/, not in it: it is one of the work directory's files.
@@ -511,6 +538,15 @@ def _parse_junit(xml_bytes: bytes) -> dict[str, bool]:
         ok = not any(child.tag in ("failure", "error", "skipped") for child in case)
         per_test[key] = per_test.get(key, True) and ok
     return per_test
+
+
+def _add_missing_static_ids(per_test: dict[str, bool], static_ids: tuple[str, ...]) -> None:
+    """Count a test function found statically but absent from the results (its module failed to import) as
+    failed. A parametrized one is present as its instances, 'test_x[a]', 'test_x[b]'."""
+    instances = {test_id.split("[", 1)[0] for test_id in per_test}
+    for test_id in static_ids:
+        if test_id not in instances:
+            per_test[test_id] = False
 
 
 def _parse_progress(raw: bytes) -> dict[str, bool]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from rollout.vllm_convert import check_temperature
 from rollout.vllm_engine import VLLMEngine
 from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.base_image import ensure_base_image
+from sandbox.decontaminate import check_dirs
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core import distributed, evaluation
@@ -160,6 +162,22 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.rollout.engine == "vllm":
         check_temperature(cfg.rollout.temperature, key="rollout.temperature")
         vllm_api.require_vllm()
+    if cfg.tasks.decontaminate_against:
+        check_decontaminated(cfg)
+
+
+def check_decontaminated(cfg: RunConfig) -> None:
+    """The training tasks (the built-in suite's written to a scratch directory first) share no instruction span,
+    similar instruction or task file with the tasks of tasks.decontaminate_against; ValueError otherwise."""
+    with tempfile.TemporaryDirectory(prefix="t1-decontaminate-") as tmp:
+        sets = load_tasks(cfg, Path(tmp))
+        train = list(dict.fromkeys(t.path for t in sets.train + sets.rl))
+        found = check_dirs(train, [Path(d) for d in cfg.tasks.decontaminate_against])
+    if found:
+        o = found[0]
+        raise ValueError(f"tasks.decontaminate_against: {len({(x.train, x.eval) for x in found})} pairs of "
+                         f"training and evaluation tasks overlap, e.g. {Path(o.train).name} and {o.eval} "
+                         f"({o.kind}: {o.evidence[:80]}); python -m sandbox.decontaminate lists them")
 
 
 def pretrains(cfg: RunConfig) -> bool:

@@ -100,6 +100,10 @@ class TasksSection:
         "sampled tokens weigh heavily in a step's loss); false = RL on the unseen family instances only")
     base_image_overrides: tuple[str, ...] = _field(
         (), "'PATTERN=IMAGE' pairs mapping a Dockerfile FROM (glob, e.g. 'debian:*') onto a local image")
+    decontaminate_against: tuple[str, ...] = _field(
+        (), "directories of evaluation tasks the training tasks (SFT and RL) must not overlap; the run refuses to "
+        "start on a shared 13-token instruction span, 5-gram Jaccard >= 0.5 or an identical task file "
+        "(python -m sandbox.decontaminate lists them all)")
 
     def __post_init__(self) -> None:
         _check_types(self)

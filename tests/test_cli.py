@@ -32,6 +32,8 @@ BAD_INPUT = {
     "sandbox.run_task": [(["/nonexistent-task"], "/nonexistent-task")],
     "sandbox.check_tasks": [(["/nonexistent-dir"], "/nonexistent-dir: not a directory"),
                             (["/tmp", "--parallel", "0"], "--parallel and --sample must be >= 1")],
+    "sandbox.decontaminate": [(["/nonexistent-dir", "--against", "/tmp"], "/nonexistent-dir: not a directory"),
+                              (["/tmp"], "the following arguments are required: --against")],
     "sandbox.reap": [(["--keep", "x"], "--keep: invalid int value")],
     "sandbox.base_image": [(["frobnicate"], "invalid choice: 'frobnicate'")],
 }

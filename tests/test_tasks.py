@@ -7,6 +7,7 @@ nothing. All sandbox runs go through a small thread pool: the daemon and 2 CPUs 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 
 import io
@@ -203,6 +204,7 @@ def test_tampering_with_python_scores_zero(spoof_results) -> None:
     assert destroyed.tampered == ("/usr/bin/env", "/usr/bin/python3.11")
 
 
+_SITE = "/usr/local/lib/python3.11/dist-packages"
 # Changes for the two tamper-check sources to judge alike: the overlay2 upper directory read here, and the
 # daemon's `docker diff`. Every case runs in its own container; "app" changes are the agent's normal work.
 _CHANGE_SCRIPTS = {
@@ -217,6 +219,13 @@ _CHANGE_SCRIPTS = {
     "chmod_tool": "chmod 700 /usr/bin/timeout",
     "symlinked_pytest": "ln -sf /bin/true /usr/local/bin/pytest",
     "metadata_only": "touch /usr/lib/python3.11/os.py",
+    # site-packages: the agent's packages may come and go; what the verifier's pytest loads, and .pth files, not.
+    "site_package": f"mkdir -p {_SITE}/mylib {_SITE}/__pycache__ && echo X=1 > {_SITE}/mylib/__init__.py && "
+                    f"touch {_SITE}/__pycache__/six.cpython-311.pyc /usr/lib/python3/dist-packages/mylib2.py "
+                    "/usr/local/bin/python-grpc-tools-protoc",
+    "site_pth": f"mkdir -p {_SITE} && echo 'import os' > {_SITE}/zzz.pth",
+    "site_pytest_shadow": f"mkdir -p {_SITE}/pytest && touch {_SITE}/pytest/__init__.py",
+    "site_verifier_bytecode": f"mkdir -p {_SITE}/__pycache__ && touch {_SITE}/__pycache__/py.cpython-311.pyc",
 }
 
 
@@ -241,10 +250,31 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
         # directory itself); the verdicts may not.
         assert bool(upper[0]) == bool(diff[0]) and upper[1] == diff[1], (name, upper, diff)
     assert results["app"][0] == ([], False) and results["pyc"][0] == ([], True)
+    assert results["site_package"][0] == ([], False) and results["site_verifier_bytecode"][0] == ([], True)
+    assert results["site_pth"][0][0] == [f"{_SITE}/zzz.pth"]
+    assert results["site_pytest_shadow"][0][0] == [f"{_SITE}/pytest/__init__.py"]
     assert results["deleted_tools"][0][0] == ["/usr/bin/env", "/usr/bin/python3.11"]
     assert results["deleted_lib_dir"][0][0] == ["/usr/lib/x86_64-linux-gnu/gconv"]
     for name in ("sitecustomize", "replaced_dir", "renamed_dir", "chmod_tool", "symlinked_pytest", "metadata_only"):
         assert results[name][0][0], name
+
+
+@pytest.mark.docker
+def test_verifier_modules_cover_what_a_pytest_run_loads_from_site_packages(overrides: dict[str, str]) -> None:
+    """The site-packages modules left to the agent must not include one the verifier's own run imports."""
+    from sandbox.verify import VERIFIER_MODULES
+
+    probe = ("import sys, pytest\nopen('/tmp/t/test_a.py', 'w').write('def test_a():\\n    assert True\\n')\n"
+             "rc = pytest.main(['/tmp/t', '-q', '-p', 'no:cacheprovider', '--junitxml=/tmp/j.xml'])\n"
+             "site = [p for p in sys.path if p.endswith('-packages')]\n"
+             "print(rc, sorted({m.split('.')[0] for m, mod in list(sys.modules.items())\n"
+             "                  if any((getattr(mod, '__file__', None) or '').startswith(s) for s in site)}))\n")
+    with DockerSandbox(overrides["debian:*"], workdir="/app", run_id=RUN_ID) as sb:
+        sb.write_file("/tmp/probe.py", probe.encode())
+        r = sb.run("mkdir -p /tmp/t && /usr/bin/python3 -I -B /tmp/probe.py | tail -1", timeout=60)
+    rc, loaded = r.output.strip().split(" ", 1)
+    assert rc == "0" and "pytest" in loaded, r.output
+    assert set(ast.literal_eval(loaded)) <= VERIFIER_MODULES, loaded
 
 
 @pytest.mark.docker
@@ -302,6 +332,24 @@ def test_hanging_verifier_is_cut_and_unfinished_tests_fail(tmp_path: Path, overr
     assert result.per_test == {"test_hang.py::test_fast": True, "test_hang.py::test_hangs": False,
                                "test_hang.py::test_after": False}
     assert result.duration_s < 3 + 5 + 20  # timeout + kill grace + verifier overhead on a loaded machine
+
+
+@pytest.mark.docker
+def test_parametrized_tests_count_as_their_instances(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """A parametrized test function is its instances (not one more failed test under its bare name)."""
+    task = _harbor_task(tmp_path, "params", tests={"test_p.py": """
+        import pytest
+
+        @pytest.mark.parametrize("n", [1, 2, 3])
+        def test_small(n):
+            assert n < 3
+
+        def test_plain():
+            assert True
+        """})
+    result = _run(task, None, overrides)
+    assert result.per_test == {"test_p.py::test_small[1]": True, "test_p.py::test_small[2]": True,
+                               "test_p.py::test_small[3]": False, "test_p.py::test_plain": True}, result.output[-800:]
 
 
 @pytest.mark.docker

@@ -32,7 +32,7 @@ from sandbox.image_cache import LABEL_KIND, LABEL_TASK, prune_task_images
 from sandbox.task_images import TaskImageError, _preload_plan, build_task_image, default_base_image_overrides
 from sandbox.run_task import run_task_report
 from sandbox.tasks import TaskFormatError, load_task, reference_solution
-from sandbox.test_deps import parse_test_deps
+from sandbox.test_deps import parse_test_deps, setup_steps
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = f"t1-test-tb-formats-{os.getpid()}"
@@ -269,6 +269,58 @@ def test_harbor_memory_solution_folder_and_copy_onto_a_directory(tmp_path: Path,
                                         "regular file /opt/data.txt"], (img, r.output)
 
 
+HARBOR_TEST_SH = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+source $HOME/.local/bin/env
+if [ "$PWD" = "/" ]; then
+    echo "Error: No working directory set."
+    exit 1
+fi
+if [ -f /app/stale ]; then rm /app/stale; fi
+cp /tests/fixture.txt /app/fixture.txt
+cat > /app/notes.txt << 'EOF'
+  kept as written, pytest and all
+EOF
+uvx -p 3.13 -w pytest==8.4.1 pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
+cp /tests/never.txt /app/
+"""
+
+
+def test_fixtures_named_test_are_not_tests(tmp_path: Path) -> None:
+    """TB1 chem-property-targeting has `@pytest.fixture def test_data()`: pytest collects no test from it."""
+    from sandbox.tasks import static_test_ids
+
+    f = tmp_path / "test_f.py"
+    f.write_text("import pytest\nfrom pytest import fixture\n\n@pytest.fixture\ndef test_data():\n    return 1\n\n"
+                 "@fixture(scope='module')\ndef test_other():\n    return 2\n\n"
+                 "@pytest.mark.slow\ndef test_real(test_data):\n    assert test_data\n\n"
+                 "class TestX:\n    @pytest.fixture\n    def test_inner(self):\n        return 3\n\n"
+                 "    def test_method(self):\n        pass\n")
+    assert static_test_ids(f, tmp_path) == ["test_f.py::test_real", "test_f.py::TestX::test_method"]
+
+
+def test_setup_steps_are_what_the_test_script_does_besides_the_harness() -> None:
+    assert setup_steps(HARBOR_TEST_SH) == ("cp /tests/fixture.txt /app/fixture.txt\n"
+                                           "cat > /app/notes.txt << 'EOF'\n  kept as written, pytest and all\nEOF")
+    assert setup_steps("#!/bin/bash\nuv run pytest $TEST_DIR/test_outputs.py -rA\n") == ""
+
+
+@pytest.mark.docker
+def test_test_script_setup_runs_before_the_tests(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """Harbor's test.sh copies a fixture into /app that the tests read (TB2's cancel-async-tasks does)."""
+    d = _harbor(tmp_path, "with-setup", "", {
+        "environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n", "tests/test.sh": HARBOR_TEST_SH,
+        "tests/fixture.txt": "seven\n",
+        "tests/test_outputs.py": "from pathlib import Path\n\ndef test_fixture():\n"
+                                 "    assert Path('fixture.txt').read_text() == 'seven\\n'\n\n"
+                                 "def test_notes():\n"
+                                 "    assert 'pytest and all' in Path('/app/notes.txt').read_text()\n"})
+    result, _ = run_task_report(load_task(d), base_image_overrides=overrides, run_id=RUN_ID)
+    assert result.outcome and result.total == 2, result.output[-800:]
+
+
 @pytest.mark.docker
 def test_pip_in_run_python_command_and_test_dependencies(tmp_path: Path, overrides: dict[str, str]) -> None:
     """A python:* Dockerfile that pip-installs in RUN and calls `python` builds on the base; the package that
@@ -398,6 +450,28 @@ def test_cli_json_on_failure_and_sigterm_removes_the_container(tmp_path: Path, o
     time.sleep(1.0)  # into the script's sleep
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not client.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+@pytest.mark.docker
+def test_sigterm_stops_check_tasks_before_its_next_task(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """Worker threads whose sandboxes the signal removed must not go on to the next task (each sleeps 600 s)."""
+    for name in ("s1", "s2", "s3"):
+        _harbor(tmp_path, name, "", {"environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n",
+                                     "tests/test_x.py": "def test_a():\n    pass\n",
+                                     "solution/solve.sh": "sleep 600\n"})
+    run_id = f"{RUN_ID}-sigterm-check"
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox.check_tasks", str(tmp_path), "--parallel", "2"],
+                            cwd=REPO, env={**os.environ, "T1_RUN_ID": run_id}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    client = docker_client()
+    deadline = time.monotonic() + 120
+    while len(client.containers(filters={"label": f"{LABEL_RUN}={run_id}"})) < 2 and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.communicate()
     assert not client.containers(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
 
 
