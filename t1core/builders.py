@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,9 +24,10 @@ from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
 from t1core import distributed
 from t1core.config import RunConfig
+from t1core.positions import check_positions, engine_length
 from t1model.device import check_device
-from t1model.hf_io import load_pretrained
-from t1model.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
+from t1model.hf_io import config_from_hf, load_pretrained
+from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel, set_moe_recompute
 from t1core.rollout_ranks import RolloutRanks
 from t1model.tokenizer import ChatTokenizer
 
@@ -141,7 +143,17 @@ def check_config(cfg: RunConfig) -> None:
         raise ValueError(f"model.name: expected a preset {sorted(PRESETS)} or a checkpoint directory, got {name!r}")
     if cfg.tasks.source != "builtin" and not Path(cfg.tasks.source).is_dir():
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {cfg.tasks.source!r}")
+    mcfg, source = _shape(cfg)
+    check_positions(cfg, mcfg, source=source)
     pretrains(cfg)
+
+
+def _shape(cfg: RunConfig) -> tuple[ModelConfig, str]:
+    """The policy's shape without its weights, and where it came from."""
+    name = cfg.model.name
+    if Path(name).is_dir():
+        return config_from_hf(json.loads((Path(name) / "config.json").read_text())), f"{name}/config.json"
+    return PRESETS[name](), f"preset {name}"
 
 
 def pretrains(cfg: RunConfig) -> bool:
@@ -173,7 +185,7 @@ def make_engine(policy: MoEModel, cfg: RunConfig,
     if r.engine == "vllm":
         return _make_vllm_engine(policy, cfg, dp or distributed.DataParallel.single())
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
-                        max_seq_len=r.max_tokens + r.max_new_tokens_per_turn + 8, batch_invariant=r.batch_invariant)
+                        max_seq_len=engine_length(cfg, policy.config), batch_invariant=r.batch_invariant)
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
         engine_model = load_pretrained(cfg.model.name, dtype=compute_dtype(cfg), device=cfg.run.device)
     else:
@@ -195,7 +207,7 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataPara
     r, v = cfg.rollout, cfg.vllm
     if not rollout_ranks(cfg, dp).owns_engine:
         return None
-    max_len = v.max_model_len or r.max_tokens + r.max_new_tokens_per_turn + 8
+    max_len = engine_length(cfg, policy.config)
     nccl = None
     if v.placement == "disaggregated":  # the owning trainer rank is NCCL rank 0, vLLM's workers the others
         nccl = {"master_address": v.nccl_address, "master_port": v.nccl_port, "world_size": 1 + v.tensor_parallel_size}

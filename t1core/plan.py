@@ -35,6 +35,7 @@ import torch
 
 from sandbox.cli import Parser
 from t1core.config import RunConfig, load_config
+from t1core.positions import check_positions, engine_length
 from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
 GIB = 2**30
@@ -214,7 +215,7 @@ def _engine_rows(cfg: RunConfig, mcfg: ModelConfig, *, n_policy: int, compute: i
     # TorchEngine keeps 2 slots per episode (prefix reuse); vLLM pages its cache: one sequence per episode.
     slots = 2 * max(r.concurrency, 1) if where == "gpu" and engine == "torch" else max(r.concurrency, 1)
     slots *= world if where == "engine GPU" else 1
-    seq = r.max_tokens + r.max_new_tokens_per_turn + 8
+    seq = engine_length(cfg, mcfg)
     kv = 2 * mcfg.num_hidden_layers * slots * mcfg.num_key_value_heads * seq * mcfg.head_dim * compute // split_kv
     head_fp32 = 4 * mcfg.vocab_size * mcfg.hidden_size if compute != 4 and engine == "torch" else 0
     what = "whole policy" if split_w == 1 else f"policy / {split_w} tensor-parallel GPUs"
@@ -227,6 +228,7 @@ def plan(cfg: RunConfig) -> Plan:
     """The per-rank memory plan of `cfg` on the hardware its [parallel] section names."""
     par = cfg.parallel
     mcfg, source = model_shape(cfg.model.name)
+    check_positions(cfg, mcfg, source=source)
     world = par.nodes * par.gpus_per_node
     compute = _DTYPE_BYTES[cfg.model.dtype]
     mixed = compute != 4

@@ -1,0 +1,42 @@
+"""The model's positions bound every context the run puts through it: checked before anything is built.
+
+A context (one engine request: prompt plus reply) holds at most `rollout.max_tokens` tokens: the agent loop caps each
+reply to the room left. With context compaction (`rollout.compact_at_tokens`, `rollout.compaction`) an episode runs
+through several contexts, each within that bound, so an episode of any number of turns fits the positions. The model
+reaches `ModelConfig.max_positions`: its max_position_embeddings, or more under YaRN (`rope_scaling` in a checkpoint's
+config.json, HF's way to switch it on).
+"""
+
+from __future__ import annotations
+
+from t1core.config import RunConfig
+from t1model.model import ModelConfig
+
+ENGINE_SLACK = 8
+"""Positions the torch engine's KV cache keeps beyond a context's reply (the flush feed; a margin)."""
+
+
+def engine_length(cfg: RunConfig, mcfg: ModelConfig) -> int:
+    """Tokens one engine slot holds: vllm.max_model_len when set, else a context plus one reply and the slack, never
+    beyond the model's positions (the agent keeps a context within rollout.max_tokens, which `check_positions` holds
+    to the positions)."""
+    r = cfg.rollout
+    if r.engine == "vllm" and cfg.vllm.max_model_len is not None:
+        return cfg.vllm.max_model_len
+    return min(r.max_tokens + r.max_new_tokens_per_turn + ENGINE_SLACK, mcfg.max_positions)
+
+
+def check_positions(cfg: RunConfig, mcfg: ModelConfig, *, source: str) -> None:
+    """ValueError naming the key when a context could run past the model's positions (`source`: where the model's
+    shape came from, for the message)."""
+    positions = mcfg.max_positions
+    how = (f"max_position_embeddings={mcfg.max_position_embeddings}" if mcfg.rope_scaling is None else
+           f"YaRN factor {mcfg.rope_scaling.factor:g} over {mcfg.rope_scaling.original_max_position_embeddings}")
+    fix = ("lower it, compact the context (rollout.compact_at_tokens), or give the checkpoint YaRN rope_scaling in its "
+           "config.json")
+    if cfg.rollout.max_tokens > positions:
+        raise ValueError(f"rollout.max_tokens={cfg.rollout.max_tokens}: a context would run past the model's "
+                         f"{positions} positions ({source}: {how}); {fix}")
+    if cfg.rollout.engine == "vllm" and cfg.vllm.max_model_len is not None and cfg.vllm.max_model_len > positions:
+        raise ValueError(f"vllm.max_model_len={cfg.vllm.max_model_len}: beyond the model's {positions} positions "
+                         f"({source}: {how}); {fix}")
