@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from rollout.agent import AgentConfig, SandboxLimits
+from rollout.compaction import Compaction
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_engine import VLLMEngine
 from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
@@ -229,12 +230,14 @@ def _trainer_device(cfg: RunConfig) -> torch.device:
 
 
 def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:
-    r, s = cfg.rollout, cfg.sandbox
+    r, s, c = cfg.rollout, cfg.sandbox, cfg.context
+    compaction = None if c.compact_at_tokens is None else Compaction(at_tokens=c.compact_at_tokens,
+                                                                     keep_turns=c.keep_turns, summary=c.summary)
     limits = SandboxLimits(cpus=s.cpus, memory_mb=s.memory_mb, pids=s.pids, output_cap_bytes=s.output_cap_bytes)
     return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
                        wall_clock_s=r.wall_clock_limit_s, command_timeout_s=s.command_timeout_s,
                        temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
-                       sandbox=limits)
+                       sandbox=limits, compaction=compaction, observation_max_tokens=c.observation_max_tokens)
 
 
 def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:

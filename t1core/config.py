@@ -197,6 +197,29 @@ class RolloutSection:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContextSection:
+    compact_at_tokens: int | None = _field(
+        None, "fold the history when a context reaches this many tokens (the task, a summary, the last keep_turns "
+        "turns verbatim); each context trains as a segment sharing the episode's reward; rollout.max_tokens then "
+        "bounds each context, not the episode; none = off (the episode ends at rollout.max_tokens)")
+    keep_turns: int = _field(4, "turns a compacted context keeps verbatim after the summary")
+    summary: Literal["extractive", "policy"] = _field(
+        "extractive", "who summarises the folded turns: 'extractive' (each command, exit code and first output line; "
+        "deterministic) or 'policy' (the policy writes it; not trained on)")
+    observation_max_tokens: int | None = _field(
+        None, "tokens of a command's output the agent is shown (head and tail, a marker between); none = no cap "
+        "beyond sandbox.output_cap_bytes")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.compact_at_tokens is None or self.compact_at_tokens >= 2, "context.compact_at_tokens",
+               ">= 2 or none", self.compact_at_tokens)
+        _check(self.keep_turns >= 1, "context.keep_turns", ">= 1", self.keep_turns)
+        _check(self.observation_max_tokens is None or self.observation_max_tokens >= 16,
+               "context.observation_max_tokens", ">= 16 or none", self.observation_max_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
 class VllmSection:
     """Settings of the vLLM rollout engine (read only with rollout.engine='vllm')."""
 
@@ -250,6 +273,10 @@ class AlgoSection:
     outcome_bonus: float = _field(1.0, "reward added when every verifier passes (on top of the verifier count)")
     turn_penalty: float = _field(0.0, "reward subtracted per assistant turn (>= 0); 0 = off")
     format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
+    cut_episodes: Literal["bootstrap", "terminal", "mask"] = _field(
+        "bootstrap", "how an episode cut by rollout.max_turns, the token budget or the wall clock trains: 'bootstrap' "
+        "(no outcome yet: its return is the critic's value at the cut), 'terminal' (scored where it stopped, as "
+        "finished ones), 'mask' (left out of the update)")
     use_tito: bool = _field(True, "train on the exact sampled token IDs (false: re-tokenize the transcript)")
     use_r3: bool = _field(True, "replay the rollout's expert routing in every training forward")
     bitwise: Literal["auto", "on", "off"] = _field(
@@ -418,6 +445,7 @@ class RunConfig:
     tasks: TasksSection = field(default_factory=TasksSection)
     sandbox: SandboxSection = field(default_factory=SandboxSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    context: ContextSection = field(default_factory=ContextSection)
     vllm: VllmSection = field(default_factory=VllmSection)
     algo: AlgoSection = field(default_factory=AlgoSection)
     warmstart: WarmstartSection = field(default_factory=WarmstartSection)
@@ -432,6 +460,9 @@ class RunConfig:
                f">= rollout.max_tokens ({self.rollout.max_tokens})", self.algo.minibatch_tokens)
         _check(self.warmstart.sft_minibatch_tokens >= self.rollout.max_tokens, "warmstart.sft_minibatch_tokens",
                f">= rollout.max_tokens ({self.rollout.max_tokens})", self.warmstart.sft_minibatch_tokens)
+        _check(self.context.compact_at_tokens is None or self.context.compact_at_tokens < self.rollout.max_tokens,
+               "context.compact_at_tokens", f"< rollout.max_tokens ({self.rollout.max_tokens}) or none",
+               self.context.compact_at_tokens)
         _check(self.algo.advantage_norm != "group" or self.rollout.group_size >= 2, "algo.advantage_norm",
                "'group' only with rollout.group_size >= 2 (a lone episode would be its own baseline)",
                self.algo.advantage_norm)

@@ -1,7 +1,7 @@
 """The model's positions bound every context the run puts through it: checked before anything is built.
 
 A context (one engine request: prompt plus reply) holds at most `rollout.max_tokens` tokens: the agent loop caps each
-reply to the room left. With context compaction (`rollout.compact_at_tokens`, `rollout.compaction`) an episode runs
+reply to the room left. With context compaction (`context.compact_at_tokens`) an episode runs
 through several contexts, each within that bound, so an episode of any number of turns fits the positions. The model
 reaches `ModelConfig.max_positions`: its max_position_embeddings, or more under YaRN (`rope_scaling` in a checkpoint's
 config.json, HF's way to switch it on).
@@ -32,7 +32,7 @@ def check_positions(cfg: RunConfig, mcfg: ModelConfig, *, source: str) -> None:
     positions = mcfg.max_positions
     how = (f"max_position_embeddings={mcfg.max_position_embeddings}" if mcfg.rope_scaling is None else
            f"YaRN factor {mcfg.rope_scaling.factor:g} over {mcfg.rope_scaling.original_max_position_embeddings}")
-    fix = ("lower it, compact the context (rollout.compact_at_tokens), or give the checkpoint YaRN rope_scaling in its "
+    fix = ("lower it, compact the context (context.compact_at_tokens), or give the checkpoint YaRN rope_scaling in its "
            "config.json")
     if cfg.rollout.max_tokens > positions:
         raise ValueError(f"rollout.max_tokens={cfg.rollout.max_tokens}: a context would run past the model's "

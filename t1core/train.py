@@ -45,6 +45,7 @@ from t1core.metrics import (MetricsLogger, Stopwatch, fidelity_line, gpu_stats, 
                             read_metrics)
 from t1core.pretrain import pretrain
 from t1core.retokenize import retokenize
+from t1core.segments import cut_metrics, training_segments
 from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, solved
 from t1core.update import ActorCritic, ppo_update, score, sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
@@ -117,7 +118,8 @@ class Trainer:
                                  pool_size=ranks.parallel(self.cfg.sandbox.pool_size),
                                  on_done=lambda i, t: bar.update())
         bar.close()
-        done = ranks.gather([(t, self.sampled.drift(t)) for t in trajs], len(specs))  # one collective for both
+        # Drift of every segment (a compacted episode's contexts), each against the completions of its own prompts.
+        done = ranks.gather([(t, sum(self.sampled.drift(s) for s in t.segments())) for t in trajs], len(specs))
         return [t for t, _ in done], [d for _, d in done]
 
     def warm_start(self) -> dict[str, float]:
@@ -245,16 +247,18 @@ class Trainer:
         if self.dp.is_main:
             save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
         rewards = self.rewards(trajs)
-        metrics = _rollout_metrics(trajs, rewards)
-        kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
-        train_trajs = [trajs[i] for i in kept]
+        metrics = {**_rollout_metrics(trajs, rewards), **cut_metrics(trajs)}
+        kept = [i for i, t in enumerate(trajs) if any(bool(s.loss_mask.any()) for s in t.segments())]
         drift = sum(drift_per[i] for i in kept)
+        train_trajs, train_rewards, groups = training_segments(
+            [trajs[i] for i in kept], [rewards[i] for i in kept], [group_of[i] for i in kept],
+            cut_episodes=cfg.algo.cut_episodes)
         if not cfg.algo.use_tito:  # ablation: train on the re-tokenized transcript
             pairs = [retokenize(t, self.tok) for t in train_trajs]
             train_trajs, drift = [p[0] for p in pairs], sum(p[1] for p in pairs)
         if kept:
             metrics["tito/drift_tokens"] = float(drift)
-        return StepBatch(train_trajs, [rewards[i] for i in kept], [group_of[i] for i in kept], metrics)
+        return StepBatch(train_trajs, train_rewards, groups, metrics)
 
     def rewards(self, trajs: list) -> list[float]:
         """Each episode's reward for the update (`t1core.step.shaped_reward`)."""

@@ -30,7 +30,7 @@ def _trajectory(g: torch.Generator, n: int, reward: float) -> SimpleNamespace:
              SimpleNamespace(start=2 * n // 3, end=n, tool_error=None)]
     return SimpleNamespace(token_ids=torch.randint(0, 301, (n,), generator=g).tolist(), loss_mask=mask,
                            rollout_logprobs=torch.where(mask, -1.0, 0.0), routing=None, reward=reward, num_tokens=n,
-                           turns=turns)
+                           turns=turns, finish_reason="done")
 
 
 def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets() -> None:
