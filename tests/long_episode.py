@@ -36,15 +36,16 @@ class EchoShell:
 
 
 class TimedEngine(CompletionLog):
-    """The completion log (drift is checked against it) that also stamps each completion's arrival."""
+    """The completion log (drift is checked against it) that also stamps each completion's arrival (wall clock,
+    process CPU time)."""
 
     def __init__(self, engine: TorchEngine) -> None:
         super().__init__(engine)
-        self.times: list[float] = []
+        self.stamps: list[tuple[float, float]] = []
 
     def submit(self, prompt, params):
         fut = super().submit(prompt, params)
-        fut.add_done_callback(lambda _: self.times.append(time.perf_counter()))
+        fut.add_done_callback(lambda _: self.stamps.append((time.perf_counter(), time.process_time())))
         return fut
 
 
