@@ -8,7 +8,7 @@ and wall seconds: the box is shared), the peak memory and the segments. Never as
 
 The episode: the tiny model in the batch-invariant TorchEngine, contexts of at most 2,048 tokens folded at 1,280
 (keep 2 turns), replies of up to 16 tokens, a shell that answers without a container (tests/long_episode.py).
-The 32k part: one episode whose prompt is 32k tokens, prefilled and answered by the engine, then scored and
+The 32k part: one episode whose prompt is 32k tokens, prefilled (4k tokens at a time) and answered by the engine, then scored and
 back-propagated by the trainer's bitwise forward, in a child process whose peak RSS is the figure.
 """
 
@@ -54,6 +54,7 @@ def test_bench_300_turn_episode_with_compaction() -> None:
 
 
 def _train_one_long_episode(tokens: int, out: mp.Queue) -> None:
+    from rollout.engine import SamplingParams
     from rollout.torch_engine import EngineConfig, TorchEngine
     from t1core.batch import pack
     from t1core.update import policy_logprobs
@@ -66,6 +67,10 @@ def _train_one_long_episode(tokens: int, out: mp.Queue) -> None:
     ep = Episode(torch.randint(8, cfg.vocab_size, (tokens - 16,), generator=g).tolist(), 0)
     with TorchEngine(copy.deepcopy(policy).eval().requires_grad_(False),
                      EngineConfig(max_batch=1, num_slots=1, max_seq_len=tokens + 32, batch_invariant=True)) as eng:
+        # The prompt enters the KV cache 4,096 tokens at a time (one-token requests, reused as a cached prefix), as
+        # a long episode's turns fill it; a 32k prompt in one chunk would hold a 32k x 32k mask in the engine.
+        for end in range(4096, len(ep.ids), 4096):
+            eng.submit(ep.ids[:end], SamplingParams(max_new_tokens=1, temperature=1.0)).result()
         ep.add_reply(eng.submit(ep.ids, ep.params(16, 1.0)).result())
     traj = ep.trajectory()
     rss_engine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -35,7 +35,7 @@ import torch
 
 from sandbox.cli import Parser
 from t1core.config import RunConfig, load_config
-from t1core.positions import check_positions, engine_length
+from t1core.positions import check_positions, describe_context, engine_length
 from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
 GIB = 2**30
@@ -324,6 +324,7 @@ def format_plan(p: Plan, cfg: RunConfig) -> str:
                      f"{p.host_bytes_per_node / GIB:>9.2f}  of {par.host_mem_gib:g}")
     if cfg.rollout.engine == "vllm":
         lines.append(vllm_layout(cfg, world=p.world))
+    lines.append(describe_context(cfg, p.model))
     engine = next(r for r in p.rows if r.name.startswith("engine weights"))
     if engine.bytes > p.gpu_limit:
         lines.append(f"the engine's weights alone ({engine.bytes / GIB:.1f} GiB) exceed one GPU: this model needs a "

@@ -40,3 +40,13 @@ def check_positions(cfg: RunConfig, mcfg: ModelConfig, *, source: str) -> None:
     if cfg.rollout.engine == "vllm" and cfg.vllm.max_model_len is not None and cfg.vllm.max_model_len > positions:
         raise ValueError(f"vllm.max_model_len={cfg.vllm.max_model_len}: beyond the model's {positions} positions "
                          f"({source}: {how}); {fix}")
+
+
+def describe_context(cfg: RunConfig, mcfg: ModelConfig) -> str:
+    """The planner's line on how long an episode may run within the model's positions."""
+    r, c = cfg.rollout, cfg.context
+    head = f"context: {r.max_tokens} of the model's {mcfg.max_positions} positions per context"
+    if c.compact_at_tokens is None:
+        return f"{head}; no compaction: an episode ends when its one context is full ({r.max_turns} turns at most)"
+    return (f"{head}; history folded at {c.compact_at_tokens} tokens (task + summary + last {c.keep_turns} turns), so "
+            f"episodes reach rollout.max_turns={r.max_turns} in several contexts, each trained as a segment")
