@@ -5,7 +5,8 @@ samples a reply to the full token sequence so far, the tool call is parsed from 
 is for parsing and display only; the IDs are kept verbatim), the sandbox runs the command, and the output
 is tokenized on its own as the next user message and appended (see `rollout.tito`). The episode ends when
 the agent writes the done marker without a tool call, or at the turn limit, the token budget or the wall-clock limit; then
-the task's verifiers run and the dense reward (verifiers passed) is attached.
+the task's verifiers run and the dense reward (verifiers passed) is attached. With compaction on, a full context is
+folded into a new one and the episode goes on (`rollout.compaction`).
 
 A reply without a parseable tool call is answered with an error observation (counted in metrics). A
 sandbox failure (`SandboxError`: container died, shell gone) ends that episode with the reason recorded,
@@ -98,8 +99,9 @@ class AgentConfig:
     sandbox: SandboxLimits = SandboxLimits()
     """Limits of the episode's container (`run_episodes` starts it with them)."""
     compaction: Compaction | None = None
-    """Fold the history when a context fills (`rollout.compaction`): max_tokens then bounds each context, not the
-    episode. None: the episode ends at max_tokens."""
+    """Fold the history when a context fills (`rollout.compaction`; the trainer's [context] section): max_tokens then
+    bounds each context, not the episode, and the episode returns its earlier contexts as `Trajectory.earlier`.
+    None: the episode ends at max_tokens."""
     observation_max_tokens: int | None = None
     """Tokens of a command's output the agent is shown at most (head and tail, a marker between); None: no cap."""
 

@@ -19,6 +19,9 @@ from typing import Literal, Protocol
 
 from rollout.trajectory import Turn
 
+COMPACT_AT = 0.8
+"""The trainer folds a context when it reaches this share of its bound, rollout.max_tokens (SkyRL's choice): room
+for one more reply and observation before the bound."""
 SUMMARY_HEADER = "Summary of your earlier steps in this task (the most recent steps follow verbatim):"
 """Opens the summary block appended to the task instruction in a compacted context."""
 SUMMARY_REQUEST = ("Summarize the shell session below for yourself: what was tried, what worked, what is left. "

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from rollout.agent import AgentConfig, SandboxLimits
-from rollout.compaction import Compaction
+from rollout.compaction import COMPACT_AT, Compaction
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_engine import VLLMEngine
 from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
@@ -231,8 +231,8 @@ def _trainer_device(cfg: RunConfig) -> torch.device:
 
 def agent_config(cfg: RunConfig, *, temperature: float | None = None) -> AgentConfig:
     r, s, c = cfg.rollout, cfg.sandbox, cfg.context
-    compaction = None if c.compact_at_tokens is None else Compaction(at_tokens=c.compact_at_tokens,
-                                                                     keep_turns=c.keep_turns, summary=c.summary)
+    compaction = None if c.compaction == "off" else Compaction(at_tokens=int(COMPACT_AT * r.max_tokens),
+                                                               keep_turns=c.keep_turns, summary=c.compaction)
     limits = SandboxLimits(cpus=s.cpus, memory_mb=s.memory_mb, pids=s.pids, output_cap_bytes=s.output_cap_bytes)
     return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
                        wall_clock_s=r.wall_clock_limit_s, command_timeout_s=s.command_timeout_s,

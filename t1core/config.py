@@ -198,22 +198,19 @@ class RolloutSection:
 
 @dataclass(frozen=True, kw_only=True)
 class ContextSection:
-    compact_at_tokens: int | None = _field(
-        None, "fold the history when a context reaches this many tokens (the task, a summary, the last keep_turns "
-        "turns verbatim); each context trains as a segment sharing the episode's reward; rollout.max_tokens then "
-        "bounds each context, not the episode; none = off (the episode ends at rollout.max_tokens)")
+    compaction: Literal["off", "extractive", "policy"] = _field(
+        "off", "fold the history when a context reaches 0.8 x rollout.max_tokens (the task, a summary, the last "
+        "keep_turns turns verbatim) and go on in the new context, each context trained as a segment sharing the "
+        "episode's reward; the summary is 'extractive' (each command, exit code, first output line; deterministic) "
+        "or written by the 'policy' (not trained on); rollout.max_tokens then bounds each context, not the episode; "
+        "'off': the episode ends at rollout.max_tokens")
     keep_turns: int = _field(4, "turns a compacted context keeps verbatim after the summary")
-    summary: Literal["extractive", "policy"] = _field(
-        "extractive", "who summarises the folded turns: 'extractive' (each command, exit code and first output line; "
-        "deterministic) or 'policy' (the policy writes it; not trained on)")
     observation_max_tokens: int | None = _field(
         None, "tokens of a command's output the agent is shown (head and tail, a marker between); none = no cap "
         "beyond sandbox.output_cap_bytes")
 
     def __post_init__(self) -> None:
         _check_types(self)
-        _check(self.compact_at_tokens is None or self.compact_at_tokens >= 2, "context.compact_at_tokens",
-               ">= 2 or none", self.compact_at_tokens)
         _check(self.keep_turns >= 1, "context.keep_turns", ">= 1", self.keep_turns)
         _check(self.observation_max_tokens is None or self.observation_max_tokens >= 16,
                "context.observation_max_tokens", ">= 16 or none", self.observation_max_tokens)
@@ -460,9 +457,6 @@ class RunConfig:
                f">= rollout.max_tokens ({self.rollout.max_tokens})", self.algo.minibatch_tokens)
         _check(self.warmstart.sft_minibatch_tokens >= self.rollout.max_tokens, "warmstart.sft_minibatch_tokens",
                f">= rollout.max_tokens ({self.rollout.max_tokens})", self.warmstart.sft_minibatch_tokens)
-        _check(self.context.compact_at_tokens is None or self.context.compact_at_tokens < self.rollout.max_tokens,
-               "context.compact_at_tokens", f"< rollout.max_tokens ({self.rollout.max_tokens}) or none",
-               self.context.compact_at_tokens)
         _check(self.algo.advantage_norm != "group" or self.rollout.group_size >= 2, "algo.advantage_norm",
                "'group' only with rollout.group_size >= 2 (a lone episode would be its own baseline)",
                self.algo.advantage_norm)

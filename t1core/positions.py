@@ -1,7 +1,7 @@
 """The model's positions bound every context the run puts through it: checked before anything is built.
 
 A context (one engine request: prompt plus reply) holds at most `rollout.max_tokens` tokens: the agent loop caps each
-reply to the room left. With context compaction (`context.compact_at_tokens`) an episode runs
+reply to the room left. With context compaction (`context.compaction`) an episode runs
 through several contexts, each within that bound, so an episode of any number of turns fits the positions. The model
 reaches `ModelConfig.max_positions`: its max_position_embeddings, or more under YaRN (`rope_scaling` in a checkpoint's
 config.json, HF's way to switch it on).
@@ -9,6 +9,7 @@ config.json, HF's way to switch it on).
 
 from __future__ import annotations
 
+from rollout.compaction import COMPACT_AT
 from t1core.config import RunConfig
 from t1model.model import ModelConfig
 
@@ -32,7 +33,7 @@ def check_positions(cfg: RunConfig, mcfg: ModelConfig, *, source: str) -> None:
     positions = mcfg.max_positions
     how = (f"max_position_embeddings={mcfg.max_position_embeddings}" if mcfg.rope_scaling is None else
            f"YaRN factor {mcfg.rope_scaling.factor:g} over {mcfg.rope_scaling.original_max_position_embeddings}")
-    fix = ("lower it, compact the context (context.compact_at_tokens), or give the checkpoint YaRN rope_scaling in its "
+    fix = ("lower it, compact the context (context.compaction), or give the checkpoint YaRN rope_scaling in its "
            "config.json")
     if cfg.rollout.max_tokens > positions:
         raise ValueError(f"rollout.max_tokens={cfg.rollout.max_tokens}: a context would run past the model's "
@@ -46,7 +47,8 @@ def describe_context(cfg: RunConfig, mcfg: ModelConfig) -> str:
     """The planner's line on how long an episode may run within the model's positions."""
     r, c = cfg.rollout, cfg.context
     head = f"context: {r.max_tokens} of the model's {mcfg.max_positions} positions per context"
-    if c.compact_at_tokens is None:
+    if c.compaction == "off":
         return f"{head}; no compaction: an episode ends when its one context is full ({r.max_turns} turns at most)"
-    return (f"{head}; history folded at {c.compact_at_tokens} tokens (task + summary + last {c.keep_turns} turns), so "
-            f"episodes reach rollout.max_turns={r.max_turns} in several contexts, each trained as a segment")
+    return (f"{head}; history folded at {int(COMPACT_AT * r.max_tokens)} tokens (task + {c.compaction} summary + "
+            f"last {c.keep_turns} turns), so episodes reach rollout.max_turns={r.max_turns} in several contexts, "
+            "each trained as a segment")

@@ -94,7 +94,7 @@ def test_segments_share_the_reward_and_cut_episodes_follow_the_option() -> None:
     (["-m", "t1core.train", "--rollout.max_tokens=5000", "--algo.minibatch_tokens=8192",
       "--warmstart.sft_minibatch_tokens=8192"], "rollout.max_tokens=5000: a context would run past the model's 4096"),
     (["-m", "t1core.plan", "--config", "t1core/configs/qwen3_30b_a3b_harbor.toml", "--rollout.max_tokens=65536",
-      "--context.compact_at_tokens=none"], "past the model's 40960 positions"),
+      "--context.compaction=off"], "past the model's 40960 positions"),
 ])
 def test_position_check_refuses_overlong_contexts(args: list[str], needle: str) -> None:
     out = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
