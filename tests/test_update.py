@@ -52,6 +52,26 @@ def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets(
     torch.testing.assert_close(s.returns_T, target_T, rtol=0, atol=1e-6)
 
 
+def test_a_cut_episode_bootstraps_from_the_critic_at_its_last_sampled_token() -> None:
+    """algo.cut_episodes='bootstrap': a trajectory cut by the turn limit (reward 0, as `t1core.segments` passes it)
+    has value targets equal to the critic's value at its last sampled token (gamma = lambda = 1); a finished one
+    still targets its reward."""
+    g = torch.Generator().manual_seed(0)
+    trajs = [_trajectory(g, 30, 0.0), _trajectory(g, 24, 2.0)]
+    trajs[0].finish_reason = "max_turns"
+    policy = MoEModel(SMALL, seed=0)
+    critic = ValueModel.from_policy(policy)
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)
+    algo = AlgoSection(use_r3=False, advantage_norm="none", negative_adv_scale=1.0, cut_episodes="bootstrap")
+    (s,), _ = score(trajs, [0.0, 2.0], policy=policy, critic=critic, ref_policy=None, algo=algo, temperature=1.0)
+    b = s.batch
+    cut = b.loss_mask_T & (b.traj_index_T == 0)
+    last_value = s.old_values_T[cut.nonzero()[-1]]
+    torch.testing.assert_close(s.returns_T[cut], last_value.expand(int(cut.sum())), rtol=0, atol=1e-6)
+    done = b.loss_mask_T & (b.traj_index_T == 1)
+    torch.testing.assert_close(s.returns_T[done], torch.full((int(done.sum()),), 2.0), rtol=0, atol=1e-6)
+
+
 def test_policy_logprobs_on_loss_rows_only_match_the_full_head() -> None:
     g = torch.Generator().manual_seed(3)
     b = pack([_trajectory(g, 30, 1.0), _trajectory(g, 21, 0.0)], with_routing=False)
