@@ -30,7 +30,7 @@ TOKENS = int(os.environ.get("T1_LONG_TOKENS", "32768"))
 
 
 def _per_turn(stamps: list[tuple[float, float]], turn: int) -> str:
-    if turn > len(stamps) - 1:
+    if not 2 <= turn <= len(stamps):
         return f"turn {turn}: -"
     (w0, c0), (w1, c1) = stamps[turn - 2], stamps[turn - 1]
     return f"turn {turn}: {c1 - c0:.3f} s CPU / {w1 - w0:.3f} s wall"
