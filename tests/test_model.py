@@ -339,8 +339,11 @@ def test_real_qwen3_30b_config_maps_to_preset() -> None:
     assert cfg == ModelConfig.qwen3_30b_a3b()
     hf_cfg = transformers.Qwen3MoeConfig(**config_to_hf(cfg, dtype=torch.bfloat16))
     assert (hf_cfg.num_experts, hf_cfg.rope_parameters["rope_theta"], hf_cfg.head_dim) == (128, 1e6, 128)
-    with pytest.raises(ValueError, match="rope_scaling"):
-        config_from_hf({**published, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    # Qwen3's documented switch to 131,072 positions (YaRN, factor 4 over 32,768), as its model card writes it.
+    yarn = config_from_hf({**published, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                         "original_max_position_embeddings": 32768}})
+    assert yarn.rope_scaling == YarnScaling(factor=4.0, original_max_position_embeddings=32768)
+    assert yarn.max_positions == 131072 and cfg.max_positions == 40960
 
 
 def test_yarn_parity_with_transformers_both_ways(tmp_path) -> None:
