@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import time
-from pathlib import Path
 
 import torch
 
@@ -24,13 +23,9 @@ from t1model.tokenizer import ChatTokenizer
 
 
 class EchoShell:
-    """Stands in for the sandbox: each command 'prints' a few lines naming it; records when each turn's command ran."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
+    """Stands in for the sandbox: each command 'prints' a few lines naming it."""
 
     def run(self, command: str, *, timeout: float) -> CommandResult:
-        self.times.append(time.perf_counter())
         out = "\n".join(f"{command[:40]} line {i}" for i in range(4))
         return CommandResult(exit_code=0, output=out, timed_out=False, truncated=False, duration_s=0.0)
 
