@@ -5,7 +5,8 @@ samples a reply to the full token sequence so far, the tool call is parsed from 
 is for parsing and display only; the IDs are kept verbatim), the sandbox runs the command, and the output
 is tokenized on its own as the next user message and appended (see `rollout.tito`). The episode ends when
 the agent writes the done marker without a tool call, or at the turn limit, the token budget or the wall-clock limit; then
-the task's verifiers run and the dense reward (verifiers passed) is attached.
+the task's verifiers run and the dense reward (verifiers passed) is attached. With compaction on, a full context is
+folded into a new one and the episode goes on (`rollout.compaction`).
 
 A reply without a parseable tool call is answered with an error observation (counted in metrics). A
 sandbox failure (`SandboxError`: container died, shell gone) ends that episode with the reason recorded,
@@ -23,10 +24,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.compaction import SUMMARY_REQUEST, Compaction, cap_observation, extractive_summary, fit_summary
 from rollout.engine import Engine, SamplingParams
 from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
-from rollout.trajectory import Trajectory
+from rollout.trajectory import Trajectory, Turn
 from sandbox.docker_sandbox import MIN_OUTPUT_CAP, MIN_PIDS
 from sandbox.errors import SandboxError
 from sandbox.task_images import TaskImage
@@ -96,6 +98,12 @@ class AgentConfig:
     """Run the task's verifiers at the end (reward = verifiers passed)."""
     sandbox: SandboxLimits = SandboxLimits()
     """Limits of the episode's container (`run_episodes` starts it with them)."""
+    compaction: Compaction | None = None
+    """Fold the history when a context fills (`rollout.compaction`; the trainer's [context] section): max_tokens then
+    bounds each context, not the episode, and the episode returns its earlier contexts as `Trajectory.earlier`.
+    None: the episode ends at max_tokens."""
+    observation_max_tokens: int | None = None
+    """Tokens of a command's output the agent is shown at most (head and tail, a marker between); None: no cap."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_reply_tokens"):
@@ -109,6 +117,12 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.wall_clock_s must be > 0 or None, got {self.wall_clock_s}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"AgentConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.compaction is not None and self.compaction.at_tokens >= self.max_tokens:
+            raise ValueError(f"AgentConfig.compaction.at_tokens must be < max_tokens ({self.max_tokens}), "
+                             f"got {self.compaction.at_tokens}")
+        if self.observation_max_tokens is not None and self.observation_max_tokens < 16:
+            raise ValueError(f"AgentConfig.observation_max_tokens must be >= 16 or None, "
+                             f"got {self.observation_max_tokens}")
 
 
 @dataclass(frozen=True)
@@ -147,9 +161,14 @@ class _Episode:
                                           "cached_prompt_tokens": 0, "prefilled_prompt_tokens": 0,
                                           "generate_s": 0.0, "command_s": 0.0}
         self.versions: set[int] = set()
+        self.segments: list[Trajectory] = []  # contexts left by compaction, oldest first
+        self.folded: list[Turn] = []  # turns replaced by the summary so far
+        self.carried: list[Turn] = []  # turns the current context holds verbatim in its prompt
+        self.summary_lines: list[str] = []
         self.start = time.monotonic()
         limit = config.wall_clock_s if config.wall_clock_s is not None else task.agent_timeout_s
         self.deadline = self.start + limit
+        self._instruction = task.instruction  # the current context's (with the summary once compacted)
 
     def _stop_reason(self) -> str | None:
         if time.monotonic() >= self.deadline:
@@ -199,14 +218,51 @@ class _Episode:
             exit_code = None if res.timed_out else res.exit_code
         self.builder.set_turn_result(command=action.command, output=output, exit_code=exit_code,
                                      tool_error=action.error)
+        body = cap_observation(output, self.tok, max_tokens=self.cfg.observation_max_tokens)
         self.builder.add_observation(glue_ids(sampled, comp.finish_reason, self.turn_end),
-                                     self.tok.encode_tool_response(output))
+                                     self.tok.encode_tool_response(output, body_ids=body))
         return None
+
+    def compact(self, turn: int) -> bool:
+        """Go on in a new context when this one is full (module `rollout.compaction`); False when it cannot (one
+        turn fills it: nothing to fold). The last keep_turns turns stay, fewer when only they are left."""
+        c, old = self.cfg.compaction, self.builder
+        keep = min(c.keep_turns, len(old.turns) - 1)  # a context of long turns keeps fewer, never none
+        if keep < 1:
+            return False
+        folded = self.carried + old.turns[:len(old.turns) - keep]  # the turns carried in last time fold now
+        self.carried = old.turns[len(old.turns) - keep:]
+        self.summary_lines += self._summarize(folded, turn)
+        self.folded += folded
+        summary = fit_summary(self.summary_lines, self.tok, budget=c.summary_budget)
+        kept_ids = old.ids[old.turns[-keep].start:] + old.pending
+        self.segments.append(self._build(old, "compacted", instruction=self._instruction))
+        self._instruction = f"{self.task.instruction}\n\n{summary}"
+        self.builder = TitoBuilder(self.tok.encode_prompt(self.cfg.system_prompt, self._instruction) + kept_ids)
+        self.metrics["compactions"] = self.metrics.get("compactions", 0) + 1
+        return True
+
+    def _summarize(self, folded: list[Turn], turn: int) -> list[str]:
+        if self.cfg.compaction.summary == "extractive":
+            return extractive_summary(folded, first_turn=len(self.folded))
+        transcript = "\n".join(extractive_summary(folded, first_turn=len(self.folded)))
+        params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                max_new_tokens=min(self.cfg.max_reply_tokens, self.cfg.compaction.summary_budget),
+                                stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn, 2))
+        prompt = self.tok.encode_prompt(SUMMARY_REQUEST, transcript)
+        comp = self.engine.submit(prompt, params).result(timeout=max(1.0, self.deadline - time.monotonic()))
+        body = comp.token_ids[:-1] if comp.finish_reason == "stop" else comp.token_ids
+        return [self.tok.decode(body).strip()]
 
     def run(self) -> Trajectory:
         reason = "max_turns"
         try:
             for turn in range(self.cfg.max_turns):
+                c = self.cfg.compaction
+                if c is not None and len(self.builder.ids) + self.builder.pending_len() >= c.at_tokens:
+                    if not self.compact(turn):
+                        reason = "token_budget"
+                        break
                 stop = self._stop_reason()
                 if stop is not None:
                     reason = stop
@@ -232,12 +288,23 @@ class _Episode:
             except SandboxError as e:
                 reason = f"{reason}; verifier sandbox_error: {type(e).__name__}: {e}"
         # A weight update between turns makes the episode off-policy for its early turns: recorded, not hidden.
-        self.metrics.update(turns=len(self.builder.turns), wall_s=time.monotonic() - self.start,
-                            tito_prefix_checks=self.builder.prefix_checks, policy_versions=len(self.versions))
-        return self.builder.build(task_name=self.task.name, finish_reason=reason,
-                                  policy_version=min(self.versions, default=self.engine.policy_version),
-                                  reward=reward, verifier=verifier, metrics=self.metrics,
-                                  system_prompt=self.cfg.system_prompt, instruction=self.task.instruction)
+        num_turns = sum(len(s.turns) for s in self.segments) + len(self.builder.turns)
+        self.metrics.update(turns=num_turns, wall_s=time.monotonic() - self.start,
+                            tito_prefix_checks=self.builder.prefix_checks
+                            + sum(s.metrics["tito_prefix_checks"] for s in self.segments),
+                            policy_versions=len(self.versions), segments=len(self.segments) + 1)
+        for seg in self.segments:  # every segment carries the episode's outcome (its reward is theirs)
+            seg.reward, seg.verifier, seg.finish_reason = reward, verifier, f"compacted; episode: {reason}"
+        last = self._build(self.builder, reason, instruction=self._instruction, reward=reward, verifier=verifier,
+                           metrics=self.metrics)
+        last.earlier = self.segments
+        return last
+
+    def _build(self, builder: TitoBuilder, reason: str, *, instruction: str, **meta: Any) -> Trajectory:
+        meta.setdefault("metrics", {"tito_prefix_checks": builder.prefix_checks, "turns": len(builder.turns)})
+        return builder.build(task_name=self.task.name, finish_reason=reason,
+                             policy_version=min(self.versions, default=self.engine.policy_version),
+                             system_prompt=self.cfg.system_prompt, instruction=instruction, **meta)
 
 
 def run_episode(engine: Engine, tok: ChatTokenizer, sandbox: Any, task: Task, *, config: AgentConfig | None = None,

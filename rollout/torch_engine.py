@@ -116,6 +116,10 @@ class TorchEngine:
     def __init__(self, model: nn.Module, config: EngineConfig | None = None) -> None:
         self.model = model.eval()
         self.config = cfg = config or EngineConfig()
+        positions = model.config.max_positions
+        if cfg.max_seq_len > positions:
+            raise ValueError(f"EngineConfig.max_seq_len={cfg.max_seq_len}: beyond the model's {positions} positions "
+                             "(max_position_embeddings, or more under YaRN rope_scaling)")
         self.cache = model.new_kv_cache(num_slots=cfg.num_slots, max_seq_len=cfg.max_seq_len)
         self._slots = [_Slot() for _ in range(cfg.num_slots)]
         self._queue: deque[_Request] = deque()

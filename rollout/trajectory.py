@@ -81,7 +81,10 @@ class Trajectory:
     system_prompt: str = ""
     """The system message of the prompt (for display and drift measurement; the IDs are authoritative)."""
     instruction: str = ""
-    """The task instruction of the prompt (idem)."""
+    """The task instruction of the prompt (idem; with the summary of folded turns in a compacted context)."""
+    earlier: list[Trajectory] = field(default_factory=list)
+    """The episode's earlier segments, oldest first, when its history was compacted (`rollout.compaction`): each
+    a trajectory of its own context, sharing this one's reward. Not saved with it (the trainer saves each segment)."""
 
     def __post_init__(self) -> None:
         T = self.token_ids.shape[0] if self.token_ids.dim() == 1 else -1
@@ -114,6 +117,10 @@ class Trajectory:
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
 
+    def segments(self) -> list[Trajectory]:
+        """Every context of the episode in order: the earlier segments, then this one."""
+        return [*self.earlier, self]
+
     def sampled_ids(self) -> list[list[int]]:
         """Each turn's sampled IDs, in order."""
         ids = self.token_ids.tolist()
@@ -124,7 +131,7 @@ class Trajectory:
                 "task_name": self.task_name, "finish_reason": self.finish_reason,
                 "policy_version": self.policy_version, "reward": self.reward, "verifier": self.verifier,
                 "metrics": self.metrics, "system_prompt": self.system_prompt, "instruction": self.instruction,
-                "num_tokens": self.num_tokens}
+                "num_tokens": self.num_tokens, "segments": len(self.earlier) + 1}
 
 
 def _atomic_write(path: Path, write: Any) -> None:

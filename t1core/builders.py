@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ import torch
 
 from rollout import vllm_api
 from rollout.agent import AgentConfig, SandboxLimits
+from rollout.compaction import COMPACT_AT, Compaction
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_convert import check_temperature
 from rollout.vllm_engine import VLLMEngine
@@ -25,13 +27,16 @@ from sandbox.base_image import ensure_base_image
 from sandbox.decontaminate import check_dirs
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task
-from t1core import distributed, evaluation
+from sandbox.cli import bad_input
+from sandbox.reap import reap
+from t1core import cli, distributed, evaluation
 from t1core.config import RunConfig
+from t1core.positions import check_positions, engine_length
 from t1core.step import SeedBlock
 from t1model.device import check_device
 from t1model.dtypes import DTYPES
-from t1model.hf_io import load_pretrained
-from t1model.model import PRESETS, MoEModel, ValueModel, set_moe_recompute
+from t1model.hf_io import config_from_hf, load_pretrained
+from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel, set_moe_recompute
 from t1core.rollout_ranks import RolloutRanks
 from t1model.tokenizer import ChatTokenizer
 
@@ -44,6 +49,11 @@ class TaskSets:
     heldout_fixed: list[Task]
     images: dict[str, TaskImage] = field(default_factory=dict)   # task name -> image (and preloaded files)
     benchmarks: dict[str, list[Task]] = field(default_factory=dict)  # eval.source's directories by name
+
+    @property
+    def num_eval_tasks(self) -> int:
+        """Tasks an evaluation runs: the built-in held-out split's and the benchmarks'."""
+        return len(self.heldout_family) + len(self.heldout_fixed) + sum(map(len, self.benchmarks.values()))
 
     def all(self) -> list[Task]:
         bench = [t for ts in self.benchmarks.values() for t in ts]
@@ -83,6 +93,21 @@ def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {t.source!r}")
     tasks = [load_task(p) for p in sorted(root.iterdir()) if p.is_dir()]
     return TaskSets(tasks, tasks, [], [])
+
+
+def prepare_tasks(cfg: RunConfig, run_dir: Path, dp: distributed.DataParallel) -> TaskSets:
+    """The run's task sets on every rank: the main rank writes the task directories (a malformed task, or eval.source
+    overlapping tasks.source, is the user's input: one line, exit 2), removes containers left by crashed runs and
+    builds the images; all ranks then run sandboxes. Says so when the run will evaluate nothing."""
+    tasks = None
+    if dp.is_main:
+        with bad_input(cli.parser()):
+            tasks = load_tasks(cfg, run_dir)
+        reap()
+        build_images(tasks, cfg)
+        if not tasks.num_eval_tasks:
+            print(f"evaluation: none ({evaluation.nothing_reason(cfg)})", flush=True)
+    return dp.broadcast(tasks)
 
 
 def build_images(tasks: TaskSets, cfg: RunConfig) -> None:
@@ -157,6 +182,8 @@ def check_config(cfg: RunConfig) -> None:
     for source in cfg.eval.source:
         if source != evaluation.BUILTIN and not Path(source).is_dir():
             raise ValueError(f"eval.source: expected 'builtin' or directories of tasks, got {source!r}")
+    mcfg, source = _shape(cfg)
+    check_positions(cfg, mcfg, source=source)
     pretrains(cfg)
     shard_options(cfg)
     if cfg.rollout.engine == "vllm":
@@ -178,6 +205,14 @@ def check_decontaminated(cfg: RunConfig) -> None:
         raise ValueError(f"tasks.decontaminate_against: {len({(x.train, x.eval) for x in found})} pairs of "
                          f"training and evaluation tasks overlap, e.g. {Path(o.train).name} and {o.eval} "
                          f"({o.kind}: {o.evidence[:80]}); python -m sandbox.decontaminate lists them")
+
+
+def _shape(cfg: RunConfig) -> tuple[ModelConfig, str]:
+    """The policy's shape without its weights, and where it came from."""
+    name = cfg.model.name
+    if Path(name).is_dir():
+        return config_from_hf(json.loads((Path(name) / "config.json").read_text())), f"{name}/config.json"
+    return PRESETS[name](), f"preset {name}"
 
 
 def pretrains(cfg: RunConfig) -> bool:
@@ -209,7 +244,7 @@ def make_engine(policy: MoEModel, cfg: RunConfig,
     if r.engine == "vllm":
         return _make_vllm_engine(policy, cfg, dp or distributed.DataParallel.single())
     ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
-                        max_seq_len=r.max_seq_len, batch_invariant=r.batch_invariant)
+                        max_seq_len=engine_length(cfg, policy.config), batch_invariant=r.batch_invariant)
     dtype = DTYPES[cfg.model.dtype]
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
         engine_model = load_pretrained(cfg.model.name, dtype=dtype, device=cfg.run.device)
@@ -272,12 +307,13 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataPara
     r, v = cfg.rollout, cfg.vllm
     if not rollout_ranks(cfg, dp).owns_engine:
         return None
+    max_len = engine_length(cfg, policy.config)
     nccl = None
     if v.placement == "disaggregated":  # the owning trainer rank is NCCL rank 0, vLLM's workers the others
         host, port = v.nccl_host_port
         nccl = {"master_address": host, "master_port": port, "world_size": 1 + v.tensor_parallel_size}
     kw = dict(tensor_parallel_size=v.tensor_parallel_size, gpu_memory_utilization=v.gpu_memory_utilization,
-              max_model_len=r.max_seq_len, enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[v.dtype],
+              max_model_len=max_len, enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[v.dtype],
               seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
               local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
     if distributed.is_sharded(policy):
@@ -296,13 +332,15 @@ def _trainer_device(cfg: RunConfig) -> torch.device:
 def agent_config(cfg: RunConfig, *, temperature: float | None = None, task_timeouts: bool = False) -> AgentConfig:
     """The agent's limits and sampling; `task_timeouts`: each episode is cut at its own task's agent timeout
     (task.toml) instead of rollout.wall_clock_limit_s (benchmark tasks: their timeouts are part of the benchmark)."""
-    r, s = cfg.rollout, cfg.sandbox
+    r, s, c = cfg.rollout, cfg.sandbox, cfg.context
+    compaction = None if c.compaction == "off" else Compaction(at_tokens=int(COMPACT_AT * r.max_tokens),
+                                                               keep_turns=c.keep_turns, summary=c.compaction)
     limits = SandboxLimits(cpus=s.cpus, memory_mb=s.memory_mb, pids=s.pids, output_cap_bytes=s.output_cap_bytes)
     return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
                        wall_clock_s=None if task_timeouts else r.wall_clock_limit_s,
                        command_timeout_s=s.command_timeout_s,
                        temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
-                       sandbox=limits)
+                       sandbox=limits, compaction=compaction, observation_max_tokens=c.observation_max_tokens)
 
 
 def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:

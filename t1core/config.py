@@ -194,6 +194,26 @@ class RolloutSection:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContextSection:
+    compaction: Literal["off", "extractive", "policy"] = _field(
+        "off", "fold the history when a context reaches 0.8 x rollout.max_tokens (the task, a summary, the last "
+        "keep_turns turns verbatim) and go on in the new context, each context trained as a segment sharing the "
+        "episode's reward; the summary is 'extractive' (each command, exit code, first output line; deterministic) "
+        "or written by the 'policy' (not trained on); rollout.max_tokens then bounds each context, not the episode; "
+        "'off': the episode ends at rollout.max_tokens")
+    keep_turns: int = _field(4, "turns a compacted context keeps verbatim after the summary")
+    observation_max_tokens: int | None = _field(
+        None, "tokens of a command's output the agent is shown (head and tail, a marker between); none = no cap "
+        "beyond sandbox.output_cap_bytes")
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check(self.keep_turns >= 1, "context.keep_turns", ">= 1", self.keep_turns)
+        _check(self.observation_max_tokens is None or self.observation_max_tokens >= 16,
+               "context.observation_max_tokens", ">= 16 or none", self.observation_max_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
 class VllmSection:
     """Settings of the vLLM rollout engine (read only with rollout.engine='vllm')."""
 
@@ -250,6 +270,10 @@ class AlgoSection:
     outcome_bonus: float = _field(1.0, "reward added when every verifier passes (on top of the verifier count)")
     turn_penalty: float = _field(0.0, "reward subtracted per assistant turn (>= 0); 0 = off")
     format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
+    cut_episodes: Literal["bootstrap", "terminal", "mask"] = _field(
+        "terminal", "how an episode cut by rollout.max_turns, the token budget or the wall clock trains: 'terminal' "
+        "(scored by its verifiers where it stopped, as finished ones), 'bootstrap' (no outcome yet: its return is the "
+        "critic's value at the cut; the long-horizon presets), 'mask' (left out of the update)")
     bitwise: Literal["auto", "on", "off"] = _field(
         "auto", "'on': the trainer's policy forward runs the batch-invariant engine's products, attention and "
         "log-softmax (t1kernels.rows), so its log-probs and routing equal the rollout's bit for bit; every step checks "
@@ -413,6 +437,7 @@ class RunConfig:
     tasks: TasksSection = field(default_factory=TasksSection)
     sandbox: SandboxSection = field(default_factory=SandboxSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
+    context: ContextSection = field(default_factory=ContextSection)
     vllm: VllmSection = field(default_factory=VllmSection)
     algo: AlgoSection = field(default_factory=AlgoSection)
     warmstart: WarmstartSection = field(default_factory=WarmstartSection)

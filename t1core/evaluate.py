@@ -59,10 +59,5 @@ def evaluate(collect: Collect, tasks: TaskSets, tag: str, *, cfg: RunConfig, run
                                    desc=f"eval {tag} {name} {kind}", temperature=temperature, task_timeouts=True)
             if dp.is_main:
                 out.update(evaluation.score(run_dir, tag, name, kind, trajs))
-    out["eval/tasks"] = float(num_eval_tasks(tasks))
+    out["eval/tasks"] = float(tasks.num_eval_tasks)
     return out
-
-
-def num_eval_tasks(tasks: TaskSets) -> int:
-    """Tasks an evaluation runs: the built-in held-out split's and the benchmarks'."""
-    return len(tasks.heldout_family) + len(tasks.heldout_fixed) + sum(map(len, tasks.benchmarks.values()))

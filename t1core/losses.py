@@ -86,7 +86,7 @@ def place_terminal_rewards(rewards_N: torch.Tensor, mask_T: torch.Tensor,
 
 
 def gae(rewards_T: torch.Tensor, values_T: torch.Tensor, mask_T: torch.Tensor, cu_seqlens_N1: torch.Tensor,
-        *, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+        *, gamma: float, lam: float, bootstrap_N: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level GAE over packed trajectories -> (advantages_T, returns_T), both 0 off the mask.
 
     The decision steps of a trajectory are its sampled tokens only, in order: observation and glue tokens
@@ -94,7 +94,8 @@ def gae(rewards_T: torch.Tensor, values_T: torch.Tensor, mask_T: torch.Tensor, c
     discount. For sampled tokens s_1..s_n of one trajectory:
         delta_i = r(s_i) + gamma * V(s_{i+1}) - V(s_i)   (V(s_{n+1}) = 0: the episode ends, no bootstrap)
         A_i = delta_i + gamma * lam * A_{i+1},   returns_i = A_i + V(s_i).
-    Episodes cut by a turn/token/time budget are terminal too: the verifiers score them where they stopped.
+    `bootstrap_N` (bool [N], algo.cut_episodes='bootstrap'): trajectory n was cut before its end, so its last
+    sampled token bootstraps from the critic's value at the cut, V(s_{n+1}) := V(s_n), instead of ending at 0.
     Rewards must sit on sampled tokens (e.g. via `place_terminal_rewards`); one elsewhere is a ValueError.
     Computed in float64 with a log-depth scan (no Python loop over tokens); results in values_T's dtype.
     """
@@ -117,7 +118,10 @@ def gae(rewards_T: torch.Tensor, values_T: torch.Tensor, mask_T: torch.Tensor, c
     next_T = torch.cat([first_from_T[1:], first_from_T.new_full((1,), T)])
     next_safe_T = next_T.clamp(max=T - 1)
     has_next_T = (next_T < T) & (traj_T[next_safe_T] == traj_T)
-    delta_T = _masked(r_T + gamma * torch.where(has_next_T, v_T[next_safe_T], 0.0) - v_T, mask_T)
+    end_value_T = torch.zeros_like(v_T)
+    if bootstrap_N is not None:  # the value at the cut stands for the return the episode did not get to
+        end_value_T = torch.where(bootstrap_N.to(mask_T.device)[traj_T], v_T, 0.0)
+    delta_T = _masked(r_T + gamma * torch.where(has_next_T, v_T[next_safe_T], end_value_T) - v_T, mask_T)
 
     # A_t = delta_t + c_t * A_{t+1}: c = gamma*lam on sampled tokens, 1 on skipped ones (A passes through
     # to the next sampled token), 0 at each trajectory's last token (episodes do not leak into each other).

@@ -263,14 +263,14 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float]) -> dict[str, 
     """One RL step's rollout rows: rewards, success, lengths, malformed replies, sandbox errors, episode times."""
     n = len(trajs)
     verified = [t.verifier for t in trajs if t.verifier]
-    tokens = sum(t.num_tokens for t in trajs)
+    segs = [s for t in trajs for s in t.segments()]  # every context of a compacted episode
     out = {
         "reward/dense_mean": sum(v["passed"] for v in verified) / n,
         "reward/shaped_mean": sum(rewards) / n,
         "outcome/rate": sum(map(solved, trajs)) / n,
-        "rollout/turns_mean": sum(len(t.turns) for t in trajs) / n,
-        "rollout/tokens": float(tokens),
-        "rollout/sampled_tokens": float(sum(int(t.loss_mask.sum()) for t in trajs)),
+        "rollout/turns_mean": sum(len(s.turns) for s in segs) / n,
+        "rollout/tokens": float(sum(s.num_tokens for s in segs)),
+        "rollout/sampled_tokens": float(sum(int(s.loss_mask.sum()) for s in segs)),
         "rollout/malformed_tool_calls": float(sum(t.metrics.get("malformed_tool_calls", 0) for t in trajs)),
         "rollout/sandbox_errors": float(sum(t.finish_reason.startswith("sandbox_error") for t in trajs)),
         "tito/prefix_checks": float(sum(t.metrics.get("tito_prefix_checks", 0) for t in trajs)),

@@ -38,6 +38,7 @@ from sandbox.cli import Parser
 from t1core.config import RunConfig, _check, _check_types, _field
 from t1core.config_compat import PLAN_KEYS
 from t1core.config_toml import PLANNER_TABLE, _coerce, load_config, read_toml
+from t1core.positions import check_positions, describe_context, engine_length
 from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
 GIB = 2**30
@@ -256,7 +257,7 @@ def _engine_rows(cfg: RunConfig, mcfg: ModelConfig, *, n_policy: int, compute: i
     # TorchEngine keeps 2 slots per episode (prefix reuse); vLLM pages its cache: one sequence per episode.
     slots = 2 * max(r.concurrency, 1) if where == "gpu" and engine == "torch" else max(r.concurrency, 1)
     slots *= world if where == "engine GPU" else 1
-    seq = r.max_seq_len
+    seq = engine_length(cfg, mcfg)
     kv = 2 * mcfg.num_hidden_layers * slots * mcfg.num_key_value_heads * seq * mcfg.head_dim * compute // split_kv
     head_fp32 = 4 * mcfg.vocab_size * mcfg.hidden_size if compute != 4 and engine == "torch" else 0
     what = "whole policy" if split_w == 1 else f"policy / {split_w} tensor-parallel GPUs"
@@ -269,6 +270,7 @@ def plan(cfg: RunConfig, hw: Hardware) -> Plan:
     """The per-rank memory plan of `cfg` on the hardware `hw`."""
     par = cfg.parallel
     mcfg, source = model_shape(cfg.model.name)
+    check_positions(cfg, mcfg, source=source)
     world = hw.world
     compute = _DTYPE_BYTES[cfg.model.dtype]
     mixed = compute != 4
@@ -364,6 +366,7 @@ def format_plan(p: Plan, cfg: RunConfig, hw: Hardware) -> str:
                      f"{p.host_bytes_per_node / GIB:>9.2f}  of {hw.host_mem_gib:g}")
     if cfg.rollout.engine == "vllm":
         lines.append(vllm_layout(cfg, world=p.world))
+    lines.append(describe_context(cfg, p.model))
     engine = next(r for r in p.rows if r.name.startswith("engine weights"))
     if engine.bytes > p.gpu_limit:
         lines.append(f"the engine's weights alone ({engine.bytes / GIB:.1f} GiB) exceed one GPU: this model needs a "

@@ -68,7 +68,8 @@ def solved(traj: Any) -> bool:
 def shaped_reward(traj: Any, algo: AlgoSection) -> float:
     """The one reward the update sees: the trajectory's dense reward (verifiers passed, `Trajectory.reward`), plus
     the outcome bonus when all pass, minus the optional per-turn and malformed-reply penalties."""
-    return (traj.reward + algo.outcome_bonus * solved(traj) - algo.turn_penalty * len(traj.turns)
+    num_turns = len(traj.turns) + sum(len(s.turns) for s in traj.earlier)  # every context of a compacted episode
+    return (traj.reward + algo.outcome_bonus * solved(traj) - algo.turn_penalty * num_turns
             - algo.format_penalty * traj.metrics.get("malformed_tool_calls", 0))
 
 

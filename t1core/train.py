@@ -18,7 +18,6 @@ from rollout.agent import EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
-from sandbox.reap import reap
 from sandbox.tasks import Task
 from t1core import builders, cli, distributed
 from t1core.cli import parse_args, precision_notice  # noqa: F401  (the command line, as `train.parse_args`)
@@ -26,13 +25,13 @@ from t1core.config import RunConfig, resolved
 from t1core.config_toml import load_config  # noqa: F401  (tests and notebooks load configs through here)
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
-from t1core.evaluate import evaluate, num_eval_tasks
-from t1core.evaluation import nothing_reason
+from t1core.evaluate import evaluate
 from t1core.metrics import (MetricsLogger, Stopwatch, closing_lines, gpu_stats, plot_metrics, progress_line,
                             rollout_metrics)
 from t1core.pretrain import pretrain_base
 from t1core.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
 from t1core.export import save_hf
+from t1core.segments import cut_metrics, training_segments
 from t1core.sft import run_sft
 from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward
 from t1core.update import ActorCritic, ppo_update, score
@@ -46,15 +45,7 @@ class Trainer:
         self.dp = dp = dp or DataParallel.single()
         self.pretrains = builders.pretrains(cfg)  # checked first: a config error must not wait for image builds
         self.tok = builders.load_tokenizer(cfg)
-        tasks = None
-        if dp.is_main:  # one rank writes the task directories and builds the images; all ranks run sandboxes
-            with bad_input(cli.parser()):  # a malformed task, eval.source overlapping tasks.source: the user's input
-                tasks = builders.load_tasks(cfg, run_dir)
-            reap()  # containers left behind by crashed runs
-            builders.build_images(tasks, cfg)
-        self.tasks = dp.broadcast(tasks)
-        if dp.is_main and not num_eval_tasks(self.tasks):
-            print(f"evaluation: none ({nothing_reason(cfg)})", flush=True)
+        self.tasks = builders.prepare_tasks(cfg, run_dir, dp)  # written and built by the main rank, on every rank
         models = builders.ModelBuilder(cfg, self.tok, dp)  # load -> engine copy -> checkpoint + shard, in order
         self.actor_frozen = builders.frozen_parameters(models.policy, cfg.optim.actor_frozen)  # checked before SFT
         self.ranks = builders.rollout_ranks(cfg, dp)  # which ranks own an engine (t1core.rollout_ranks)
@@ -91,7 +82,8 @@ class Trainer:
                                  pool_size=self.ranks.parallel(self.cfg.sandbox.pool_size),
                                  on_done=lambda i, t: bar.update())
         bar.close()
-        done = self.ranks.gather([(t, self.sampled.drift(t)) for t in trajs], len(specs))  # one collective for both
+        # Drift of every segment (a compacted episode's contexts), each against the completions of its own prompts.
+        done = self.ranks.gather([(t, sum(self.sampled.drift(s) for s in t.segments())) for t in trajs], len(specs))
         return [t for t, _ in done], [d for _, d in done]
 
     def warm_start(self) -> dict[str, float]:
@@ -152,11 +144,14 @@ class Trainer:
         if self.dp.is_main:
             save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
         rewards = self.rewards(trajs)
-        metrics = rollout_metrics(trajs, rewards)
-        kept = [i for i, t in enumerate(trajs) if bool(t.loss_mask.any())]
+        metrics = {**rollout_metrics(trajs, rewards), **cut_metrics(trajs)}
+        kept = [i for i, t in enumerate(trajs) if any(bool(s.loss_mask.any()) for s in t.segments())]
         if kept:
             metrics["tito/drift_tokens"] = float(sum(drift_per[i] for i in kept))
-        return StepBatch([trajs[i] for i in kept], [rewards[i] for i in kept], [i // k for i in kept], metrics)
+        segments, seg_rewards, groups = training_segments(  # each context of a compacted episode trains alone
+            [trajs[i] for i in kept], [rewards[i] for i in kept], [i // k for i in kept],
+            cut_episodes=self.cfg.algo.cut_episodes)
+        return StepBatch(segments, seg_rewards, groups, metrics)
 
     def rewards(self, trajs: list[Trajectory]) -> list[float]:
         """Each episode's reward for the update (`t1core.step.shaped_reward`)."""

@@ -25,6 +25,7 @@ from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to
 from t1core.config import AlgoSection, OptimSection
 from t1core.step import PushPlan, StepBatch
 from t1core.distributed import DataParallel, reshard_
+from t1core.segments import bootstrap_flags
 from t1core.losses import (entropy_bonus, first_mismatch, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
                            ppo_policy_loss, routing_agreement, sft_loss, value_loss)
 
@@ -134,12 +135,14 @@ def score(batch: StepBatch, plan: PushPlan, ac: ActorCritic, *, algo: AlgoSectio
             mismatch = mismatch and (group[mismatch[0]], *mismatch[1:])
         values_T = critic_values(critic, packed, replay=replay)
         rewards_T = place_terminal_rewards(packed.reward_B, packed.loss_mask_T, packed.cu_seqlens)
+        boot = bootstrap_flags([trajectories[i] for i in group], algo.cut_episodes)
+        boot_B = None if boot is None else torch.tensor(boot)
         adv_T, ret_T = gae(rewards_T, values_T, packed.loss_mask_T, packed.cu_seqlens, gamma=algo.gamma,
-                           lam=algo.gae_lambda)
+                           lam=algo.gae_lambda, bootstrap_N=boot_B)
         if algo.critic_lambda != algo.gae_lambda:
             # Decoupled GAE: the actor's advantages use gae_lambda, the critic's targets critic_lambda.
             _, ret_T = gae(rewards_T, values_T, packed.loss_mask_T, packed.cu_seqlens, gamma=algo.gamma,
-                           lam=algo.critic_lambda)
+                           lam=algo.critic_lambda, bootstrap_N=boot_B)
         ref_T = None
         if ref_policy is not None:
             ref_T, _ = policy_logprobs(ref_policy, packed, temperature=temperature, replay=replay,

@@ -7,6 +7,8 @@ Legend: T tokens, H heads, X heads of any kind (q or kv), D/Dh head dim.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -37,20 +39,47 @@ class RMSNormFunction(torch.autograd.Function):
         return d_x, d_weight, None
 
 
-def rope_cos_sin(positions_T: torch.Tensor, *, head_dim: int, theta: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_inv_freq(head_dim: int, *, theta: float, yarn: tuple[float, int, float, float] | None = None,
+                  device: torch.device | str | None = None) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [Dh / 2] (fp32) and the factor cos and sin are scaled by, as HF computes them.
+
+    `yarn` = (factor, original_max_position_embeddings, beta_fast, beta_slow): YaRN (arXiv 2309.00071), HF's
+    `rope_type='yarn'`. Dimensions that turn fewer than beta_slow times over the original length are interpolated
+    (frequency / factor), those that turn more than beta_fast times are kept, a linear ramp between; cos and sin
+    are scaled by 0.1 ln(factor) + 1 (the attention temperature). None: plain RoPE, factor 1.
+    """
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    if yarn is None:
+        return 1.0 / pos_freqs, 1.0
+    factor, original, beta_fast, beta_slow = yarn
+
+    def correction_dim(num_rotations: float) -> float:  # the dimension that turns num_rotations times
+        return head_dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), head_dim - 1)
+    high = high + 0.001 if low == high else high  # HF's guard against a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1).to(pos_freqs.device)
+    keep = 1 - ramp  # share of the original (extrapolated) frequency
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return inv_freq, 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def rope_cos_sin(positions_T: torch.Tensor, *, head_dim: int, theta: float, dtype: torch.dtype,
+                 yarn: tuple[float, int, float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sign-folded sin tables [T, Dh] for rotate-half RoPE; angles in fp32 as HF computes them.
 
     The second table is [-sin, sin] over the two halves, so `apply_rope` needs no negation: (-x2) * s equals
-    x2 * (-s) exactly in IEEE arithmetic.
+    x2 * (-s) exactly in IEEE arithmetic. `yarn`: see `rope_inv_freq`.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions_T.device)
-                                / head_dim))
+    inv_freq, attention_factor = rope_inv_freq(head_dim, theta=theta, yarn=yarn, device=positions_T.device)
     freqs_TF = positions_T.float()[:, None] * inv_freq[None, :]
     emb_TD = torch.cat((freqs_TF, freqs_TF), dim=-1)  # full width, as HF: vectorised cos/sin tails may differ
-    sin_TD = emb_TD.sin()
+    cos_TD, sin_TD = emb_TD.cos(), emb_TD.sin()
+    if yarn is not None:  # plain RoPE keeps its bits (HF multiplies by 1.0, which changes none)
+        cos_TD, sin_TD = cos_TD * attention_factor, sin_TD * attention_factor
     half = head_dim // 2
-    return emb_TD.cos().to(dtype), torch.cat((-sin_TD[:, :half], sin_TD[:, half:]), dim=-1).to(dtype)
+    return cos_TD.to(dtype), torch.cat((-sin_TD[:, :half], sin_TD[:, half:]), dim=-1).to(dtype)
 
 
 def _rotate_halves(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor, *,

@@ -99,6 +99,10 @@ def packed_causal_attention(q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: tor
     return torch.cat(outs, dim=0)
 
 
+QUERY_BLOCK = 1024
+"""Queries per block of the bitwise training forward (`InvariantCausalAttention`)."""
+
+
 class InvariantCausalAttention(torch.autograd.Function):
     """Causal attention of one document, q [N, H, Dh], k/v [N, Hkv, Dh] -> [N, H, Dh], whose forward is the
     engine's batch-invariant `decode_attention` (each query's sums in the order it had when the engine ran it,
@@ -109,13 +113,19 @@ class InvariantCausalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor,  # type: ignore[override]
                 scale: float) -> torch.Tensor:
-        num_n = q_NHD.shape[0]
-        causal_11NN = torch.ones(num_n, num_n, dtype=torch.bool, device=q_NHD.device).tril_()[None, None]
-        o_1HND = decode_attention(*(x.transpose(0, 1)[None] for x in (q_NHD, k_NKD, v_NKD)), mask_B1NS=causal_11NN,
-                                  scale=scale)
+        # Query blocks against their key prefix: O(N x QUERY_BLOCK) mask and bias instead of N x N (4 GB at 32k
+        # tokens). The bits are the whole square's: a query's sums never see keys past its own end (masked keys
+        # add exactly 0, `decode_attention`), so dropping them changes nothing.
+        num_n, outs = q_NHD.shape[0], []
+        for s in range(0, num_n, QUERY_BLOCK):
+            e = min(num_n, s + QUERY_BLOCK)
+            causal_11nE = torch.ones(e - s, e, dtype=torch.bool, device=q_NHD.device).tril_(diagonal=s)[None, None]
+            o_1HnD = decode_attention(q_NHD[s:e].transpose(0, 1)[None], k_NKD[:e].transpose(0, 1)[None],
+                                      v_NKD[:e].transpose(0, 1)[None], mask_B1NS=causal_11nE, scale=scale)
+            outs.append(o_1HnD[0].transpose(0, 1))
         ctx.save_for_backward(q_NHD, k_NKD, v_NKD)
         ctx.scale = scale
-        return o_1HND[0].transpose(0, 1).contiguous()
+        return torch.cat(outs).contiguous()
 
     @staticmethod
     def backward(ctx, do_NHD: torch.Tensor):  # type: ignore[override]

@@ -24,7 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from t1model.dtypes import DTYPES
-from t1model.model import ModelConfig, MoEModel
+from t1model.model import ModelConfig, MoEModel, YarnScaling
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -36,18 +36,15 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     if hf.get("model_type") != "qwen3_moe":
         raise ValueError(f"config.json: expected model_type 'qwen3_moe', got {hf.get('model_type')!r}")
     rope = hf.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    scaling = hf.get("rope_scaling")
     unsupported = {
         "hidden_act": hf.get("hidden_act", "silu") != "silu",
         "attention_bias": bool(hf.get("attention_bias", False)),
         "use_sliding_window": bool(hf.get("use_sliding_window", False)),
-        "rope_scaling": bool(scaling) or rope_type != "default",
     }
     bad = [name for name, is_bad in unsupported.items() if is_bad]
     if bad:
         raise ValueError(f"config.json: unsupported Qwen3-MoE options {bad} (expected silu, no attention bias, "
-                         f"no sliding window, default RoPE)")
+                         f"no sliding window)")
     num_heads = hf["num_attention_heads"]
     return ModelConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
@@ -59,9 +56,40 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         decoder_sparse_step=hf.get("decoder_sparse_step", 1), mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 1e4))),
         max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        rope_scaling=yarn_from_hf(hf.get("rope_scaling") or rope, hf.get("max_position_embeddings", 32768)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         initializer_range=hf.get("initializer_range", 0.02),
     )
+
+
+_YARN_KEYS = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+              "rope_theta", "truncate"}
+
+
+def yarn_from_hf(rope: dict[str, Any] | None, max_positions: int) -> YarnScaling | None:
+    """YarnScaling from HF's `rope_scaling` / `rope_parameters` dict (None for default RoPE); ValueError for a
+    RoPE type or YaRN option this model does not implement (an explicit attention factor or mscale, no truncate)."""
+    rope = rope or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return None
+    if rope_type != "yarn":
+        raise ValueError(f"config.json: rope_type {rope_type!r} is not supported (expected 'default' or 'yarn')")
+    extra = sorted(k for k, v in rope.items() if k not in _YARN_KEYS and v is not None)
+    if extra or rope.get("truncate", True) is not True:
+        raise ValueError(f"config.json: YaRN options {extra or ['truncate']} are not supported (expected factor, "
+                         "original_max_position_embeddings, beta_fast, beta_slow)")
+    return YarnScaling(factor=float(rope["factor"]),
+                       original_max_position_embeddings=int(rope.get("original_max_position_embeddings", max_positions)),
+                       beta_fast=float(rope.get("beta_fast") or 32.0), beta_slow=float(rope.get("beta_slow") or 1.0))
+
+
+def yarn_to_hf(yarn: YarnScaling | None) -> dict[str, Any] | None:
+    """HF's `rope_scaling` dict of `yarn` (None for plain RoPE)."""
+    if yarn is None:
+        return None
+    return {"rope_type": "yarn", "factor": yarn.factor, "beta_fast": yarn.beta_fast, "beta_slow": yarn.beta_slow,
+            "original_max_position_embeddings": yarn.original_max_position_embeddings}
 
 
 def config_to_hf(cfg: ModelConfig, *, dtype: torch.dtype) -> dict[str, Any]:
@@ -75,8 +103,8 @@ def config_to_hf(cfg: ModelConfig, *, dtype: torch.dtype) -> dict[str, Any]:
         "head_dim": cfg.head_dim, "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
         "norm_topk_prob": cfg.norm_topk_prob, "decoder_sparse_step": cfg.decoder_sparse_step,
         "mlp_only_layers": list(cfg.mlp_only_layers), "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta, "rope_scaling": yarn_to_hf(cfg.rope_scaling),
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta, **(yarn_to_hf(cfg.rope_scaling) or {})},
         "max_position_embeddings": cfg.max_position_embeddings, "tie_word_embeddings": cfg.tie_word_embeddings,
         "initializer_range": cfg.initializer_range, "hidden_act": "silu", "attention_bias": False,
         "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None, "torch_dtype": dtype_name,

@@ -27,9 +27,33 @@ from t1kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, r
 from t1kernels.rows import linear_rows
 from t1model.attention import AttnContext, CachedContext, KVCache, PackedContext
 
-__all__ = ["ModelConfig", "MoEModel", "ValueModel", "KVCache", "set_moe_recompute"]
+__all__ = ["ModelConfig", "YarnScaling", "MoEModel", "ValueModel", "KVCache", "set_moe_recompute"]
 
 _ROUTING_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class YarnScaling:
+    """YaRN RoPE scaling: HF's `rope_scaling = {"rope_type": "yarn", ...}`, Qwen3's documented way past its native
+    positions (factor 4 over 32,768: 131,072)."""
+
+    factor: float
+    """How many times the original positions the model reaches (> 1)."""
+    original_max_position_embeddings: int
+    """The positions the model was pretrained on."""
+    beta_fast: float = 32.0
+    """Dimensions turning more often than this over the original length keep their frequency."""
+    beta_slow: float = 1.0
+    """Dimensions turning less often than this are interpolated (frequency / factor)."""
+
+    def __post_init__(self) -> None:
+        if not self.factor > 1 or self.original_max_position_embeddings < 1 or not self.beta_fast > self.beta_slow > 0:
+            raise ValueError(f"YarnScaling: expected factor > 1, original_max_position_embeddings >= 1 and "
+                             f"beta_fast > beta_slow > 0, got {self}")
+
+    def as_tuple(self) -> tuple[float, int, float, float]:
+        """The form `t1kernels.norm_rope.rope_cos_sin` takes."""
+        return (self.factor, self.original_max_position_embeddings, self.beta_fast, self.beta_slow)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +91,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     """RoPE base (Qwen3-MoE checkpoints: 1e6)."""
     max_position_embeddings: int = 4096
-    """Longest sequence the model is meant for; bounds KV caches by default."""
+    """Longest sequence the model is meant for; bounds KV caches by default (see `max_positions`)."""
+    rope_scaling: YarnScaling | None = None
+    """YaRN scaling of RoPE (HF `rope_scaling`), or None for plain RoPE."""
     tie_word_embeddings: bool = False
     """Share the embedding matrix with the LM head."""
     initializer_range: float = 0.02
@@ -99,6 +125,15 @@ class ModelConfig:
         for name in ("rms_norm_eps", "rope_theta", "initializer_range"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ModelConfig.{name}: expected > 0, got {getattr(self, name)!r}")
+
+    @property
+    def max_positions(self) -> int:
+        """Positions a sequence may use: max_position_embeddings, or factor x the original positions under YaRN
+        (vLLM's rule; Qwen3's checkpoints keep max_position_embeddings at 40,960 when YaRN is switched on)."""
+        if self.rope_scaling is None:
+            return self.max_position_embeddings
+        scaled = int(self.rope_scaling.factor * self.rope_scaling.original_max_position_embeddings)
+        return max(self.max_position_embeddings, scaled)
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         """Qwen3-MoE's rule for which decoder layers are sparse."""
@@ -336,7 +371,9 @@ class MoETrunk(nn.Module):
         cfg = self.config
         replay = self._replay_per_layer(replay_routing, input_ids_T.shape[0])
         x_TD = self.embed_tokens(input_ids_T)
-        cos_TD, sin_TD = rope_cos_sin(positions_T, head_dim=cfg.head_dim, theta=cfg.rope_theta, dtype=x_TD.dtype)
+        yarn = cfg.rope_scaling.as_tuple() if cfg.rope_scaling is not None else None
+        cos_TD, sin_TD = rope_cos_sin(positions_T, head_dim=cfg.head_dim, theta=cfg.rope_theta, dtype=x_TD.dtype,
+                                      yarn=yarn)
         ids_per_layer = []
         for layer in self.layers:
             x_TD, ids_TK = layer(x_TD, cos_TD, sin_TD, ctx, replay[len(ids_per_layer)] if layer.is_moe else None)
@@ -421,7 +458,7 @@ class MoEModel(nn.Module):
         """An empty KV cache of `num_slots` sequences of up to `max_seq_len` tokens (default: max positions)."""
         cfg, ref = self.config, self.lm_head.weight
         return KVCache(num_layers=cfg.num_hidden_layers, num_slots=num_slots,
-                       max_seq_len=max_seq_len or cfg.max_position_embeddings, num_kv_heads=cfg.num_key_value_heads,
+                       max_seq_len=max_seq_len or cfg.max_positions, num_kv_heads=cfg.num_key_value_heads,
                        head_dim=cfg.head_dim, dtype=dtype or ref.dtype, device=device or ref.device)
 
     def extend(self, input_ids_T: torch.Tensor, *, cache: KVCache, slot_ids: torch.Tensor | list[int],

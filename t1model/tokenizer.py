@@ -124,11 +124,13 @@ class ChatTokenizer:
         ids += self.encode(f"{IM_START}user\n") + self.encode_plain(user)
         return ids + self.encode(f"{IM_END}\n{IM_START}assistant\n")
 
-    def encode_tool_response(self, output: str) -> list[int]:
+    def encode_tool_response(self, output: str, *, body_ids: list[int] | None = None) -> list[int]:
         """Ids of a tool result turn plus the next assistant header:
         "<|im_start|>user\\n<tool_response>\\n{output}\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n".
+        `body_ids`: the ids of "\\n{output}\\n" when the caller has them already (an output capped in tokens).
         """
-        return (self.encode(f"{IM_START}user\n<tool_response>") + self.encode_plain(f"\n{output}\n")
+        body = body_ids if body_ids is not None else self.encode_plain(f"\n{output}\n")
+        return (self.encode(f"{IM_START}user\n<tool_response>") + body
                 + self.encode(f"</tool_response>{IM_END}\n{IM_START}assistant\n"))
 
     def assistant_turn_end_ids(self) -> list[int]:

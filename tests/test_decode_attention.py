@@ -67,3 +67,17 @@ def test_long_prefills_run_in_query_chunks_with_the_same_bits(monkeypatch) -> No
     whole = decode_attention(q, k, v, mask_B1NS=mask, scale=0.25)
     monkeypatch.setattr(da, "MAX_SCORE_BYTES", 4 * 2**10)  # a few queries per chunk
     assert torch.equal(decode_attention(q, k, v, mask_B1NS=mask, scale=0.25), whole)
+
+
+def test_bitwise_training_forward_in_query_blocks_is_the_whole_square(monkeypatch) -> None:
+    """InvariantCausalAttention runs query blocks against their key prefix (O(N x block) memory): the same bits as
+    one call over the whole N x N causal mask."""
+    from t1model import attention
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(300, h, 32, generator=g) for h in (4, 2, 2))
+    causal = torch.ones(300, 300, dtype=torch.bool).tril_()[None, None]
+    whole = decode_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), mask_B1NS=causal, scale=0.17)
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 64)
+    blocked = attention.InvariantCausalAttention.apply(q, k, v, 0.17)
+    assert torch.equal(blocked, whole[0].transpose(0, 1))

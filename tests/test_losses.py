@@ -11,12 +11,12 @@ from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, pla
                            ppo_policy_loss, routing_agreement, sft_loss, traj_index_from_cu_seqlens, value_loss)
 
 
-def _gae_reference(rewards, values, mask, cu, gamma, lam):
+def _gae_reference(rewards, values, mask, cu, gamma, lam, bootstrap=None):
     """Per trajectory, walk its sampled tokens backwards (plain Python floats)."""
     adv, ret = [0.0] * len(rewards), [0.0] * len(rewards)
-    for start, end in zip(cu[:-1], cu[1:]):
+    for n, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
         steps = [t for t in range(start, end) if mask[t]]
-        running, next_value = 0.0, 0.0
+        running, next_value = 0.0, values[steps[-1]] if steps and bootstrap and bootstrap[n] else 0.0
         for t in reversed(steps):
             delta = rewards[t] + gamma * next_value - values[t]
             running = delta + gamma * lam * running
@@ -215,3 +215,16 @@ def test_traj_index_and_routing_agreement():
     assert routing_agreement(mine, replayed, mask_T=mask).item() == pytest.approx(3 / 4)
     with pytest.raises(ValueError):
         routing_agreement(mine[:, :, :1], replayed)
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95)])
+def test_gae_bootstraps_cut_trajectories_from_the_value_at_the_cut(gamma, lam):
+    gen = torch.Generator().manual_seed(1)
+    rewards, values, mask, cu, _ = _random_batch(gen, [37, 5, 1, 0, 64, 200, 3])
+    boot = [True, False, True, True, False, True, False]
+    adv, ret = gae(rewards.double(), values.double(), mask, cu, gamma=gamma, lam=lam, bootstrap_N=torch.tensor(boot))
+    ref_adv, ref_ret = _gae_reference(rewards.tolist(), values.tolist(), mask.tolist(), cu.tolist(), gamma, lam, boot)
+    torch.testing.assert_close(adv, torch.tensor(ref_adv, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ret, torch.tensor(ref_ret, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    plain, _ = gae(rewards.double(), values.double(), mask, cu, gamma=gamma, lam=lam)
+    assert not torch.equal(plain, adv)  # the flag changes what it should

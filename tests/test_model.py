@@ -4,14 +4,15 @@ packing, determinism. References are independent: transformers' Qwen3MoeForCausa
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from t1model.hf_io import hf_state_dict, load_pretrained, save_pretrained
+from t1model.hf_io import hf_state_dict, load_pretrained, save_pretrained, yarn_from_hf
 from t1kernels.norm_rope import NormRoPEFunction, RMSNormFunction, apply_rope, apply_rope_reference, rope_cos_sin
-from t1model.model import ModelConfig, MoEModel, ValueModel
+from t1model.model import ModelConfig, MoEModel, ValueModel, YarnScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -338,5 +339,44 @@ def test_real_qwen3_30b_config_maps_to_preset() -> None:
     assert cfg == ModelConfig.qwen3_30b_a3b()
     hf_cfg = transformers.Qwen3MoeConfig(**config_to_hf(cfg, dtype=torch.bfloat16))
     assert (hf_cfg.num_experts, hf_cfg.rope_parameters["rope_theta"], hf_cfg.head_dim) == (128, 1e6, 128)
-    with pytest.raises(ValueError, match="rope_scaling"):
-        config_from_hf({**published, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    # Qwen3's documented switch to 131,072 positions (YaRN, factor 4 over 32,768), as its model card writes it.
+    yarn = config_from_hf({**published, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                         "original_max_position_embeddings": 32768}})
+    assert yarn.rope_scaling == YarnScaling(factor=4.0, original_max_position_embeddings=32768)
+    assert yarn.max_positions == 131072 and cfg.max_positions == 40960
+
+
+def test_yarn_parity_with_transformers_both_ways(tmp_path) -> None:
+    """YaRN RoPE (HF rope_type 'yarn') over positions well past the original ones: logits as transformers'."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": SMALL.rope_theta}
+    cfg = SMALL.replace(rope_scaling=YarnScaling(factor=4.0, original_max_position_embeddings=64))
+    hf = _hf_model(SMALL)
+    hf.config.rope_parameters = yarn
+    hf = transformers.Qwen3MoeForCausalLM(hf.config).eval()  # rebuilt: the rotary tables come from the config
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf")
+    assert ours.config.rope_scaling == cfg.rope_scaling and ours.config.max_positions == 256
+    ids = _ids(200, cfg.vocab_size)
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        got = ours.compute_logits(ids)
+        plain = MoEModel(SMALL, seed=0)
+        plain.load_state_dict(ours.state_dict())
+        assert (plain.compute_logits(ids) - ref).abs().max().item() > 1e-2  # the test can tell YaRN from plain RoPE
+    assert (got - ref).abs().max().item() <= 1e-4
+    save_pretrained(ours, tmp_path / "ours")
+    back = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    assert back.model.rotary_emb.attention_scaling == pytest.approx(0.1 * math.log(4.0) + 1)
+    with torch.no_grad():
+        assert (back(ids[None]).logits[0] - ref).abs().max().item() <= 1e-4
+
+
+def test_hf_config_refuses_rope_types_it_does_not_implement() -> None:
+    with pytest.raises(ValueError, match="rope_type 'dynamic'"):
+        yarn_from_hf({"rope_type": "dynamic", "factor": 2.0}, 4096)
+    with pytest.raises(ValueError, match="mscale"):
+        yarn_from_hf({"rope_type": "yarn", "factor": 2.0, "mscale": 0.7}, 4096)
+    assert yarn_from_hf({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 40960) == \
+        YarnScaling(factor=4.0, original_max_position_embeddings=32768)
+    assert ModelConfig.qwen3_30b_a3b().replace(
+        rope_scaling=YarnScaling(factor=4.0, original_max_position_embeddings=32768)).max_positions == 131072

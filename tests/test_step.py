@@ -15,7 +15,7 @@ from t1core.step import (Stream, StepBatch, TrainerState, flat_groups, push_plan
 def _traj(passed: int, total: int, *, turns: int = 2, malformed: int = 0, verified: bool = True):
     verifier = {"passed": passed, "total": total, "outcome": passed == total > 0} if verified else None
     return SimpleNamespace(reward=float(passed if verified else 0), verifier=verifier, turns=[None] * turns,
-                           metrics={"malformed_tool_calls": malformed})
+                           metrics={"malformed_tool_calls": malformed}, earlier=[])
 
 
 def test_the_reward_is_the_dense_count_plus_the_shaping_terms() -> None:
@@ -76,3 +76,10 @@ def test_step_batch_fields_are_aligned() -> None:
     with pytest.raises(ValueError, match="2 trajectories, 1 rewards"):
         StepBatch(trajs=[1, 2], rewards=[0.0], group_ids=[0, 0], metrics={})
     assert dataclasses.is_dataclass(StepBatch)
+
+
+def test_a_compacted_episode_pays_the_turn_penalty_for_every_segment() -> None:
+    algo = AlgoSection(outcome_bonus=0.0, turn_penalty=0.5)
+    traj = _traj(3, 5, turns=2)
+    traj.earlier = [_traj(3, 5, turns=4), _traj(3, 5, turns=4)]
+    assert shaped_reward(traj, algo) == 3 - 0.5 * 10

@@ -32,7 +32,7 @@ def _trajectory(g: torch.Generator, n: int, reward: float) -> SimpleNamespace:
              SimpleNamespace(start=2 * n // 3, end=n, tool_error=None)]
     return SimpleNamespace(token_ids=torch.randint(0, 301, (n,), generator=g).tolist(), loss_mask=mask,
                            rollout_logprobs=torch.where(mask, -1.0, 0.0), routing=None, reward=reward, num_tokens=n,
-                           turns=turns)
+                           turns=turns, finish_reason="done")
 
 
 def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets() -> None:
@@ -51,6 +51,26 @@ def test_decoupled_lambdas_give_policy_advantages_and_monte_carlo_value_targets(
     # lambda = 1, gamma = 1: every sampled token's value target is its episode's final reward.
     target_T = torch.where(b.loss_mask_T, b.reward_B[b.traj_index_T], 0.0)
     torch.testing.assert_close(s.returns_T, target_T, rtol=0, atol=1e-6)
+
+
+def test_a_cut_episode_bootstraps_from_the_critic_at_its_last_sampled_token() -> None:
+    """algo.cut_episodes='bootstrap': a trajectory cut by the turn limit (reward 0, as `t1core.segments` passes it)
+    has value targets equal to the critic's value at its last sampled token (gamma = lambda = 1); a finished one
+    still targets its reward."""
+    g = torch.Generator().manual_seed(0)
+    trajs = [_trajectory(g, 30, 0.0), _trajectory(g, 24, 2.0)]
+    trajs[0].finish_reason = "max_turns"
+    policy = MoEModel(SMALL, seed=0)
+    critic = ValueModel.from_policy(policy)
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)
+    algo = AlgoSection(use_r3=False, advantage_norm="none", negative_adv_scale=1.0, cut_episodes="bootstrap")
+    (s,), _ = score(trajs, [0.0, 2.0], policy=policy, critic=critic, ref_policy=None, algo=algo, temperature=1.0)
+    b = s.batch
+    cut = b.loss_mask_T & (b.traj_index_T == 0)
+    last_value = s.old_values_T[cut.nonzero()[-1]]
+    torch.testing.assert_close(s.returns_T[cut], last_value.expand(int(cut.sum())), rtol=0, atol=1e-6)
+    done = b.loss_mask_T & (b.traj_index_T == 1)
+    torch.testing.assert_close(s.returns_T[done], torch.full((int(done.sum()),), 2.0), rtol=0, atol=1e-6)
 
 
 def test_policy_logprobs_on_loss_rows_only_match_the_full_head() -> None:

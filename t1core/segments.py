@@ -1,0 +1,66 @@
+"""From collected episodes to what the update trains on: compacted episodes as segments, cut episodes as
+algo.cut_episodes says.
+
+An episode whose history was compacted (`rollout.compaction`) is several contexts, each a trajectory with its own
+exact tokens and routing (`Trajectory.segments`). Each segment trains as a trajectory of its own with the episode's
+reward on its last sampled token (and its group), so the return every segment learns from is the episode's.
+
+An episode cut by the turn limit, the token budget or the wall clock has no outcome yet. algo.cut_episodes:
+'bootstrap' trains it with no reward and its return bootstrapped from the critic's value at the cut (`losses.gae`),
+'terminal' as if it had finished where it stopped (the verifiers scored it there), 'mask' leaves it out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+CUT_REASONS = ("max_turns", "token_budget", "wall_clock")
+"""Finish reasons of an episode that was stopped, not finished."""
+_COMPACTED = "compacted; episode: "
+
+
+def episode_reason(traj: Any) -> str:
+    """Why the episode ended (an earlier segment's finish reason names the episode's after its own)."""
+    reason = traj.finish_reason
+    return reason[len(_COMPACTED):] if reason.startswith(_COMPACTED) else reason
+
+
+def is_cut(traj: Any) -> bool:
+    return episode_reason(traj).split(";")[0] in CUT_REASONS
+
+
+def cut_metrics(episodes: Sequence[Any]) -> dict[str, float]:
+    """Fraction of episodes cut, per reason, and segments per episode."""
+    n = max(len(episodes), 1)
+    reasons = Counter(episode_reason(t).split(";")[0] for t in episodes)
+    out = {f"rollout/cut_frac_{r}": reasons[r] / n for r in CUT_REASONS}
+    out["rollout/cut_frac"] = sum(reasons[r] for r in CUT_REASONS) / n
+    out["rollout/segments_mean"] = sum(len(t.segments()) for t in episodes) / n
+    return out
+
+
+def training_segments(episodes: Sequence[Any], rewards: Sequence[float], group_ids: Sequence[int], *,
+                      cut_episodes: str) -> tuple[list[Any], list[float], list[int]]:
+    """(segments, reward of each, group of each): every segment with sampled tokens of every episode the update
+    keeps, in episode order; a cut episode's reward is 0 under 'bootstrap' (its return comes from the critic)."""
+    segs, seg_rewards, seg_groups = [], [], []
+    for traj, reward, group in zip(episodes, rewards, group_ids, strict=True):
+        cut = is_cut(traj)
+        if cut and cut_episodes == "mask":
+            continue
+        for seg in traj.segments():
+            if bool(seg.loss_mask.any()):
+                segs.append(seg)
+                seg_rewards.append(0.0 if cut and cut_episodes == "bootstrap" else reward)
+                seg_groups.append(group)
+    return segs, seg_rewards, seg_groups
+
+
+def bootstrap_flags(trajectories: Sequence[Any], cut_episodes: str) -> list[bool] | None:
+    """Per trajectory: whether its return bootstraps from the critic at its end (None when none does)."""
+    if cut_episodes != "bootstrap":
+        return None
+    flags = [is_cut(t) for t in trajectories]
+    return flags if any(flags) else None
