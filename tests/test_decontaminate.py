@@ -175,7 +175,7 @@ def test_trainer_refuses_training_tasks_that_overlap(tmp_path: Path) -> None:
     (evals / "copied" / "instruction.md").write_text("A different instruction altogether, about nothing else.\n")
     small = ["--tasks.num_per_family=1", "--tasks.num_rl_per_family=0", "--tasks.num_heldout_per_family=0"]
     from t1core.builders import check_config
-    from t1core.config import load_config
+    from t1core.config_toml import load_config
 
     check_config(load_config(None, [*small, f"--tasks.decontaminate_against=[\"{tmp_path / 'eval' / 'maze'}\"]"]))
     r = subprocess.run([sys.executable, "-m", "t1core.train", "--out", str(tmp_path / "run"), *small,
