@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from sandbox.cli import Parser
+from sandbox.tasks import find_task_dirs
 
 SPAN_TOKENS = 13
 """Length of a shared span that makes a pair (the n-gram length of GPT-3-style decontamination)."""
@@ -78,22 +79,6 @@ def normalize(text: str) -> tuple[str, ...]:
 
 def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
     return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
-
-
-def find_task_dirs(root: Path) -> list[Path]:
-    """`root` itself when it is a task directory, else its subdirectories that are; ValueError when none."""
-    if not root.is_dir():
-        raise ValueError(f"{root}: not a directory")
-    if _is_task(root):
-        return [root]
-    found = sorted(d for d in root.iterdir() if d.is_dir() and _is_task(d))
-    if not found:
-        raise ValueError(f"{root}: no task directories (with task.toml or task.yaml) in it")
-    return found
-
-
-def _is_task(d: Path) -> bool:
-    return (d / "task.toml").is_file() or (d / "task.yaml").is_file()
 
 
 def read_task(root: Path) -> TaskText:

@@ -167,18 +167,23 @@ def load_task(path: str | Path) -> Task:
     raise TaskFormatError(root / "task.toml", "file", "neither task.toml (Harbor) nor task.yaml (TB1) exists")
 
 
-def load_task_dirs(path: str | Path) -> list[Task]:
-    """`path` as one task (it holds task.toml / task.yaml), else every task directory directly under it, by name
-    (a benchmark's layout); ValueError naming `path` when it holds no task."""
+def find_task_dirs(path: str | Path) -> list[Path]:
+    """`path` itself when it is a task directory (task.toml / task.yaml), else every task directory directly under
+    it, by name (a benchmark's layout); ValueError naming `path` when it holds none."""
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root}: not a directory of tasks")
     if _is_task_dir(root):
-        return [load_task(root)]
-    tasks = [load_task(p) for p in sorted(root.iterdir()) if _is_task_dir(p)]
-    if not tasks:
+        return [root]
+    found = [p for p in sorted(root.iterdir()) if _is_task_dir(p)]
+    if not found:
         raise ValueError(f"{root}: no task directories (task.toml / task.yaml) in it")
-    return tasks
+    return found
+
+
+def load_task_dirs(path: str | Path) -> list[Task]:
+    """The tasks of `find_task_dirs(path)`."""
+    return [load_task(p) for p in find_task_dirs(path)]
 
 
 def _is_task_dir(path: Path) -> bool:

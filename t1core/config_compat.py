@@ -39,8 +39,9 @@ def _value(text: Any, parse: Callable[[str], Any]) -> Any:
     return parse(text.strip()) if isinstance(text, str) else text
 
 
-def _bool(text: str) -> bool:
-    lowered = text.lower()
+def parse_bool(text: str) -> bool:
+    """A config bool from the command line (config_toml's parser uses it too)."""
+    lowered = text.strip().lower()
     if lowered in ("true", "1", "yes", "on"):
         return True
     if lowered in ("false", "0", "no", "off"):
@@ -71,7 +72,8 @@ def _migrate_push(raw: Raw, origin: str) -> None:
     if not isinstance(algo, dict) or not any(k in algo for k in _OLD_PUSH):
         return
     given = {k: algo.pop(k) for k in list(_OLD_PUSH) if k in algo}
-    parse = {"advantage_norm": str, "negative_adv_scale": float, "skip_flat_steps": _bool, "skip_flat_groups": _bool}
+    parse = {"advantage_norm": str, "negative_adv_scale": float, "skip_flat_steps": parse_bool,
+             "skip_flat_groups": parse_bool}
     old = {**_OLD_PUSH, **{k: _value(v, parse[k]) for k, v in given.items()}}
     names = ", ".join(f"algo.{k}" for k in given)
     match = [name for name, r in PUSH_RULES.items()
@@ -104,13 +106,13 @@ def _migrate_switches(raw: Raw, origin: str) -> None:
                       "replay")):
         if not isinstance(algo, dict) or key not in algo:
             continue
-        if not _value(algo.pop(key), _bool):
+        if not _value(algo.pop(key), parse_bool):
             raise ValueError(f"{origin}: algo.{key}=false: {what} is an ablation of python -m "
                              "t1core.experiments.mismatch now (its conditions (a) and (b)), not a training setting")
         _say(f"{origin}: algo.{key} is always on in training (the ablation: python -m t1core.experiments.mismatch)")
     warm = raw.get("warmstart")
     if isinstance(warm, dict) and "sft_enabled" in warm:
-        if not _value(warm.pop("sft_enabled"), _bool):
+        if not _value(warm.pop("sft_enabled"), parse_bool):
             if _value(warm.get("sft_epochs", 0), int) != 0:
                 raise ValueError(f"{origin}: warmstart.sft_enabled=false with warmstart.sft_epochs > 0; "
                                  "warmstart.sft_epochs=0 turns SFT off")
@@ -124,7 +126,7 @@ def _migrate_lr_decay(raw: Raw, origin: str) -> None:
     for (section, key) in old:
         table = raw.get(section)
         if isinstance(table, dict) and key in table:
-            given[(section, key)] = old[(section, key)] = _value(table.pop(key), _bool)
+            given[(section, key)] = old[(section, key)] = _value(table.pop(key), parse_bool)
     if not given:
         return
     names = ", ".join(f"{s}.{k}" for s, k in given)

@@ -21,7 +21,7 @@ else:  # Python 3.10 has no tomllib; tomli is the same parser (needs `pip instal
     import tomli as tomllib
 
 from t1core.config import RunConfig, _type_name, sections
-from t1core.config_compat import migrate
+from t1core.config_compat import migrate, parse_bool
 
 PLANNER_TABLE = "plan"
 """A TOML table the trainer skips: the hardware `python -m t1core.plan` plans for (`t1core.plan.Hardware`)."""
@@ -63,12 +63,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 def _parse_scalar(text: str, tp: Any, where: str) -> Any:
     text = text.strip()
     if tp is bool:
-        lowered = text.lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"{where}: expected a bool (true/false), got {text!r}")
+        try:
+            return parse_bool(text)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
     try:
         return tp(text)
     except ValueError:
