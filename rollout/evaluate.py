@@ -34,7 +34,7 @@ from rollout.engine import Engine
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
-from rollout.vllm_engine import VLLMEngine
+from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from sandbox.base_image import ensure_base_image
 from sandbox.cli import Parser, bad_input
 from sandbox.task_images import build_task_images, default_base_image_overrides, parse_override
@@ -117,8 +117,8 @@ def open_engine(args: argparse.Namespace) -> tuple[Engine, ChatTokenizer]:
     tok = ChatTokenizer.from_pretrained(ckpt) if has_tok else ChatTokenizer.builtin()
     max_len = args.max_tokens + args.max_reply_tokens + 8
     if args.engine == "vllm":
-        return VLLMEngine.from_pretrained(ckpt, read_config(ckpt), max_model_len=max_len, seed=args.seed,
-                                          trainer_device=args.device), tok
+        settings = VLLMSettings(max_model_len=max_len, seed=args.seed, trainer_device=args.device)
+        return VLLMEngine.from_pretrained(ckpt, read_config(ckpt), settings), tok
     model = load_pretrained(ckpt, device=args.device).eval().requires_grad_(False)
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.config.vocab_size}")

@@ -57,6 +57,7 @@ import threading
 import time
 from collections.abc import Coroutine, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import torch
@@ -101,6 +102,27 @@ class _LoopClient:
         self._engine._run(self._engine._llm.finish_weight_update(weight_version=str(self.version)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class VLLMSettings:
+    """How one vLLM engine starts (the trainer fills it from its [vllm] section, `rollout.evaluate` from its flags)."""
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int = 4096
+    enforce_eager: bool = False
+    placement: Placement = "colocated"
+    dtype: torch.dtype = torch.bfloat16
+    seed: int = 0
+    nccl_init: dict[str, Any] | None = None
+    """Disaggregated: the trainer-vLLM NCCL rendezvous (master_address, master_port, world_size)."""
+    trainer_device: str | torch.device | None = None
+    """Where the trainer streams weights from; with `local_world_size` (trainer ranks on this node) it places
+    vLLM's GPUs (`rollout.vllm_api.engine_gpus`)."""
+    local_world_size: int = 1
+    executor: str = "mp"
+    """'ray': vLLM's Ray executor places the workers (no GPU of this node is chosen or pinned)."""
+
+
 class VLLMEngine:
     """Continuous-batching engine over vLLM (module docstring). Build it with `from_model`, or from a `VllmApi`
     and engine arguments (`rollout.vllm_api`); use as a context manager or call `close()`.
@@ -140,51 +162,38 @@ class VLLMEngine:
             raise
 
     @classmethod
-    def from_model(cls, model: MoEModel, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                   max_model_len: int = 4096, enforce_eager: bool = False, placement: Placement = "colocated",
-                   dtype: torch.dtype = torch.bfloat16, seed: int = 0, nccl_init: dict[str, Any] | None = None,
-                   trainer_device: str | torch.device | None = None, local_world_size: int = 1,
-                   executor: str = "mp") -> VLLMEngine:
-        """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`).
-        `trainer_device`: where the trainer streams weights from; with `local_world_size` (the trainer ranks on this
-        node) it places vLLM's GPUs (`rollout.vllm_api.engine_gpus`)."""
+    def from_model(cls, model: MoEModel, settings: VLLMSettings = VLLMSettings()) -> VLLMEngine:
+        """vLLM loads `model` from a HF checkpoint written to a temporary directory (deleted by `close`)."""
         model_dir = tempfile.mkdtemp(prefix="t1-vllm-model-")
         try:
             save_pretrained(model, model_dir)
-            return cls.from_pretrained(model_dir, model.config, tensor_parallel_size=tensor_parallel_size,
-                                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                       enforce_eager=enforce_eager, placement=placement, dtype=dtype, seed=seed,
-                                       nccl_init=nccl_init, trainer_device=trainer_device,
-                                       local_world_size=local_world_size, executor=executor, owned=True)
+            return cls.from_pretrained(model_dir, model.config, settings, owned=True)
         except BaseException:
             shutil.rmtree(model_dir, ignore_errors=True)
             raise
 
     @classmethod
-    def from_pretrained(cls, model_dir: str, model_config: ModelConfig, *, tensor_parallel_size: int = 1,
-                        gpu_memory_utilization: float = 0.5, max_model_len: int = 4096, enforce_eager: bool = False,
-                        placement: Placement = "colocated", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                        nccl_init: dict[str, Any] | None = None, trainer_device: str | torch.device | None = None,
-                        local_world_size: int = 1, executor: str = "mp", owned: bool = False) -> VLLMEngine:
+    def from_pretrained(cls, model_dir: str, model_config: ModelConfig, settings: VLLMSettings = VLLMSettings(), *,
+                        owned: bool = False) -> VLLMEngine:
         """vLLM loads the HF checkpoint `model_dir` (of `model_config`'s shape); a sharded trainer starts its
-        engines so, from the checkpoint its shards were read from. `owned`: `close` deletes the directory.
-        `executor` 'ray': vLLM's Ray executor places the workers (no GPU of this node is chosen or pinned)."""
+        engines so, from the checkpoint its shards were read from. `owned`: `close` deletes the directory."""
+        s = settings
         api = vllm_api.load_vllm()  # module attribute: the seam tests replace
         wire = gpus = None
-        if api.wire_device == "cuda" and trainer_device is not None:
-            wire = torch.device(trainer_device)
-        if wire is not None and executor != "mp" and wire.type != "cuda":
+        if api.wire_device == "cuda" and s.trainer_device is not None:
+            wire = torch.device(s.trainer_device)
+        if wire is not None and s.executor != "mp" and wire.type != "cuda":
             raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(wire)!r}")
-        if wire is not None and executor == "mp":
-            gpus = vllm_api.engine_gpus(wire, placement=placement, tensor_parallel_size=tensor_parallel_size,
-                                        local_world_size=local_world_size, device_count=torch.cuda.device_count())
-        args = vllm_api.engine_args(model_dir=model_dir, dtype=dtype, seed=seed,
-                                    tensor_parallel_size=tensor_parallel_size,
-                                    gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                    enforce_eager=enforce_eager, colocated=placement == "colocated",
-                                    executor=executor)
-        return cls(model_config, api=api, engine_args=args, placement=placement, nccl_init=nccl_init,
-                   weight_dtype=dtype, owned_dir=model_dir if owned else None, wire_device=wire, gpus=gpus)
+        if wire is not None and s.executor == "mp":
+            gpus = vllm_api.engine_gpus(wire, placement=s.placement, tensor_parallel_size=s.tensor_parallel_size,
+                                        local_world_size=s.local_world_size, device_count=torch.cuda.device_count())
+        args = vllm_api.engine_args(model_dir=model_dir, dtype=s.dtype, seed=s.seed,
+                                    tensor_parallel_size=s.tensor_parallel_size,
+                                    gpu_memory_utilization=s.gpu_memory_utilization, max_model_len=s.max_model_len,
+                                    enforce_eager=s.enforce_eager, colocated=s.placement == "colocated",
+                                    executor=s.executor)
+        return cls(model_config, api=api, engine_args=args, placement=s.placement, nccl_init=s.nccl_init,
+                   weight_dtype=s.dtype, owned_dir=model_dir if owned else None, wire_device=wire, gpus=gpus)
 
     # ---- public API ----
     @property

@@ -21,7 +21,7 @@ from rollout.agent import AgentConfig, SandboxLimits
 from rollout.compaction import COMPACT_AT, Compaction
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_convert import check_temperature
-from rollout.vllm_engine import VLLMEngine
+from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.base_image import ensure_base_image
 from sandbox.decontaminate import check_dirs
@@ -312,13 +312,14 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataPara
     if v.placement == "disaggregated":  # the owning trainer rank is NCCL rank 0, vLLM's workers the others
         host, port = v.nccl_host_port
         nccl = {"master_address": host, "master_port": port, "world_size": 1 + v.tensor_parallel_size}
-    kw = dict(tensor_parallel_size=v.tensor_parallel_size, gpu_memory_utilization=v.gpu_memory_utilization,
-              max_model_len=max_len, enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[v.dtype],
-              seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
-              local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
+    settings = VLLMSettings(tensor_parallel_size=v.tensor_parallel_size,
+                            gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len,
+                            enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[v.dtype],
+                            seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
+                            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
     if distributed.is_sharded(policy):
-        return VLLMEngine.from_pretrained(cfg.model.name, policy.config, **kw)
-    return VLLMEngine.from_model(policy, **kw)
+        return VLLMEngine.from_pretrained(cfg.model.name, policy.config, settings)
+    return VLLMEngine.from_model(policy, settings)
 
 
 def _trainer_device(cfg: RunConfig) -> torch.device:

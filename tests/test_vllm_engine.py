@@ -21,7 +21,7 @@ from rollout.engine import SamplingParams
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_convert import (finish_reason, max_new_tokens, moe_routing, sampled_logprobs, split_routing,
                                   vllm_sampling_kwargs)
-from rollout.vllm_engine import VLLMEngine
+from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from rollout.vllm_weights import ValidatedStream, expected_hf_params
 from t1model.hf_io import hf_state_dict
 from t1model.model import ModelConfig, MoEModel
@@ -38,7 +38,7 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _engines(model: MoEModel, **kw: object) -> tuple[VLLMEngine, TorchEngine]:
-    vllm = VLLMEngine.from_model(model, max_model_len=MAX_LEN, dtype=torch.float32, **kw)
+    vllm = VLLMEngine.from_model(model, VLLMSettings(max_model_len=MAX_LEN, dtype=torch.float32, **kw))
     ref = TorchEngine(MoEModel(model.config, seed=None).requires_grad_(False),
                       EngineConfig(max_batch=4, num_slots=8, max_seq_len=MAX_LEN, batch_invariant=True))
     ref.update_weights(hf_state_dict(model).items())
@@ -263,7 +263,7 @@ def test_three_updates_reach_vllm_as_versions_1_2_3() -> None:
 
 def test_temperatures_vllm_would_raise_are_refused() -> None:
     assert fake_vllm.SamplingParams(temperature=0.005).temperature == 0.01  # vLLM's clamp, mirrored
-    vllm = VLLMEngine.from_model(MoEModel(CFG, seed=0), max_model_len=16, dtype=torch.float32)
+    vllm = VLLMEngine.from_model(MoEModel(CFG, seed=0), VLLMSettings(max_model_len=16, dtype=torch.float32))
     with vllm:
         with pytest.raises(ValueError, match=r"params.temperature=0.005: vLLM raises"):
             vllm.submit([1, 2], SamplingParams(temperature=0.005))
@@ -286,14 +286,15 @@ def test_colocated_sleep_wakes_weights_then_kv_cache_on_update() -> None:
         assert names.index(("wake_up")) < names.index("start_weight_update") < names.index("finish_weight_update")
         assert [a for c, a in calls if c == "wake_up"] == [["weights"], ["kv_cache"]]
     del model
-    disagg = VLLMEngine.from_model(new, max_model_len=MAX_LEN, dtype=torch.float32, placement="disaggregated",
-                                   nccl_init={"master_address": "127.0.0.1", "master_port": 1, "world_size": 2})
+    disagg = VLLMEngine.from_model(new, VLLMSettings(
+        max_model_len=MAX_LEN, dtype=torch.float32, placement="disaggregated",
+        nccl_init={"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}))
     with disagg, pytest.raises(RuntimeError, match="disaggregated"):
         disagg.sleep()
 
 
 def test_bad_requests_are_clear_errors() -> None:
-    vllm = VLLMEngine.from_model(MoEModel(CFG, seed=0), max_model_len=16, dtype=torch.float32)
+    vllm = VLLMEngine.from_model(MoEModel(CFG, seed=0), VLLMSettings(max_model_len=16, dtype=torch.float32))
     with vllm:
         with pytest.raises(ValueError, match="top_p"):
             vllm.submit([1, 2], SamplingParams(top_p=0.5))
@@ -330,7 +331,7 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
     cfg = AgentConfig(max_turns=3, max_reply_tokens=16, max_tokens=MAX_LEN * 4, temperature=1.0, verify=False)
     model = MoEModel(ModelConfig.tiny(), seed=0)
     runs = []
-    for engine in (VLLMEngine.from_model(model, max_model_len=MAX_LEN * 5, dtype=torch.float32),
+    for engine in (VLLMEngine.from_model(model, VLLMSettings(max_model_len=MAX_LEN * 5, dtype=torch.float32)),
                    TorchEngine(model, EngineConfig(max_batch=4, num_slots=8, max_seq_len=MAX_LEN * 5,
                                                    batch_invariant=True))):
         with engine:
