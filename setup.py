@@ -40,6 +40,6 @@ setup(
         # installed: its wheel would bring a CUDA torch).
         "dev": ["triton>=3.0", "pytest>=8.0", "pytest-benchmark>=4.0", "transformers>=4.51", "msgspec", "pyzmq",
                 "cbor2", "psutil", "pybase64", "cachetools", "py-cpuinfo", "aiohttp", "openai", "openai-harmony",
-                "uvloop", "prometheus_client"],
+                "uvloop", "prometheus_client", "cloudpickle"],
     },
 )

@@ -664,7 +664,7 @@ def test_base_listing_container_carries_owner_labels(tmp_path: Path, overrides: 
     "FROM debian:bookworm\nCOPY notes.txt rel/\n",                    # relative to the base image's WORKDIR
     "FROM debian:bookworm\nENV A=1\nCOPY app/ /app/\n",              # the image's config changes
     "FROM debian:bookworm\nCOPY app/ \\\n  /app/\n",                 # a continuation line
-    "FROM debian:bookworm\nCOPY notes.txt /usr/lib/python3/dist-packages/\n",  # the verifier's machinery
+    "FROM debian:bookworm\nCOPY notes.txt /usr/lib/python3/dist-packages/_pytest/\n",  # the verifier's pytest
 ])
 def test_dockerfiles_a_preload_cannot_reproduce_are_built(tmp_path: Path, overrides: dict[str, str],
                                                            dockerfile: str) -> None:

@@ -63,8 +63,9 @@ def test_a_cut_episode_bootstraps_from_the_critic_at_its_last_sampled_token() ->
     policy = MoEModel(SMALL, seed=0)
     critic = ValueModel.from_policy(policy)
     torch.nn.init.normal_(critic.value_head.weight, std=0.5, generator=g)
-    algo = AlgoSection(use_r3=False, advantage_norm="none", negative_adv_scale=1.0, cut_episodes="bootstrap")
-    (s,), _ = score(trajs, [0.0, 2.0], policy=policy, critic=critic, ref_policy=None, algo=algo, temperature=1.0)
+    algo = AlgoSection(cut_episodes="bootstrap")
+    (s,), _ = score(step_batch(trajs, [0.0, 2.0]), plan(baseline="none"), actor_critic(policy, critic), algo=algo,
+                    temperature=1.0, replay=False)
     b = s.batch
     cut = b.loss_mask_T & (b.traj_index_T == 0)
     last_value = s.old_values_T[cut.nonzero()[-1]]
