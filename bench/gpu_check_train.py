@@ -22,7 +22,7 @@ ARGV = ["--run.device=cuda", f"--run.steps={STEPS}", "--run.checkpoint_every=0",
         "--rollout.engine=torch", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
         "--rollout.concurrency=2", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
         "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0",
-        "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=1", "--algo.actor_push=center"]
+        "--warmstart.sft_epochs=0", "--warmstart.critic_steps=1", "--algo.actor_push=center"]
 SKIPPED = 77
 
 

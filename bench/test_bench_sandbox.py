@@ -16,6 +16,7 @@ import pytest
 from bench import box_cpu_s
 from sandbox import DaemonUnreachable, DockerSandbox, SandboxPool, ensure_base_image
 from sandbox.daemon import docker_client, owner_labels
+from sandbox.settings import SandboxSettings
 
 RUN_ID = f"bench-sandbox-{os.getpid()}"
 
@@ -81,7 +82,7 @@ def test_aggregate_commands_per_second(benchmark, image, num_sandboxes):
     boxes = []
     try:
         for i in range(num_sandboxes):
-            boxes.append(DockerSandbox(image, run_id=RUN_ID, memory="256m"))
+            boxes.append(DockerSandbox(image, SandboxSettings(memory="256m"), run_id=RUN_ID))
         errors: list[str] = []
         counts = [0] * num_sandboxes
         start = threading.Barrier(num_sandboxes + 1)

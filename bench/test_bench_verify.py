@@ -17,6 +17,7 @@ import pytest
 
 from sandbox import suite
 from sandbox.docker_sandbox import DockerSandbox
+from sandbox.settings import SandboxSettings
 from sandbox.task_images import build_task_image, default_base_image_overrides
 from sandbox.run_task import run_script
 from sandbox.tasks import Task
@@ -27,8 +28,8 @@ PARALLEL = (1, 4)
 
 
 def _prepare(task: Task, overrides: dict[str, str]) -> DockerSandbox:
-    sb = DockerSandbox(build_task_image(task, base_image_overrides=overrides), cpus=task.cpus,
-                       memory=task.memory_mb << 20, workdir=task.workdir, run_id=RUN_ID)
+    sb = DockerSandbox(build_task_image(task, base_image_overrides=overrides),
+                       SandboxSettings.for_task(task, network=False), run_id=RUN_ID)
     assert task.solution_script is not None
     run_script(sb, task.solution_script.read_text(), timeout_s=task.agent_timeout_s)
     return sb

@@ -29,8 +29,8 @@ from rollout.engine import Engine, SamplingParams
 from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
 from rollout.trajectory import Trajectory, Turn
-from sandbox.docker_sandbox import MIN_OUTPUT_CAP, MIN_PIDS
 from sandbox.errors import SandboxError
+from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
 from sandbox.task_images import TaskImage
 from sandbox.tasks import Task
 from sandbox.verify import run_verifiers
@@ -322,12 +322,10 @@ class EpisodeSpec:
     seed: int
 
 
-def sandbox_kwargs(task: Task, limits: SandboxLimits = SandboxLimits()) -> dict[str, Any]:
-    """DockerSandbox arguments of a task's environment under the run's `limits`."""
-    cpus = task.cpus if limits.cpus is None else limits.cpus
-    memory_mb = task.memory_mb if limits.memory_mb is None else limits.memory_mb
-    return {"cpus": cpus, "memory": f"{memory_mb}m", "pids": limits.pids, "output_cap": limits.output_cap_bytes,
-            "network": task.network, "workdir": task.workdir}
+def sandbox_settings(task: Task, limits: SandboxLimits = SandboxLimits()) -> SandboxSettings:
+    """The sandbox of a task's environment under the run's `limits`."""
+    return SandboxSettings.for_task(task, network=task.network, cpus=limits.cpus, memory_mb=limits.memory_mb,
+                                    pids=limits.pids, output_cap=limits.output_cap_bytes)
 
 
 def _failed_episode(spec: EpisodeSpec, tok: ChatTokenizer, config: AgentConfig, reason: str,
@@ -344,8 +342,8 @@ class _Pools:
 
     def __init__(self, specs: list[EpisodeSpec], *, num_parallel: int, pool_size: int | None,
                  limits: SandboxLimits) -> None:
-        self.kwargs = [sandbox_kwargs(s.task, limits) for s in specs]
-        self.keys = [(s.image, *sorted(kw.items())) for s, kw in zip(specs, self.kwargs)]
+        self.settings = [sandbox_settings(s.task, limits) for s in specs]
+        self.keys = [(s.image, settings) for s, settings in zip(specs, self.settings)]
         self.specs, self.num_parallel, self.pool_size = specs, num_parallel, pool_size
         self.remaining = Counter(self.keys)
         self.pools: dict[tuple, Any] = {}
@@ -359,7 +357,7 @@ class _Pools:
             if key not in self.pools:
                 need = self.remaining[key]  # episodes of this environment, none started yet
                 size = min(self.pool_size or self.num_parallel, need)
-                self.pools[key] = SandboxPool(spec.image, size=size, demand=need, **self.kwargs[index])
+                self.pools[key] = SandboxPool(spec.image, size=size, demand=need, settings=self.settings[index])
             return self.pools[key]
 
     def done(self, index: int) -> None:

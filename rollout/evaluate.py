@@ -30,6 +30,7 @@ import torch
 
 from rollout import scorecard
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout.budget import slot_length
 from rollout.engine import Engine
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -115,7 +116,7 @@ def open_engine(args: argparse.Namespace) -> tuple[Engine, ChatTokenizer]:
     ckpt = args.checkpoint
     has_tok = (Path(ckpt) / "tokenizer.json").is_file()
     tok = ChatTokenizer.from_pretrained(ckpt) if has_tok else ChatTokenizer.builtin()
-    max_len = args.max_tokens + args.max_reply_tokens + 8
+    max_len = slot_length(args.max_tokens, args.max_reply_tokens)
     if args.engine == "vllm":
         settings = VLLMSettings(max_model_len=max_len, seed=args.seed, trainer_device=args.device)
         return VLLMEngine.from_pretrained(ckpt, read_config(ckpt), settings), tok

@@ -12,7 +12,8 @@ _EXPORTS = {
     "CommandResult": "sandbox.docker_sandbox", "DockerSandbox": "sandbox.docker_sandbox",
     "CommandTooLong": "sandbox.errors", "ContainerDied": "sandbox.errors", "DaemonUnreachable": "sandbox.errors",
     "FileTooLarge": "sandbox.errors", "ImageNotFound": "sandbox.errors", "SandboxError": "sandbox.errors",
-    "ShellUnresponsive": "sandbox.errors", "SandboxPool": "sandbox.pool", "ensure_base_image": "sandbox.base_image",
+    "ShellUnresponsive": "sandbox.errors", "SandboxPool": "sandbox.pool", "SandboxSettings": "sandbox.settings",
+    "ensure_base_image": "sandbox.base_image",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,6 +1,6 @@
 """DockerSandbox: one locked-down container driven through one persistent bash over one exec socket.
 
-    with DockerSandbox(image, cpus=1.0, memory="1g", pids=256, network=False, workdir="/app") as sb:
+    with DockerSandbox(image, SandboxSettings(cpus=1.0, memory="1g", network=False), run_id=run_id) as sb:
         r = sb.run("cd /app && ls -la", timeout=30)
 
 A command costs one write and one read on the exec socket (~0.2 ms), never a `docker exec` (~66 ms, and the daemon
@@ -34,6 +34,7 @@ import sandbox.preload as preload
 from sandbox.daemon import default_run_id, docker_client, docker_errors, owner_labels
 from sandbox.image_cache import IMAGE_REPO, TaskImage, touch_image
 from sandbox.tarball import RootOwned
+from sandbox.settings import SandboxSettings
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
 
@@ -70,54 +71,24 @@ class CommandResult:
     """A process of the command was killed by the container's out-of-memory killer."""
 
 
-def _parse_memory(memory: str | int) -> int:
-    if isinstance(memory, int):
-        return memory
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)i?b?\s*", memory.lower())
-    if m is None:
-        raise ValueError(f"memory must be bytes or like '512m'/'1g', got {memory!r}")
-    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
-
-
 def _absolute(path: str) -> str:
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError(f"sandbox paths must be absolute, got {path!r}")
     return posixpath.normpath(path)
 
 
-MIN_PIDS = 16
-"""Lowest process limit a container may get: init, the keep-alive and the shell machinery need a few."""
-MIN_OUTPUT_CAP = 256
-"""Fewest bytes of a command's output that may be shown (its first and last halves)."""
-
-
 class DockerSandbox:
     """A container with one persistent shell. Use as a context manager; `close()` always removes it."""
 
-    def __init__(self, image: str | TaskImage, *, cpus: float = 1.0, memory: str | int = "1g", pids: int = 256,
-                 network: bool = False, workdir: str = "/app", run_id: str | None = None,
-                 env: dict[str, str] | None = None, output_cap: int = 16 * 1024,
-                 max_command_bytes: int = 1 << 20, max_file_bytes: int = 64 << 20,
-                 interrupt_grace_s: float = 1.0, startup_timeout_s: float = 60.0) -> None:
-        if cpus <= 0:
-            raise ValueError(f"cpus must be > 0, got {cpus}")
-        if pids < MIN_PIDS:
-            raise ValueError(f"pids must be >= {MIN_PIDS} (the shell machinery needs a few), got {pids}")
-        if output_cap < MIN_OUTPUT_CAP:
-            raise ValueError(f"output_cap must be >= {MIN_OUTPUT_CAP} bytes, got {output_cap}")
-        if not workdir.startswith("/"):
-            raise ValueError(f"workdir must be absolute, got {workdir!r}")
+    def __init__(self, image: str | TaskImage, settings: SandboxSettings = SandboxSettings(), *,
+                 run_id: str | None = None) -> None:
+        if not isinstance(settings, SandboxSettings):
+            raise TypeError(f"settings must be a SandboxSettings, got {type(settings).__name__}")
         # A TaskImage may carry files (a COPY-only Dockerfile, not built): placed before the container starts.
         self.image, self._preload = (image.ref, image.preload) if isinstance(image, TaskImage) else (image, b"")
-        self.memory_bytes = _parse_memory(memory)
-        self.workdir = workdir
+        self.settings = settings
         self.run_id = run_id or default_run_id()
-        self.output_cap = output_cap
-        self.max_command_bytes = max_command_bytes
-        self.max_file_bytes = max_file_bytes
-        self.interrupt_grace_s = interrupt_grace_s
-        self._startup_timeout_s = startup_timeout_s
-        self._env = {**SHELL_ENV, **(env or {})}
+        self._env = {**SHELL_ENV, **dict(settings.env)}
         self._api = docker_client()
         self._lock = threading.Lock()
         self._closed = False
@@ -129,7 +100,7 @@ class DockerSandbox:
         self.id = ""
         self.preloaded_via = ""
         """How the task's files got in: "upper_dir", "archive" (see sandbox.preload), "" without any."""
-        self._create(cpus=cpus, pids=pids, network=network)
+        self._create()
         _LIVE.add(self)
         if _CLOSING.is_set():  # checked after joining _LIVE: a close_live_sandboxes running now may have missed it
             self.close()
@@ -142,18 +113,18 @@ class DockerSandbox:
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
-    def _create(self, *, cpus: float, pids: int, network: bool) -> None:
-        labels = owner_labels(self.run_id)
+    def _create(self) -> None:
+        limits, labels = self.settings, owner_labels(self.run_id)
         host_config = self._api.create_host_config(
-            init=True, network_mode="bridge" if network else "none", mem_limit=self.memory_bytes,
-            memswap_limit=self.memory_bytes, nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"],
-            cap_add=list(CAPABILITIES), security_opt=["no-new-privileges"], privileged=False)
+            init=True, network_mode="bridge" if limits.network else "none", mem_limit=limits.memory_bytes,
+            memswap_limit=limits.memory_bytes, nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids,
+            cap_drop=["ALL"], cap_add=list(CAPABILITIES), security_opt=["no-new-privileges"], privileged=False)
         name = f"t1-{re.sub(r'[^a-zA-Z0-9_.-]', '-', self.run_id)[:40]}-{secrets.token_hex(4)}"
         if self.image.startswith(f"{IMAGE_REPO}:"):
             touch_image(self.image)  # the image cache evicts the least recently used (sandbox.image_cache)
         with docker_errors(f"creating a container from {self.image!r}"):
             self.id = self._api.create_container(
-                self.image, entrypoint=["sleep", "infinity"], command=[], working_dir=self.workdir,
+                self.image, entrypoint=["sleep", "infinity"], command=[], working_dir=self.settings.workdir,
                 labels=labels, host_config=host_config, hostname="sandbox", name=name, detach=True)["Id"]
         try:
             if self._preload:
@@ -173,13 +144,13 @@ class DockerSandbox:
         with docker_errors("starting the sandbox shell"):
             self._exec_id = self._api.exec_create(
                 self.id, ["bash", "--noprofile", "--norc", "--noediting", "-i"], stdin=True, tty=True,
-                environment=self._env, workdir=self.workdir)["Id"]
+                environment=self._env, workdir=self.settings.workdir)["Id"]
             sock = self._api.exec_start(self._exec_id, tty=True, socket=True)
         raw = getattr(sock, "_sock", sock)  # SocketIO over a unix socket: talk to the socket itself
         self._sock_owner = sock  # keeps the HTTP response (and so the connection) alive
         self._chan = Channel(raw)
         token = secrets.token_hex(8)
-        deadline = time.monotonic() + self._startup_timeout_s
+        deadline = time.monotonic() + self.settings.startup_timeout_s
         try:
             sent = self._chan.send(init_script(token, keep=self._keep), deadline)
             payload = self._chan.read_frame(token, deadline, Discard()) if sent else None
@@ -187,7 +158,8 @@ class DockerSandbox:
             self._raise_if_dead("starting the sandbox shell", settle_s=2.0)  # an error path: wait to be sure
             raise SandboxError(f"the sandbox shell exited during start-up ({e}); does {self.image!r} have bash?")
         if payload is None:
-            raise ShellUnresponsive(f"the sandbox shell did not start within {self._startup_timeout_s:.0f} s")
+            raise ShellUnresponsive(
+                f"the sandbox shell did not start within {self.settings.startup_timeout_s:.0f} s")
         _, stty_rc, shell_pid, oom, *keep = payload.decode().split()
         if stty_rc != "0":
             raise SandboxError(f"stty failed in {self.image!r} (exit {stty_rc}): the shell needs coreutils' stty")
@@ -270,8 +242,8 @@ class DockerSandbox:
         data = command.encode("utf-8")
         if b"\x00" in data:
             raise ValueError("command contains a NUL byte, which no shell command can hold")
-        if len(data) > self.max_command_bytes:
-            raise CommandTooLong(f"command is {len(data)} bytes; the limit is {self.max_command_bytes} "
+        if len(data) > self.settings.max_command_bytes:
+            raise CommandTooLong(f"command is {len(data)} bytes; the limit is {self.settings.max_command_bytes} "
                                  "(write large scripts with write_file and run them)")
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("DockerSandbox.run called while another command is running on this sandbox")
@@ -286,7 +258,7 @@ class DockerSandbox:
         assert self._chan is not None
         self._seq += 1
         token = secrets.token_hex(8)
-        cap = OutputCap(self.output_cap)
+        cap = OutputCap(self.settings.output_cap)
         notes: list[str] = []
         t0 = time.monotonic()
         timed_out = False
@@ -305,7 +277,8 @@ class DockerSandbox:
             notes.append(note)
         oom = exit_code == 137 and self._oom_since_last()
         if oom:
-            notes.append(f"[t1: killed by the out-of-memory killer (memory limit {self.memory_bytes >> 20} MiB)]")
+            mib = self.settings.memory_bytes >> 20
+            notes.append(f"[t1: killed by the out-of-memory killer (memory limit {mib} MiB)]")
         output = cap.text()
         if notes:
             output += ("" if not output or output.endswith("\n") else "\n") + "\n".join(notes) + "\n"
@@ -331,7 +304,7 @@ class DockerSandbox:
         self._chan.send(b"\x03", time.monotonic() + 1.0)
         time.sleep(0.02)
         self._chan.send(control_line(f"__t1_frame {token} sync"), time.monotonic() + 1.0)
-        if self._chan.read_frame(token, time.monotonic() + self.interrupt_grace_s, cap, is_sync) is None:
+        if self._chan.read_frame(token, time.monotonic() + self.settings.interrupt_grace_s, cap, is_sync) is None:
             self._exec_killer(want=str(self._seq), maxage_cs=self._age_cs(t0))
             if self._chan.read_frame(token, time.monotonic() + 2.0, cap, is_sync) is None:
                 # The shell itself is stuck (e.g. a builtin loop that ignores SIGINT): replace it.
@@ -381,8 +354,8 @@ class DockerSandbox:
         code = info.get("ExitCode")
         code = -1 if code is None else int(code)
         self._spawn_shell()
-        return code, (f"[t1: the shell exited (code {code}); a fresh shell was started in {self.workdir}: cwd, "
-                      "variables and functions were reset]")
+        return code, (f"[t1: the shell exited (code {code}); a fresh shell was started in {self.settings.workdir}: "
+                      "cwd, variables and functions were reset]")
 
     def _oom_since_last(self) -> bool:
         """Did the cgroup's oom_kill counter grow since the last look? (False where the counter is not visible.)"""
@@ -417,8 +390,8 @@ class DockerSandbox:
         parent, name = posixpath.split(_absolute(path))
         if not name:
             raise ValueError(f"path must name a file, got {path!r}")
-        if len(data) > self.max_file_bytes:
-            raise FileTooLarge(f"{path}: {len(data)} bytes exceed max_file_bytes={self.max_file_bytes}")
+        if len(data) > self.settings.max_file_bytes:
+            raise FileTooLarge(f"{path}: {len(data)} bytes exceed max_file_bytes={self.settings.max_file_bytes}")
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(name)
@@ -428,7 +401,7 @@ class DockerSandbox:
 
     def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Bytes of the file at `path` (symlinks followed). FileNotFoundError, IsADirectoryError, FileTooLarge."""
-        cap = max_bytes or self.max_file_bytes
+        cap = max_bytes or self.settings.max_file_bytes
         path = _absolute(path)
         for _ in range(16):
             with docker_errors(f"reading {path}"):
@@ -462,8 +435,8 @@ class DockerSandbox:
         local = Path(local_dir)
         if not local.is_dir():
             raise NotADirectoryError(f"local_dir must be a directory, got {str(local)!r}")
-        as_root = RootOwned(self.max_file_bytes, lambda: FileTooLarge(
-            f"{local} holds more than max_file_bytes={self.max_file_bytes}"))
+        as_root = RootOwned(self.settings.max_file_bytes, lambda: FileTooLarge(
+            f"{local} holds more than max_file_bytes={self.settings.max_file_bytes}"))
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for child in sorted(local.iterdir()):

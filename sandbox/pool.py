@@ -17,21 +17,22 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
 
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
+from sandbox.settings import SandboxSettings
 from sandbox.task_images import TaskImage
 
 
 class SandboxPool:
-    """Keeps `size` idle sandboxes of `image` warm; `sandbox_kwargs` go to every `DockerSandbox`.
+    """Keeps `size` idle sandboxes of `image` warm, every one a `DockerSandbox(image, settings, run_id=run_id)`.
 
     `demand`: how many `acquire()`s will come in all (None: no end). Then at most that many minus those already
     handed out are kept warm or starting; a sandbox found dead at acquire does not count, so it is replaced."""
 
     def __init__(self, image: str | TaskImage, *, size: int, demand: int | None = None, max_parallel_starts: int = 4,
-                 retry_after_error_s: float = 2.0, **sandbox_kwargs: Any) -> None:
+                 retry_after_error_s: float = 2.0, settings: SandboxSettings = SandboxSettings(),
+                 run_id: str | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         if demand is not None and demand < 0:
@@ -41,7 +42,7 @@ class SandboxPool:
         self.image = image
         self.size = size
         self._demand = demand
-        self._kwargs = sandbox_kwargs
+        self.settings, self.run_id = settings, run_id
         self._max_parallel = max_parallel_starts
         self._retry_s = retry_after_error_s
         self._cv = threading.Condition()
@@ -73,7 +74,7 @@ class SandboxPool:
 
     def _start_one(self) -> None:
         try:
-            sb = DockerSandbox(self.image, **self._kwargs)
+            sb = DockerSandbox(self.image, self.settings, run_id=self.run_id)
         except Exception as e:  # any kind: left in the starter's future, it would keep acquire() waiting forever
             error = e if isinstance(e, SandboxError) else SandboxError(
                 f"starting a sandbox of {self.image!r} failed: {type(e).__name__}: {e}")

@@ -35,6 +35,7 @@ from sandbox.cli import Parser
 from sandbox.docker_build import tls_failure
 from sandbox.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
+from sandbox.settings import SandboxSettings
 from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.signals import exit_on_signals
 from sandbox.tasks import (NETWORK_MODES, NetworkMode, Task, TaskFormatError, load_task, reference_solution,
@@ -78,8 +79,8 @@ def run_task_report(task: Task, *, script: str | None = None, base_image_overrid
     overrides = default_base_image_overrides() if base_image_overrides is None else base_image_overrides
     image = build_task_image(task, base_image_overrides=overrides)
     ran = None
-    with DockerSandbox(image, cpus=task.cpus, memory=task.memory_mb << 20, network=sandbox_network(task, network),
-                       workdir=task.workdir, run_id=run_id) as sb:
+    with DockerSandbox(image, SandboxSettings.for_task(task, network=sandbox_network(task, network)),
+                       run_id=run_id) as sb:
         if upload_solution and task.solution_dir is not None:
             sb.upload_dir(task.solution_dir, SOLUTION_DIR)
         if interactive:

@@ -17,6 +17,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rollout.budget import slot_length
+from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS  # plain values: no Docker SDK is loaded
+
 Dtype = Literal["float32", "bfloat16", "float16"]
 ActorPush = Literal["group_positive", "group", "center", "whiten", "raw"]
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -140,11 +143,10 @@ class SandboxSection:
         _check_types(self)
         _check(self.cpus is None or self.cpus > 0, "sandbox.cpus", "> 0 or none", self.cpus)
         _check(self.memory_mb is None or self.memory_mb >= 16, "sandbox.memory_mb", ">= 16 or none", self.memory_mb)
-        # 16 and 256 mirror sandbox.docker_sandbox.MIN_PIDS / MIN_OUTPUT_CAP (importing the sandbox package here
-        # would load the Docker SDK for every config parse; tests/test_config.py checks that they agree).
-        _check(self.pids >= 16, "sandbox.pids", ">= 16 (the shell machinery needs a few)", self.pids)
+        _check(self.pids >= MIN_PIDS, "sandbox.pids", f">= {MIN_PIDS} (the shell machinery needs a few)", self.pids)
         _check(self.command_timeout_s > 0, "sandbox.command_timeout_s", "> 0", self.command_timeout_s)
-        _check(self.output_cap_bytes >= 256, "sandbox.output_cap_bytes", ">= 256", self.output_cap_bytes)
+        _check(self.output_cap_bytes >= MIN_OUTPUT_CAP, "sandbox.output_cap_bytes", f">= {MIN_OUTPUT_CAP}",
+               self.output_cap_bytes)
         _check(self.pool_size >= 1, "sandbox.pool_size", ">= 1", self.pool_size)
 
 
@@ -188,9 +190,8 @@ class RolloutSection:
 
     @property
     def max_seq_len(self) -> int:
-        """The longest sequence an engine must hold: the episode budget plus one more reply (the last turn may start
-        just under max_tokens), plus a few positions for the template glue around it."""
-        return self.max_tokens + self.max_new_tokens_per_turn + 8
+        """The longest sequence an engine must hold (`rollout.budget.slot_length`)."""
+        return slot_length(self.max_tokens, self.max_new_tokens_per_turn)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,8 +292,6 @@ class AlgoSection:
         "'center': the step's token mean as baseline, every step moves the actor. 'whiten': 'center', then divided "
         "by the std (a step whose episodes all scored alike then gets a full-size update from critic noise alone). "
         "'raw': GAE's advantages as they are. The critic trains on every episode under every rule")
-    critic_only_iterations: int = _field(
-        2, "RL steps that update only the critic before the first actor update (the critic's warm start)")
     ppo_epochs: int = _field(1, "passes over each step's batch")
     minibatch_tokens: int = _field(2048, "tokens per optimizer step (whole trajectories are packed)")
 
@@ -309,7 +308,6 @@ class AlgoSection:
         _check(self.tis_cap is None or self.tis_cap >= 1, "algo.tis_cap", ">= 1 or none", self.tis_cap)
         _check(self.icepop is None or 0 < self.icepop[0] < 1 < self.icepop[1], "algo.icepop",
                "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
-        _check(self.critic_only_iterations >= 0, "algo.critic_only_iterations", ">= 0", self.critic_only_iterations)
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", self.ppo_epochs)
         _check(self.minibatch_tokens >= 1, "algo.minibatch_tokens", ">= 1", self.minibatch_tokens)
 
@@ -327,6 +325,9 @@ class WarmstartSection:
     sft_max_steps: int | None = _field(None, "stop SFT after this many optimizer steps; none = run all epochs")
     sft_lr: float = _field(1e-3, "SFT learning rate of the actor")
     sft_minibatch_tokens: int = _field(4096, "tokens per SFT optimizer step (separate from algo.minibatch_tokens)")
+    critic_steps: int = _field(
+        2, "the warm start's last phase: RL steps that update only the critic (episodes of the warm-started policy) "
+        "before the first actor update, so the actor's first advantages come from a critic fitted to its returns")
     verify_references: bool = _field(
         False, "run the verifiers on every reference transcript and drop those that fail (slower; the test "
         "suite already checks every built-in reference solution)")
@@ -341,6 +342,7 @@ class WarmstartSection:
                self.sft_max_steps)
         _check(self.sft_lr > 0, "warmstart.sft_lr", "> 0", self.sft_lr)
         _check(self.sft_minibatch_tokens >= 1, "warmstart.sft_minibatch_tokens", ">= 1", self.sft_minibatch_tokens)
+        _check(self.critic_steps >= 0, "warmstart.critic_steps", ">= 0", self.critic_steps)
 
 
 @dataclass(frozen=True, kw_only=True)

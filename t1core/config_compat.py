@@ -26,7 +26,8 @@ _FIXED_BLOCKS = {("tasks", "train_seed"): SeedBlock.TRAIN, ("tasks", "rl_seed"):
 
 
 _MOVED = {("run", "eval_every"): ("eval", "every"), ("run", "eval_temperature"): ("eval", "temperature"),
-          ("run", "eval_samples"): ("eval", "attempts")}
+          ("run", "eval_samples"): ("eval", "attempts"),
+          ("algo", "critic_only_iterations"): ("warmstart", "critic_steps")}
 """Fields that moved with their meaning unchanged: old (section, key) -> new (section, key)."""
 
 
@@ -145,8 +146,8 @@ def _migrate_vllm(raw: Raw, origin: str) -> None:
         value = vllm.pop("max_model_len")
         if not (value is None or str(value).strip().lower() == "none"):
             raise ValueError(f"{origin}: vllm.max_model_len={value} is no longer a setting: it is derived from "
-                             "rollout.max_tokens + rollout.max_new_tokens_per_turn + 8 (RolloutSection.max_seq_len)")
-        _say(f"{origin}: vllm.max_model_len is derived now (RolloutSection.max_seq_len); remove it")
+                             "rollout.max_tokens + rollout.max_new_tokens_per_turn (rollout.budget.slot_length)")
+        _say(f"{origin}: vllm.max_model_len is derived now (rollout.budget.slot_length); remove it")
     if "nccl_address" in vllm or "nccl_port" in vllm:
         host = str(vllm.pop("nccl_address", "127.0.0.1")).strip()
         port = _value(vllm.pop("nccl_port", 29650), int)

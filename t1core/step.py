@@ -132,15 +132,15 @@ class PushPlan:
 
 
 def push_plan(rewards: Sequence[float], group_ids: Sequence[int], *, step: int, algo: AlgoSection,
-              group_size: int) -> PushPlan:
+              group_size: int, critic_steps: int) -> PushPlan:
     """The rules that decide what pushes the actor, in one place (`PUSH_RULES[algo.actor_push]`):
-    - critic-only warm start: no actor update before step algo.critic_only_iterations;
+    - critic-only warm start: no actor update before step `critic_steps` (warmstart.critic_steps);
     - skip_flat_steps: a step whose episodes all got one reward holds nothing but the critic's error;
     - skip_flat_groups: the same per task instance (group of >= 2 episodes): its episodes get advantage 0,
       and a step where every group is flat takes no actor step. The critic trains on everything."""
     rule = PUSH_RULES[algo.actor_push]
     flat_step = rule.skip_flat_steps and max(rewards) == min(rewards)
-    update_actor = step >= algo.critic_only_iterations and not flat_step
+    update_actor = step >= critic_steps and not flat_step
     metrics = {"train/flat_step": float(flat_step)}
     no_push = None
     if rule.skip_flat_groups and group_size >= 2:

@@ -117,7 +117,8 @@ class Trainer:
             batch = self.collect_step(step, instances)
         if not batch.trajs:
             return {**batch.metrics, "skipped/no_sampled_tokens": 1.0}
-        plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k)
+        plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k,
+                         critic_steps=cfg.warmstart.critic_steps)
         if cfg.optim.lr_decay:
             builders.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
         if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "colocated":

@@ -10,6 +10,7 @@ import time
 import torch
 
 from rollout.agent import AgentConfig, run_episode
+from rollout.budget import slot_length
 from rollout.compaction import Compaction
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
@@ -52,7 +53,7 @@ def long_episode(*, max_turns: int = 300, max_tokens: int = 1024, at_tokens: int
     tok = ChatTokenizer.builtin()
     policy = MoEModel(ModelConfig.tiny(), seed=seed).eval()
     engine = TorchEngine(copy.deepcopy(policy).requires_grad_(False),
-                         EngineConfig(max_batch=1, num_slots=2, max_seq_len=max_tokens + max_reply + 8,
+                         EngineConfig(max_batch=1, num_slots=2, max_seq_len=slot_length(max_tokens, max_reply),
                                       batch_invariant=True))
     log = TimedEngine(engine)
     task = fixed_tasks("train")[0]

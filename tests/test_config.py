@@ -158,14 +158,15 @@ def test_bad_overrides_raise_with_expected_and_got(override, message):
 
 
 def test_sandbox_minimums_match_the_sandbox():
-    """The config's limits mirror sandbox.docker_sandbox's (config stays free of the Docker SDK): a value one below
-    is refused by all three layers, the minimum itself accepted by the two that need no daemon."""
+    """The config, the rollout's limits and the sandbox's settings share one minimum: a value one below is refused
+    by all three layers, the minimum itself accepted by each."""
     from rollout.agent import SandboxLimits
-    from sandbox.docker_sandbox import MIN_OUTPUT_CAP, MIN_PIDS, DockerSandbox
-    with pytest.raises(ValueError, match=f"pids must be >= {MIN_PIDS}"):  # checked before the daemon is reached
-        DockerSandbox("any", pids=MIN_PIDS - 1)
+    from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
+    with pytest.raises(ValueError, match=f"pids must be >= {MIN_PIDS}"):  # checked before any daemon is reached
+        SandboxSettings(pids=MIN_PIDS - 1)
     with pytest.raises(ValueError, match=f"output_cap must be >= {MIN_OUTPUT_CAP}"):
-        DockerSandbox("any", output_cap=MIN_OUTPUT_CAP - 1)
+        SandboxSettings(output_cap=MIN_OUTPUT_CAP - 1)
+    assert SandboxSettings(pids=MIN_PIDS, output_cap=MIN_OUTPUT_CAP).pids == MIN_PIDS
     for field, low in (("pids", MIN_PIDS), ("output_cap_bytes", MIN_OUTPUT_CAP)):
         assert getattr(load_config(None, [f"--sandbox.{field}={low}"]).sandbox, field) == low
         assert getattr(SandboxLimits(**{field: low}), field) == low
@@ -229,6 +230,7 @@ heldout_seed = 100000
 advantage_norm = "group"
 negative_adv_scale = 1.0
 skip_flat_steps = true
+critic_only_iterations = 3
 use_tito = true
 use_r3 = true
 [warmstart]
@@ -254,13 +256,14 @@ cpu_offload = false
 def test_old_fields_load_with_one_line_naming_the_new_field(tmp_path, capsys):
     cfg = load_config(_write(tmp_path, OLD_FORM), [])
     assert cfg.algo.actor_push == "group" and cfg.warmstart.sft_epochs == 0 and cfg.optim.lr_decay is False
+    assert cfg.warmstart.critic_steps == 3
     assert cfg.vllm.nccl_endpoint == "10.0.0.2:29700" and cfg.vllm.nccl_host_port == ("10.0.0.2", 29700)
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(line.startswith("deprecated: ") for line in lines)
     joined = "\n".join(lines)
     for new in ("algo.actor_push", "SeedBlock.TRAIN", "SeedBlock.HELDOUT", "SeedBlock.PRETRAIN", "warmstart.sft_epochs",
-                "optim.lr_decay", "vllm.nccl_endpoint", "RolloutSection.max_seq_len", "[plan] table",
-                "t1core.experiments.mismatch"):
+                "optim.lr_decay", "vllm.nccl_endpoint", "rollout.budget.slot_length", "[plan] table",
+                "warmstart.critic_steps", "t1core.experiments.mismatch"):
         assert new in joined, new
     # The same on the command line, the old knobs read together.
     assert load_config(None, ["--algo.advantage_norm=center", "--algo.negative_adv_scale=1",

@@ -237,7 +237,7 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
     common = [f"--tasks.source={tasks}", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
               "--rollout.concurrency=1", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
               "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0",
-              "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=0", "--run.checkpoint_every=1",
+              "--warmstart.sft_epochs=0", "--warmstart.critic_steps=0", "--run.checkpoint_every=1",
               "--algo.kl_coef=0.1", "--algo.actor_push=center",
               "--optim.lr_decay=false", "--model.dtype=bfloat16", "--parallel.activation_checkpointing=true"]
     straight, split = tmp_path / "straight", tmp_path / "split"

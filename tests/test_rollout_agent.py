@@ -20,7 +20,7 @@ import torch
 
 from t1kernels.logprob import token_logprobs
 from rollout.agent import (DONE_MARKER, AgentConfig, EpisodeSpec, SandboxLimits, parse_action, run_episode, run_episodes,
-                           sandbox_kwargs)
+                           sandbox_settings)
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.tito import retokenization_drift, sampled_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -98,7 +98,7 @@ def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[
                                                 images: dict[str, TaskImage]) -> None:
     task = tasks[0]
     engine = ScriptedEngine(tok, tasks, solve_then_done)
-    with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:
+    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
         traj = run_episode(engine, tok, sb, task, config=AgentConfig(max_turns=5), seed=0)
     assert traj.finish_reason == "done" and len(traj.turns) == 2
     assert traj.verifier["total"] >= 3 and traj.reward == traj.verifier["total"] == traj.verifier["passed"]
@@ -112,7 +112,7 @@ def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[
     assert traj.metrics["malformed_tool_calls"] == 0 and traj.metrics["tito_prefix_checks"] == 2
     # Control: finishing without doing anything does not get full reward (the verifiers can fail).
     lazy = ScriptedEngine(tok, tasks, lambda t, n: DONE_MARKER)
-    with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:
+    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
         nothing = run_episode(lazy, tok, sb, task, config=AgentConfig(max_turns=5), seed=0)
     assert nothing.finish_reason == "done" and nothing.reward < nothing.verifier["total"]
 
@@ -124,7 +124,7 @@ def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: 
     replies = ["Let me look around first.", "<tool_call>\n{\"name\": \"bash\", \"arguments\": {oops\n</tool_call>",
                format_tool_call(suite.reference_solution(task)), DONE_MARKER]
     engine = ScriptedEngine(tok, tasks, lambda t, n: replies[n])
-    with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:
+    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
         traj = run_episode(engine, tok, sb, task, config=AgentConfig(max_turns=6), seed=0)
     assert traj.metrics["malformed_tool_calls"] == 2 and traj.finish_reason == "done"
     assert [t.tool_error is not None for t in traj.turns] == [True, True, False, False]
@@ -137,7 +137,7 @@ def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: 
 def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
     task = tasks[2]
     engine = ScriptedEngine(tok, tasks, lambda t, n: format_tool_call("echo hello"))
-    with DockerSandbox(images[task.name], **sandbox_kwargs(task)) as sb:
+    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
         traj = run_episode(engine, tok, sb, task, config=AgentConfig(max_turns=3, verify=False), seed=0)
         assert traj.finish_reason == "max_turns" and len(traj.turns) == 3 and traj.verifier is None
         assert traj.turns[0].output.strip() == "hello"

@@ -18,6 +18,7 @@ import pytest
 from sandbox import (CommandTooLong, ContainerDied, DaemonUnreachable, DockerSandbox, FileTooLarge, ImageNotFound,
                      SandboxError, SandboxPool, ensure_base_image)
 from sandbox.reap import reap
+from sandbox.settings import SandboxSettings
 from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.shell import OutputCap, encode_command
 
@@ -43,7 +44,7 @@ def image(api) -> str:
 
 @pytest.fixture
 def sb(image):
-    with DockerSandbox(image, run_id=RUN_ID, interrupt_grace_s=0.5) as box:
+    with DockerSandbox(image, SandboxSettings(interrupt_grace_s=0.5), run_id=RUN_ID) as box:
         yield box
 
 
@@ -122,7 +123,7 @@ def test_output_is_clean_and_combined(sb):
 @pytest.mark.docker
 def test_command_limits(sb):
     with pytest.raises(CommandTooLong):
-        sb.run("#" * (sb.max_command_bytes + 1))
+        sb.run("#" * (sb.settings.max_command_bytes + 1))
     with pytest.raises(ValueError):
         sb.run("echo a\x00b")
     big = "\n".join(f"v{i}={i}" for i in range(50_000)) + "\necho $v49999"
@@ -182,7 +183,7 @@ def test_output_flood_is_capped_with_flat_host_memory(sb):
 
 @pytest.mark.docker
 def test_fork_bomb_is_contained_by_the_pids_limit(image):
-    with DockerSandbox(image, run_id=RUN_ID, pids=64, interrupt_grace_s=0.5) as box:
+    with DockerSandbox(image, SandboxSettings(pids=64, interrupt_grace_s=0.5), run_id=RUN_ID) as box:
         box.run(":(){ :|:& };:", timeout=5)
         time.sleep(1.0)
         # Builtins only (no fork is possible now): read the cgroup's pid count. The bomb's processes share
@@ -200,7 +201,7 @@ def test_fork_bomb_is_contained_by_the_pids_limit(image):
 
 @pytest.mark.docker
 def test_memory_bomb_is_reported_as_oom(image):
-    with DockerSandbox(image, run_id=RUN_ID, memory="128m") as box:
+    with DockerSandbox(image, SandboxSettings(memory="128m"), run_id=RUN_ID) as box:
         r = box.run("python3 -c 'b = bytearray(1024 * 2**20)'", timeout=60)
         assert r.oom_killed and r.exit_code == 137 and "out-of-memory" in r.output
         assert not box.run("python3 -c 'b = bytearray(16 * 2**20)'").oom_killed
@@ -233,7 +234,7 @@ def test_no_network_by_default_and_locked_down(sb, api):
 @pytest.mark.docker
 def test_sixteen_sandboxes_in_parallel(image):
     def episode(i: int) -> list[str]:
-        with DockerSandbox(image, run_id=RUN_ID, memory="256m") as box:
+        with DockerSandbox(image, SandboxSettings(memory="256m"), run_id=RUN_ID) as box:
             box.run(f"ME={i}")
             return [box.run(f"echo $ME-{k}").output for k in range(25)]
 
@@ -344,10 +345,10 @@ def test_pool_with_a_demand_starts_no_spare_and_replaces_a_dead_one(image, api):
 
 
 def test_pool_start_failing_with_any_exception_raises_at_acquire_instead_of_hanging():
-    """An exception other than SandboxError in a start (here a bad keyword, a TypeError) used to stay in the
-    starter thread's future: the pool counted the start as still running and acquire() waited forever."""
-    with SandboxPool("t1-no-such-image:nope", size=1, not_an_option=1) as pool:
-        with pytest.raises(SandboxError, match="TypeError.*not_an_option"):
+    """An exception other than SandboxError in a start (here settings of the wrong type, a TypeError) used to stay
+    in the starter thread's future: the pool counted the start as still running and acquire() waited forever."""
+    with SandboxPool("t1-no-such-image:nope", size=1, settings={"pids": 64}) as pool:  # type: ignore[arg-type]
+        with pytest.raises(SandboxError, match="TypeError.*must be a SandboxSettings"):
             pool.acquire(timeout=30)
 
 

@@ -33,7 +33,7 @@ def test_the_reward_is_the_dense_count_plus_the_shaping_terms() -> None:
     (5, [2.0, 2.0, 2.0, 2.0], [0, 0, 1, 1], False, [True, True, True, True]),     # a flat step
 ])
 def test_push_plan(step, rewards, groups, expect_update, expect_no_push) -> None:
-    plan = push_plan(rewards, groups, step=step, algo=AlgoSection(critic_only_iterations=2), group_size=2)
+    plan = push_plan(rewards, groups, step=step, algo=AlgoSection(), group_size=2, critic_steps=2)
     assert plan.update_actor is expect_update and plan.no_push == expect_no_push
     assert plan.metrics["train/flat_group_episode_frac"] == sum(expect_no_push) / len(expect_no_push)
     assert plan.metrics["train/flat_step"] == float(len(set(rewards)) == 1)
@@ -41,15 +41,15 @@ def test_push_plan(step, rewards, groups, expect_update, expect_no_push) -> None
 
 @pytest.mark.parametrize("rule", ["center", "whiten", "raw"])
 def test_push_rules_without_the_group_baseline_never_skip(rule: str) -> None:
-    algo = AlgoSection(critic_only_iterations=0, actor_push=rule)
-    plan = push_plan([2.0, 2.0], [0, 0], step=0, algo=algo, group_size=2)
+    algo = AlgoSection(actor_push=rule)
+    plan = push_plan([2.0, 2.0], [0, 0], step=0, algo=algo, group_size=2, critic_steps=0)
     assert plan.update_actor and plan.no_push is None and plan.metrics == {"train/flat_step": 0.0}
     assert (plan.baseline, plan.negative_scale) == ({"center": "center", "whiten": "whiten", "raw": "none"}[rule], 1.0)
 
 
 def test_group_push_rules_differ_only_in_negative_advantages() -> None:
     for rule, scale in (("group_positive", 0.0), ("group", 1.0)):
-        plan = push_plan([1.0, 2.0], [0, 0], step=5, algo=AlgoSection(actor_push=rule), group_size=2)
+        plan = push_plan([1.0, 2.0], [0, 0], step=5, algo=AlgoSection(actor_push=rule), group_size=2, critic_steps=2)
         assert plan.update_actor and plan.no_push == [False, False]
         assert (plan.baseline, plan.negative_scale) == ("group", scale)
     assert flat_groups([1.0, 1.0], [0, 1]) == [False, False]  # lone episodes are never flat

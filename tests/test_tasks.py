@@ -28,6 +28,7 @@ import pytest
 from sandbox import suite
 from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.docker_sandbox import DockerSandbox
+from sandbox.settings import SandboxSettings
 from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
 from sandbox.families.common import FILE_MTIME, TURN_BREAK
 from sandbox.families.finish import CLEANUP, CLEANUP_TEST, DEMO_COMPLETE_RATE, SCRATCH_DIR
@@ -234,7 +235,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
     from sandbox.verify import _inspect_changes, _upper_dir_changes
 
     def judge(script: str) -> tuple[tuple[list[str], bool], tuple[list[str], bool]]:
-        with DockerSandbox(overrides["debian:*"], workdir="/app", run_id=RUN_ID) as sb:
+        with DockerSandbox(overrides["debian:*"], run_id=RUN_ID) as sb:
             assert sb.run(script, timeout=30).exit_code == 0, script
             info = docker_client().inspect_container(sb.id)
             assert _upper_dir_changes(info) is not None  # the fast path is the one under test here
@@ -269,7 +270,7 @@ def test_verifier_modules_cover_what_a_pytest_run_loads_from_site_packages(overr
              "site = [p for p in sys.path if p.endswith('-packages')]\n"
              "print(rc, sorted({m.split('.')[0] for m, mod in list(sys.modules.items())\n"
              "                  if any((getattr(mod, '__file__', None) or '').startswith(s) for s in site)}))\n")
-    with DockerSandbox(overrides["debian:*"], workdir="/app", run_id=RUN_ID) as sb:
+    with DockerSandbox(overrides["debian:*"], run_id=RUN_ID) as sb:
         sb.write_file("/tmp/probe.py", probe.encode())
         r = sb.run("mkdir -p /tmp/t && /usr/bin/python3 -I -B /tmp/probe.py | tail -1", timeout=60)
     rc, loaded = r.output.strip().split(" ", 1)
@@ -283,7 +284,7 @@ def test_poisoned_shell_cannot_run_code_at_verification(overrides: dict[str, str
     task, noop, _ = spoof_results
     spec = generate("create_file", 7, "train")
     write = f"echo {spec.constants['WORD']} > {spec.constants['TARGET']}"
-    with DockerSandbox(build_task_image(task, base_image_overrides=overrides), workdir=task.workdir,
+    with DockerSandbox(build_task_image(task, base_image_overrides=overrides), SandboxSettings(workdir=task.workdir),
                        run_id=RUN_ID) as sb:
         for cmd in ["rm() { :; }; mkdir() { :; }; ln() { :; }; /usr/bin/env() { :; }; __t1_sweep() { return 0; }",
                     f"trap '[[ $BASH_COMMAND == *__t1_sweep* ]] && {write}' DEBUG",
@@ -548,7 +549,7 @@ def test_copy_only_dockerfile_is_preloaded_exactly_as_docker_build_copies(tmp_pa
     listings = []
     try:
         for image in (preloaded, built):
-            with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
+            with DockerSandbox(image, SandboxSettings(workdir=task.workdir), run_id=RUN_ID) as sb:
                 r = sb.run(_LISTING, timeout=30)
                 assert r.exit_code == 0, r.output
                 listings.append(r.output)
@@ -577,7 +578,7 @@ def test_preload_written_into_the_upper_dir_equals_the_daemons_archive(tmp_path:
     for via in ("upper_dir", "archive"):
         if via == "archive":
             monkeypatch.setattr(preload, "upper_dir", lambda api, container_id: None)
-        with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
+        with DockerSandbox(image, SandboxSettings(workdir=task.workdir), run_id=RUN_ID) as sb:
             assert sb.preloaded_via == via
             r = sb.run(_STRICT_LISTING + "; " + _LISTING, timeout=30)
             assert r.exit_code == 0, r.output
@@ -627,7 +628,7 @@ def test_preloaded_sandboxes_look_the_same_whenever_they_start(tmp_path: Path, o
         assert image.ref == overrides["debian:*"] and image.preload, task.name
         listings = []
         for _ in range(2):
-            with DockerSandbox(image, workdir=task.workdir, run_id=RUN_ID) as sb:
+            with DockerSandbox(image, SandboxSettings(workdir=task.workdir), run_id=RUN_ID) as sb:
                 r = sb.run("find /app /opt/t1 /srv -printf '%p %m %T@\\n' 2>/dev/null | sort; pwd", timeout=30)
                 listings.append(r.output)
             time.sleep(1.1)  # the next container starts in another second

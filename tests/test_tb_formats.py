@@ -26,6 +26,7 @@ import pytest
 
 from sandbox.check_tasks import check_tasks, summary
 from sandbox.docker_build import clean_text
+from sandbox.settings import SandboxSettings
 from sandbox.daemon import LABEL_RUN, docker_client
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.image_cache import LABEL_KIND, LABEL_TASK, prune_task_images
@@ -68,7 +69,7 @@ def test_base_has_python_and_pip_and_the_ca_layer_is_built_once(overrides: dict[
 
     ca_ref = overrides["debian:*"]
     assert ensure_base_image(trust_host_ca=True) == ca_ref  # found, not rebuilt
-    with DockerSandbox(ca_ref, network=False, run_id=RUN_ID) as sb:
+    with DockerSandbox(ca_ref, SandboxSettings(network=False), run_id=RUN_ID) as sb:
         # Dockerfiles written for Ubuntu bases link /usr/bin/python themselves: that must still work.
         r = sb.run("python --version && ls /usr/lib/python3*/EXTERNALLY-MANAGED; ln -s /usr/bin/python3 "
                    "/usr/bin/python && echo linked; grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt",
@@ -263,7 +264,7 @@ def test_harbor_memory_solution_folder_and_copy_onto_a_directory(tmp_path: Path,
     assert ran is not None and ran.exit_code == 0 and result.outcome, (ran, result.per_test, result.output)
     built = build_task_image(task, base_image_overrides=overrides, preload=False)
     for img in (image, built):
-        with DockerSandbox(img, workdir=task.workdir, run_id=RUN_ID) as sb:
+        with DockerSandbox(img, SandboxSettings(workdir=task.workdir), run_id=RUN_ID) as sb:
             r = sb.run("stat -c '%F %n' /app /app/data.txt /opt/data.txt", timeout=30)
         assert r.output.splitlines() == ["directory /app", "regular file /app/data.txt",
                                         "regular file /opt/data.txt"], (img, r.output)

@@ -40,7 +40,7 @@ needs_docker = pytest.mark.skipif(not _daemon_ok(), reason="no Docker daemon ans
 TINY = ["--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=1",
         "--rollout.max_turns=2",
         "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400",
-        "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=1",
+        "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--warmstart.critic_steps=1",
         "--run.checkpoint_every=2",
         "--optim.lr_actor=1e-3",
         "--algo.kl_coef=0.1",  # KL on: resume must reload the anchor policy too

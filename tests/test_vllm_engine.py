@@ -391,7 +391,7 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
             "--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=2",
             "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640",
             "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0",
-            "--algo.critic_only_iterations=0", "--run.checkpoint_every=0", "--algo.actor_push=center",
+            "--warmstart.critic_steps=0", "--run.checkpoint_every=0", "--algo.actor_push=center",
              "--optim.lr_actor=1e-3", "--vllm.dtype=float32"]
     assert train.main(args) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

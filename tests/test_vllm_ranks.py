@@ -180,7 +180,7 @@ def _train_on_two_ranks(tmp_path: Path, tasks: Path, placement: str) -> Path:
             "--vllm.dtype=float32", "--run.steps=2", "--rollout.episodes_per_step=4", "--rollout.group_size=2",
             "--rollout.concurrency=2", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
             "--rollout.max_tokens=640", "--algo.minibatch_tokens=700", "--warmstart.pretrain_steps=0",
-            "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=0", "--run.checkpoint_every=0",
+            "--warmstart.sft_epochs=0", "--warmstart.critic_steps=0", "--run.checkpoint_every=0",
             "--algo.actor_push=center", "--optim.lr_actor=1e-3"]
     out.mkdir(parents=True)
     mp.spawn(_rank, args=(_free_port(), args, str(out)), nprocs=WORLD, join=True)

@@ -52,6 +52,7 @@ import torch
 
 from t1kernels.moe import route
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout.budget import slot_length
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectories
@@ -341,7 +342,7 @@ def collect(rollout_model: MoEModel, tasks: list[Task], images: dict[str, TaskIm
             cfg: MismatchConfig, *, seed: int, batch_invariant: bool = False) -> tuple[list[Trajectory], CompletionLog]:
     """`num_episodes` real episodes sampled by a fresh engine over `rollout_model`, and the engine's record."""
     ecfg = EngineConfig(max_batch=cfg.num_parallel, num_slots=2 * cfg.num_parallel,
-                        max_seq_len=cfg.max_tokens + cfg.max_reply_tokens + 8, batch_invariant=batch_invariant)
+                        max_seq_len=slot_length(cfg.max_tokens, cfg.max_reply_tokens), batch_invariant=batch_invariant)
     specs = [EpisodeSpec(task=tasks[i % len(tasks)], image=images[tasks[i % len(tasks)].name],
                          seed=derive_seed(seed, i)) for i in range(cfg.num_episodes)]
     with TorchEngine(rollout_model, ecfg) as engine:
