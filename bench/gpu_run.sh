@@ -19,8 +19,8 @@
 #            agreement, prefix cache, weight update inside a 2-rank trainer world). Needs vLLM installed on the
 #            device; without it the part says so and is reported as skipped (exit 77), not failed.
 #   train    bench/gpu_check_train.py: two RL steps of python -m t1core.train, tiny model, run.device=cuda, torch
-#            engine (critic-only, then actor+critic). Its episodes need a Docker daemon: without one the part says
-#            so and is skipped (exit 77). Its 65 s came from moe (-30), logprob (-10) and model (-10), cut without a
+#            engine (critic-only, then actor+critic). Without a Docker daemon (the lent device) its episodes are
+#            replayed from bench/fixtures/train_replay (bench/train_replay.py), recorded on a CPU box. Its 65 s came from moe (-30), logprob (-10) and model (-10), cut without a
 #            device measurement: a part that runs out of time reruns alone with --only.
 # No tuning sweeps: tiles are chosen ahead of time (python -m t1kernels.aot_report checks them for spills on a CPU).
 # Every part writes $OUT/<part>.log (and .jsonl rows where the check emits them); $OUT/summary.json holds each
@@ -32,7 +32,7 @@ cd "$(dirname "$0")/.."
 declare -A LIMIT_S=([env]=20 [moe]=160 [logprob]=100 [model]=100 [pytest]=40 [vllm]=110 [train]=65)
 PARTS=(env moe logprob model pytest vllm train)
 BUDGET_S=600  # one device command's limit
-SKIPPED=77    # a part's exit status for "cannot run here" (gpu_check_vllm.py without vLLM, gpu_check_train.py without Docker)
+SKIPPED=77    # a part's exit status for "cannot run here" (gpu_check_vllm.py without vLLM)
 PY=${PYTHON:-python3}
 DRY=0
 ONLY=""

@@ -45,7 +45,7 @@ class Trainer:
         self.dp = dp = dp or DataParallel.single()
         self.pretrains = builders.pretrains(cfg)  # checked first: a config error must not wait for image builds
         self.tok = builders.load_tokenizer(cfg)
-        self.tasks = builders.prepare_tasks(cfg, run_dir, dp)  # written and built by the main rank, on every rank
+        self.tasks = self.prepare_tasks()  # written and built by the main rank, on every rank
         models = builders.ModelBuilder(cfg, self.tok, dp)  # load -> engine copy -> checkpoint + shard, in order
         self.actor_frozen = builders.frozen_parameters(models.policy, cfg.optim.actor_frozen)  # checked before SFT
         self.ranks = builders.rollout_ranks(cfg, dp)  # which ranks own an engine (t1core.rollout_ranks)
@@ -60,6 +60,10 @@ class Trainer:
         self.opt_critic, self.sched_critic = builders.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
+
+    def prepare_tasks(self) -> builders.TaskSets:
+        """The task sets, their images built (a seam: bench/train_replay.py replays episodes without Docker)."""
+        return builders.prepare_tasks(self.cfg, self.run_dir, self.dp)
 
     # ---- phases ----
     def collect(self, tasks: list[Task], *, seed: int, desc: str, temperature: float | None = None,

@@ -62,6 +62,7 @@ def test_gpu_run_dry_run_plans_production_shapes_within_the_lease(tmp_path: Path
     assert plans["vllm"]["checks"] == ["tito", "logprobs", "routing", "prefix", "update", "trainer_world"]
     assert plans["train"]["steps"] == 2 and plans["train"]["device"] == "cuda" and plans["train"]["engine"] == "torch"
     assert "--run.device=cuda" in plans["train"]["argv"] and "--run.steps=2" in plans["train"]["argv"]
+    assert plans["train"]["replay"] == "bench/fixtures/train_replay"  # the route on a device without Docker
     assert (tmp_path / "out" / "plan.log").read_text().count("PART ") == 7
     assert "set -u -o pipefail" in (ROOT / "bench" / "gpu_run.sh").read_text()
 
@@ -93,6 +94,37 @@ def test_gpu_run_skips_the_vllm_part_without_vllm(tmp_path: Path) -> None:
     assert summary["vllm"]["rc"] == 77 and summary["skipped"] == "vllm" and summary["failed"] == ""
     assert "SKIPPED: vLLM is not installed here" in (tmp_path / "out" / "vllm.log").read_text()
     assert "SKIPPED PARTS: vllm" in proc.stdout
+
+
+def _train_check() -> object:
+    spec = importlib.util.spec_from_file_location("gpu_check_train", ROOT / "bench" / "gpu_check_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_train_check_replays_its_recording_exactly_without_docker(tmp_path: Path) -> None:
+    """The train part's route on a device without Docker: the recorded episodes, replayed on the CPU with no daemon
+    reachable, give the recorded run's final weights bit for bit (so the replay is the run, not an imitation of
+    it) and pass the check's own criteria. A stale recording fails here: `python bench/gpu_check_train.py
+    --record` refreshes it."""
+    check = _train_check()
+    index = json.loads((check.RECORDING / "recording.json").read_text())
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")  # any Docker call would fail
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "bench/train_replay.py", "replay", str(check.RECORDING), "--", "--out",
+                           str(run), "--run.device=cpu", *check.RUN_ARGV], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"final sha256 {index['final_sha256']}" in proc.stdout, "stale recording: rerun gpu_check_train.py --record"
+    problems, lines = check.check_run(run)
+    assert problems == [] and len(lines) == check.STEPS, (problems, lines)
+    # Another seed draws other task instances: refused, naming the recording, instead of training on them.
+    proc = subprocess.run([sys.executable, "bench/train_replay.py", "replay", str(check.RECORDING), "--", "--out",
+                           str(tmp_path / "other"), "--run.device=cpu", *check.RUN_ARGV, "--run.seed=1"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "recorded for tasks" in proc.stderr, proc.stderr[-2000:]
 
 
 # ---- precision of a CUDA run --------------------------------------------------------------------------------
