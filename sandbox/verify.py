@@ -8,7 +8,9 @@ Each step closes a way for the agent to influence its own score:
 2. Tamper check, computed outside the container: its changes (read from its overlay2 upper directory on
    this host, else from the daemon's `docker diff`) must not touch the interpreter, the standard library,
    pytest and what it imports, .pth files, the shells and tools the verifier calls, shared libraries or the
-   ld.so configuration (other packages in site-packages may change: tasks have the agent install them). A
+   ld.so configuration (other packages in site-packages may change: tasks have the agent install them; so may
+   a package install's new libraries and the loader cache it rewrites, as long as every library the image had
+   still resolves to the same file: `_ImageFiles.installed_alongside`, `sandbox.ldcache`). A
    tampered sandbox scores 0 of the static test count, with the paths reported. Changed .pyc files there do not
    count as tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never
    reads them.
@@ -52,6 +54,7 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from sandbox import ldcache
 from sandbox.daemon import docker_client, docker_errors
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
@@ -372,6 +375,7 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list
     changes: read from its overlay2 upper directory when the daemon's storage is visible here, else from
     `docker diff`. Both are computed outside the container."""
     changes = _upper_dir_changes(info)
+    image = _ImageFiles.of(info) if changes is not None else None
     if changes is None:
         with docker_errors("listing the sandbox's file changes"):
             changes = [(c["Path"], _DIFF_KINDS[c["Kind"]]) for c in docker_client().diff(sandbox.id) or []]
@@ -384,9 +388,66 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list
         protected = is_protected(path) or (kind in ("deleted", "replaced") and _holds_protected(path))
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
-        elif protected:
+        elif protected and not (image is not None and image.installed_alongside(path, kind)):
             bad.add(path)
     return sorted(bad), pyc
+
+
+# Shared-library directories the loader searches. A package install adds files there and rewrites the loader's
+# cache; neither reaches the verifier's interpreter unless a library it already loads is replaced or shadowed.
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+             "/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/usr/local/lib", "/lib", "/usr/lib")
+_LD_CACHE = "/etc/ld.so.cache"
+
+
+@dataclasses.dataclass(frozen=True)
+class _ImageFiles:
+    """The image's own files (overlay2 lower directories, read on this host) next to the container's (upper)."""
+
+    lowers: tuple[str, ...]
+    upper: str
+
+    @classmethod
+    def of(cls, info: dict[str, Any]) -> _ImageFiles | None:
+        data = (info.get("GraphDriver") or {}).get("Data") or {}
+        lowers = tuple(d for d in (data.get("LowerDir") or "").split(":") if d)
+        if not lowers or not all(os.path.isdir(d) for d in lowers):
+            return None
+        return cls(lowers, data["UpperDir"])
+
+    def has(self, path: str) -> bool:
+        return any(os.path.lexists(os.path.join(d, path.lstrip("/"))) for d in self.lowers)
+
+    def read(self, path: str, *, upper: bool) -> bytes | None:
+        for d in (self.upper,) if upper else self.lowers:
+            full = os.path.join(d, path.lstrip("/"))
+            if os.path.isfile(full) and not os.path.islink(full):
+                with open(full, "rb") as f:
+                    return f.read()
+        return None
+
+    def installed_alongside(self, path: str, kind: str) -> bool:
+        """Whether a change under the protected prefixes is what a package install does without touching what
+        the verifier loads: a library file or directory the image did not have, whose name shadows none it had
+        (a shadowing name can win the loader's search), or a rewritten loader cache in which every library the
+        image's cache resolved still resolves to the same file (`sandbox.ldcache`)."""
+        if kind == "deleted" or (kind == "replaced" and self.has(path)):  # a directory made anew is "replaced" too
+            return False
+        if path == _LD_CACHE:
+            old, new = self.read(path, upper=False), self.read(path, upper=True)
+            if old is None or new is None:
+                return False
+            try:
+                return not ldcache.repointed(old, new)
+            except ldcache.CacheFormatError:
+                return False
+        lib_dir = next((d for d in _LIB_DIRS[:6] if path.startswith(d + "/")), None)
+        if lib_dir is None or self.has(path):
+            return False
+        if "/" in path[len(lib_dir) + 1:]:
+            return True  # in a subdirectory the loader does not search (ld.so.conf* stays protected)
+        name = path.rsplit("/", 1)[1]
+        return not any(self.has(f"{d}/{name}") for d in _LIB_DIRS)
 
 
 # Kinds of change: docker diff's 0, 1, 2, and "replaced", a directory removed and made again (overlay's opaque

@@ -206,6 +206,7 @@ def test_tampering_with_python_scores_zero(spoof_results) -> None:
 
 
 _SITE = "/usr/local/lib/python3.11/dist-packages"
+_LIB = "/usr/lib/x86_64-linux-gnu"
 # Changes for the two tamper-check sources to judge alike: the overlay2 upper directory read here, and the
 # daemon's `docker diff`. Every case runs in its own container; "app" changes are the agent's normal work.
 _CHANGE_SCRIPTS = {
@@ -227,6 +228,12 @@ _CHANGE_SCRIPTS = {
     "site_pth": f"mkdir -p {_SITE} && echo 'import os' > {_SITE}/zzz.pth",
     "site_pytest_shadow": f"mkdir -p {_SITE}/pytest && touch {_SITE}/pytest/__init__.py",
     "site_verifier_bytecode": f"mkdir -p {_SITE}/__pycache__ && touch {_SITE}/__pycache__/py.cpython-311.pyc",
+    # Shared libraries: what an apt install does (new files, a new directory, ldconfig rewriting the loader cache)
+    # is not tampering; a new file shadowing a library name, or a cache that resolves a name elsewhere, is.
+    "new_libraries": f"touch {_LIB}/libt1new.so.1 && mkdir {_LIB}/t1plugins && touch {_LIB}/t1plugins/p.so && "
+                     "ldconfig",
+    "shadowing_library": f"mkdir -p /usr/lib64 && cp -L {_LIB}/libz.so.1 /usr/lib64/libz.so.1",
+    "repointed_cache": f"cp -L {_LIB}/libz.so.1 /usr/local/lib/libz.so.1 && ldconfig",
 }
 
 
@@ -247,6 +254,9 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
         if name == "renamed_back":  # the same tree again: docker diff compares equal, the upper dir holds a copy
             assert "/usr/lib/python3.11/json/__init__.py" in upper[0], (upper, diff)  # stricter, never laxer
             continue
+        if name == "new_libraries":  # the image's files are read only on the upper-dir route: docker diff's stays
+            assert upper[0] == [] and diff[0], (upper, diff)  # strict (remote daemons), never laxer
+            continue
         # The paths may differ (a replaced directory: docker diff names what it held, the upper dir the
         # directory itself); the verdicts may not.
         assert bool(upper[0]) == bool(diff[0]) and upper[1] == diff[1], (name, upper, diff)
@@ -256,6 +266,8 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
     assert results["site_pytest_shadow"][0][0] == [f"{_SITE}/pytest/__init__.py"]
     assert results["deleted_tools"][0][0] == ["/usr/bin/env", "/usr/bin/python3.11"]
     assert results["deleted_lib_dir"][0][0] == ["/usr/lib/x86_64-linux-gnu/gconv"]
+    assert results["shadowing_library"][0][0] == ["/usr/lib64/libz.so.1"]
+    assert results["repointed_cache"][0][0] == ["/etc/ld.so.cache"]
     for name in ("sitecustomize", "replaced_dir", "renamed_dir", "chmod_tool", "symlinked_pytest", "metadata_only"):
         assert results[name][0][0], name
 
