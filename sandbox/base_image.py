@@ -49,11 +49,13 @@ ENV_MIRROR = "T1_DEBIAN_MIRROR"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 # What a terminal task commonly needs, kept near 300 MB: shell + core tools, Python with pytest (verifiers run
-# offline), archive and text tools, git, build basics without a compiler.
+# offline), archive and text tools, git, build basics without a compiler, and tmux (Terminal-Bench's harness
+# drives its agents through tmux, so its images have it and some reference solutions start sessions).
 PACKAGES: tuple[str, ...] = (
     "bash", "bc", "bzip2", "ca-certificates", "coreutils", "curl", "diffutils", "file", "findutils", "gawk",
     "git", "grep", "gzip", "jq", "less", "make", "patch", "procps", "psmisc", "python3", "python3-pip",
-    "python3-pytest", "python3-venv", "sed", "sqlite3", "tar", "tree", "unzip", "util-linux", "xz-utils", "zip",
+    "python3-pytest", "python3-venv", "sed", "sqlite3", "tar", "tmux", "tree", "unzip", "util-linux", "xz-utils",
+    "zip",
 )
 # Trimmed after debootstrap: caches and docs nobody in a task reads (apt lists are fetched again by
 # `apt-get update` where a task has network).

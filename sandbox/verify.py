@@ -426,12 +426,34 @@ class _ImageFiles:
                     return f.read()
         return None
 
+    def is_new_dir(self, path: str) -> bool:
+        full = os.path.join(self.upper, path.lstrip("/"))
+        return os.path.isdir(full) and not os.path.islink(full)
+
+    def keeps_contents(self, path: str, *, limit: int = 5000) -> bool:
+        """Whether a directory made anew (overlay's opaque directory) still holds every file the image's copy held,
+        byte for byte (dpkg unpacking a package can remove and recreate a directory)."""
+        seen = 0
+        for lower in self.lowers:
+            top = os.path.join(lower, path.lstrip("/"))
+            for root, dirs, files in os.walk(top):
+                for name in dirs + files:
+                    seen += 1
+                    old = os.path.join(root, name)
+                    new = os.path.join(self.upper, os.path.relpath(old, lower))
+                    if seen > limit or not _same_entry(old, new):
+                        return False
+        return True
+
     def installed_alongside(self, path: str, kind: str) -> bool:
         """Whether a change under the protected prefixes is what a package install does without touching what
-        the verifier loads: a library file or directory the image did not have, whose name shadows none it had
-        (a shadowing name can win the loader's search), or a rewritten loader cache in which every library the
-        image's cache resolved still resolves to the same file (`sandbox.ldcache`)."""
-        if kind == "deleted" or (kind == "replaced" and self.has(path)):  # a directory made anew is "replaced" too
+        the verifier loads: a library the image did not have, whose name shadows none it had (a shadowing name
+        can win the loader's search); a new directory, or a new file in one, outside the directories the loader
+        searches or plugins come from; an entry of the image copied up unchanged, or a directory made anew that
+        still holds the image's files; a rewritten
+        loader cache in which every library the image's cache resolved still resolves to the same file
+        (`sandbox.ldcache`)."""
+        if kind == "deleted":
             return False
         if path == _LD_CACHE:
             old, new = self.read(path, upper=False), self.read(path, upper=True)
@@ -442,12 +464,44 @@ class _ImageFiles:
             except ldcache.CacheFormatError:
                 return False
         lib_dir = next((d for d in _LIB_DIRS[:6] if path.startswith(d + "/")), None)
-        if lib_dir is None or self.has(path):
+        if lib_dir is None:
             return False
-        if "/" in path[len(lib_dir) + 1:]:
-            return True  # in a subdirectory the loader does not search (ld.so.conf* stays protected)
-        name = path.rsplit("/", 1)[1]
-        return not any(self.has(f"{d}/{name}") for d in _LIB_DIRS)
+        rest = path[len(lib_dir) + 1:]
+        if rest.split("/", 1)[0] in _LOADER_SUBDIRS:
+            return False
+        if self.has(path):  # the image's own entry: benign only unchanged (copied up), or a directory made anew
+            if kind == "replaced":
+                return self.keeps_contents(path)
+            image = next(os.path.join(d, path.lstrip("/")) for d in self.lowers
+                         if os.path.lexists(os.path.join(d, path.lstrip("/"))))  # LowerDir lists the top layer first
+            return _same_entry(image, os.path.join(self.upper, path.lstrip("/")))
+        if "/" in rest or self.is_new_dir(path):
+            return True
+        return not any(self.has(f"{d}/{rest}") for d in _LIB_DIRS)
+
+
+# Subdirectories of a library directory that the loader searches (glibc-hwcaps and the legacy hwcap/platform
+# names) or loads plugins from (gconv: iconv's converters): nothing in them may change.
+_LOADER_SUBDIRS = frozenset({"glibc-hwcaps", "tls", "x86_64", "haswell", "avx512_1", "i386", "i486", "i586", "i686",
+                             "sse2", "gconv"})
+
+
+def _same_entry(old: str, new: str) -> bool:
+    """Two filesystem entries of the same kind with the same content (file bytes, link target)."""
+    try:
+        a, b = os.lstat(old), os.lstat(new)
+    except FileNotFoundError:
+        return False
+    if stat.S_IFMT(a.st_mode) != stat.S_IFMT(b.st_mode):
+        return False
+    if stat.S_ISLNK(a.st_mode):
+        return os.readlink(old) == os.readlink(new)
+    if stat.S_ISREG(a.st_mode):
+        if a.st_size != b.st_size:
+            return False
+        with open(old, "rb") as f, open(new, "rb") as g:
+            return f.read() == g.read()
+    return True
 
 
 # Kinds of change: docker diff's 0, 1, 2, and "replaced", a directory removed and made again (overlay's opaque

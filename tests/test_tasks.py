@@ -234,6 +234,10 @@ _CHANGE_SCRIPTS = {
                      "ldconfig",
     "shadowing_library": f"mkdir -p /usr/lib64 && cp -L {_LIB}/libz.so.1 /usr/lib64/libz.so.1",
     "repointed_cache": f"cp -L {_LIB}/libz.so.1 /usr/local/lib/libz.so.1 && ldconfig",
+    "hwcaps_library": f"mkdir -p {_LIB}/glibc-hwcaps/x86-64-v2 && cp -L {_LIB}/libz.so.1 {_LIB}/glibc-hwcaps/x86-64-v2/",
+    "remade_dir_same": f"cp -a {_LIB}/sasl2 /tmp/s && rm -rf {_LIB}/sasl2 && cp -a /tmp/s {_LIB}/sasl2",
+    "remade_dir_short": f"cp -a {_LIB}/sasl2 /tmp/s && rm -rf {_LIB}/sasl2 && cp -a /tmp/s {_LIB}/sasl2 && "
+                        f"rm -f $(ls -d {_LIB}/sasl2/* | head -1)",
 }
 
 
@@ -268,6 +272,8 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
     assert results["deleted_lib_dir"][0][0] == ["/usr/lib/x86_64-linux-gnu/gconv"]
     assert results["shadowing_library"][0][0] == ["/usr/lib64/libz.so.1"]
     assert results["repointed_cache"][0][0] == ["/etc/ld.so.cache"]
+    assert results["hwcaps_library"][0][0] and results["remade_dir_short"][0][0]
+    assert results["remade_dir_same"][0] == ([], False)
     for name in ("sitecustomize", "replaced_dir", "renamed_dir", "chmod_tool", "symlinked_pytest", "metadata_only"):
         assert results[name][0][0], name
 
