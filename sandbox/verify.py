@@ -450,9 +450,16 @@ class _ImageFiles:
         the verifier loads: a library the image did not have, whose name shadows none it had (a shadowing name
         can win the loader's search); a new directory, or a new file in one, outside the directories the loader
         searches or plugins come from; an entry of the image copied up unchanged, or a directory made anew that
-        still holds the image's files; a rewritten
-        loader cache in which every library the image's cache resolved still resolves to the same file
-        (`sandbox.ldcache`)."""
+        still holds the image's files; a rewritten loader cache in which every library the image's cache resolved
+        still resolves to the same file (`sandbox.ldcache`), and the ld.so.conf files it is made from (the loader
+        itself reads only the cache and ld.so.preload); in Python's own directories, a new entry no import
+        statement can name (python3-dev's config-3.11-x86_64-linux-gnu/)."""
+        if path.startswith(_LD_CONF):
+            return True
+        stdlib = _STDLIB_RE.match(path)
+        if stdlib is not None:
+            top = stdlib.group(0)
+            return not self.has(top) and not _IMPORTABLE_RE.fullmatch(top.rsplit("/", 1)[1])
         if kind == "deleted":
             return False
         if path == _LD_CACHE:
@@ -478,6 +485,13 @@ class _ImageFiles:
         if "/" in rest or self.is_new_dir(path):
             return True
         return not any(self.has(f"{d}/{rest}") for d in _LIB_DIRS)
+
+
+_LD_CONF = ("/etc/ld.so.conf", "/etc/ld.so.conf.d/")
+# An entry of Python's own directories that sit on sys.path (the standard library, lib-dynload): group 0 is the
+# entry itself, whatever lies below it. A name an import can reach shadows what the verifier's pytest imports.
+_STDLIB_RE = re.compile(r"^/usr(?:/local)?/lib/python3\.\d+/(?!(?:site|dist)-packages(?:/|$))(?:lib-dynload/)?[^/]+")
+_IMPORTABLE_RE = re.compile(r"[A-Za-z_]\w*(?:\.py|\.pyc|(?:\.[\w-]+)*\.so)?")
 
 
 # Subdirectories of a library directory that the loader searches (glibc-hwcaps and the legacy hwcap/platform

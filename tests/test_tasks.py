@@ -235,6 +235,9 @@ _CHANGE_SCRIPTS = {
     "shadowing_library": f"mkdir -p /usr/lib64 && cp -L {_LIB}/libz.so.1 /usr/lib64/libz.so.1",
     "repointed_cache": f"cp -L {_LIB}/libz.so.1 /usr/local/lib/libz.so.1 && ldconfig",
     "hwcaps_library": f"mkdir -p {_LIB}/glibc-hwcaps/x86-64-v2 && cp -L {_LIB}/libz.so.1 {_LIB}/glibc-hwcaps/x86-64-v2/",
+    "python_dev": "mkdir /usr/lib/python3.11/config-3.11-x86_64-linux-gnu && touch "
+                  "/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/Makefile && echo /opt/l > /etc/ld.so.conf.d/l.conf",
+    "stdlib_shadow": "touch /usr/lib/python3.11/pluggy.py",
     "remade_dir_same": f"cp -a {_LIB}/sasl2 /tmp/s && rm -rf {_LIB}/sasl2 && cp -a /tmp/s {_LIB}/sasl2",
     "remade_dir_short": f"cp -a {_LIB}/sasl2 /tmp/s && rm -rf {_LIB}/sasl2 && cp -a /tmp/s {_LIB}/sasl2 && "
                         f"rm -f $(ls -d {_LIB}/sasl2/* | head -1)",
@@ -258,7 +261,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
         if name == "renamed_back":  # the same tree again: docker diff compares equal, the upper dir holds a copy
             assert "/usr/lib/python3.11/json/__init__.py" in upper[0], (upper, diff)  # stricter, never laxer
             continue
-        if name == "new_libraries":  # the image's files are read only on the upper-dir route: docker diff's stays
+        if name in ("new_libraries", "python_dev"):  # the image's files are read only on the upper-dir route: docker diff's stays
             assert upper[0] == [] and diff[0], (upper, diff)  # strict (remote daemons), never laxer
             continue
         # The paths may differ (a replaced directory: docker diff names what it held, the upper dir the
@@ -274,6 +277,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
     assert results["repointed_cache"][0][0] == ["/etc/ld.so.cache"]
     assert results["hwcaps_library"][0][0] and results["remade_dir_short"][0][0]
     assert results["remade_dir_same"][0] == ([], False)
+    assert results["stdlib_shadow"][0][0] == ["/usr/lib/python3.11/pluggy.py"]
     for name in ("sitecustomize", "replaced_dir", "renamed_dir", "chmod_tool", "symlinked_pytest", "metadata_only"):
         assert results[name][0][0], name
 
