@@ -82,6 +82,9 @@ class StepBatch:
     rewards: list[float]
     group_ids: list[int]
     metrics: dict[str, float]
+    version: int | None = None
+    """Asynchronous steps: the weight version being updated (the engine's), against which `score` reports the
+    log-prob gap per version lag; None in the synchronous loop."""
 
     def __post_init__(self) -> None:
         if not len(self.trajs) == len(self.rewards) == len(self.group_ids):

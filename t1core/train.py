@@ -20,6 +20,7 @@ from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
 from sandbox.tasks import Task
 from t1core import builders, cli, distributed
+from t1core.async_collect import AsyncCollector
 from t1core.cli import parse_args, precision_notice  # noqa: F401  (the command line, as `train.parse_args`)
 from t1core.config import RunConfig, resolved
 from t1core.config_toml import load_config  # noqa: F401  (tests and notebooks load configs through here)
@@ -60,6 +61,7 @@ class Trainer:
         self.opt_critic, self.sched_critic = builders.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
+        self.collector: AsyncCollector | None = None  # rollout.max_staleness >= 1: started with the first RL step
 
     # ---- phases ----
     def collect(self, tasks: list[Task], *, seed: int, desc: str, temperature: float | None = None,
@@ -72,8 +74,8 @@ class Trainer:
         mine = self.ranks.mine(specs)
         bar = tqdm(total=len(mine), desc=desc, leave=False, file=sys.stdout, disable=None if self.dp.is_main else True)
         trajs = []
-        if self.sampled is not None:  # drift is checked against this engine's own completions
-            self.sampled.clear()
+        if self.sampled is not None and self.collector is None:  # drift is checked against this engine's own
+            self.sampled.clear()  # completions (asynchronous episodes still sampling keep theirs: `forget` below)
         if mine:
             trajs = run_episodes(self.sampled, self.tok, mine,
                                  config=builders.agent_config(self.cfg, temperature=temperature,
@@ -84,6 +86,10 @@ class Trainer:
         bar.close()
         # Drift of every segment (a compacted episode's contexts), each against the completions of its own prompts.
         done = self.ranks.gather([(t, sum(self.sampled.drift(s) for s in t.segments())) for t in trajs], len(specs))
+        if self.collector is not None:
+            for t in trajs:
+                for s in t.segments():
+                    self.sampled.forget(s)
         return [t for t, _ in done], [d for _, d in done]
 
     def warm_start(self) -> dict[str, float]:
@@ -108,14 +114,30 @@ class Trainer:
                         clock=self.clock)
 
     def train_step(self, step: int) -> dict[str, float]:
-        """collect -> score -> update -> sync."""
-        cfg = self.cfg
+        """collect -> score -> update -> sync (asynchronous: take what the collector has ready, then the same)."""
+        cfg, t0, busy0, pause0 = self.cfg, time.perf_counter(), self._engine_busy_s(), self._engine_stat("pause_s")
         gen = torch.Generator().manual_seed(seed_for(cfg.run.seed, Stream.UPDATE, step))
         n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
         instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()  # with replacement
         with self.clock.phase("collect"):
-            batch = self.collect_step(step, instances)
+            batch = self.collect_step(step, instances) if cfg.rollout.max_staleness == 0 else self.take_step(step)
+        waited = time.perf_counter() - t0  # the trainer does nothing while it waits for episodes
+        out = self._update_and_sync(step, batch, gen)
+        if self.collector is not None:
+            self.collector.retire()
+        wall = time.perf_counter() - t0
+        busy, pause = self._engine_busy_s(), self._engine_stat("pause_s")
+        if busy is not None:  # idle: no batch step running (waiting for sandboxes, for weights, or for work)
+            out["rollout/engine_idle_frac"] = max(0.0, 1.0 - (busy - busy0) / wall)
+        if pause is not None:
+            out["rollout/engine_pause_s"] = pause - pause0
+        return {**out, "train/trainer_idle_frac": waited / wall}
+
+    def _update_and_sync(self, step: int, batch: StepBatch, gen: torch.Generator) -> dict[str, float]:
+        cfg, k = self.cfg, self.cfg.rollout.group_size
         if not batch.trajs:
+            if self.collector is not None:  # the engine's version counts the steps the staleness bound counts
+                self.sync_engine()
             return {**batch.metrics, "skipped/no_sampled_tokens": 1.0}
         plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k)
         if cfg.optim.lr_decay:
@@ -153,6 +175,54 @@ class Trainer:
             cut_episodes=self.cfg.algo.cut_episodes)
         return StepBatch(segments, seg_rewards, groups, metrics)
 
+    def take_step(self, step: int) -> StepBatch:
+        """The asynchronous `collect_step`: the groups the collector has ready for this step (t1core.async_collect),
+        as the synchronous loop would hand them on (the episodes saved as sampled, the fresh part trained)."""
+        taken = self.collector.take()
+        eps, sampled = taken.episodes, [e.sampled for e in taken.episodes]
+        save_trajectories(sampled, self.run_dir / "trajectories" / f"step_{step:04d}")
+        rewards = self.rewards(sampled)  # of the whole episode: a trimmed one keeps its outcome
+        metrics = {**rollout_metrics(sampled, rewards), **cut_metrics(sampled), **taken.metrics}
+        kept = [i for i, e in enumerate(eps) if any(bool(s.loss_mask.any()) for s in e.trained.segments())]
+        if kept:
+            metrics["tito/drift_tokens"] = float(sum(eps[i].drift for i in kept))
+        segments, seg_rewards, groups = training_segments(
+            [eps[i].trained for i in kept], [rewards[i] for i in kept], [eps[i].group for i in kept],
+            cut_episodes=self.cfg.algo.cut_episodes)
+        return StepBatch(segments, seg_rewards, groups, metrics, version=self.engine.policy_version)
+
+    def start_collector(self) -> AsyncCollector:
+        """The asynchronous producer from this step to the run's last (rollout.max_staleness >= 1)."""
+        cfg = self.cfg
+        r, agent = cfg.rollout, builders.agent_config(cfg)
+
+        def groups_of(step: int) -> list[list[EpisodeSpec]]:  # the synchronous loop's instances and seeds
+            gen = torch.Generator().manual_seed(seed_for(cfg.run.seed, Stream.UPDATE, step))
+            instances = torch.randint(len(self.tasks.rl), (r.episodes_per_step // r.group_size,), generator=gen)
+            seed, tasks = seed_for(cfg.run.seed, Stream.ROLLOUT, step), [self.tasks.rl[i] for i in instances.tolist()]
+            return [[EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, j * r.group_size + e))
+                     for e in range(r.group_size)] for j, t in enumerate(tasks)]
+
+        def run_one(spec: EpisodeSpec) -> tuple[Trajectory, int]:
+            (traj,) = run_episodes(self.sampled, self.tok, [spec], config=agent, num_parallel=1, pool_size=1)
+            drift = sum(self.sampled.drift(s) for s in traj.segments())  # against what the engine returned
+            for s in traj.segments():
+                self.sampled.forget(s)
+            return traj, drift
+
+        return AsyncCollector(plan=groups_of, run_one=run_one, version=lambda: self.engine.policy_version,
+                              groups_per_step=r.episodes_per_step // r.group_size, max_staleness=r.max_staleness,
+                              stale=r.stale_episodes, concurrency=r.concurrency, first_step=self.state.step,
+                              last_step=cfg.run.steps)
+
+    def _engine_busy_s(self) -> float | None:
+        """Seconds this rank's engine has spent in its batch steps (TorchEngine), None when it does not count them."""
+        return self._engine_stat("step_s")
+
+    def _engine_stat(self, name: str) -> float | None:
+        stats = getattr(self.engine, "stats", None)
+        return None if not isinstance(stats, dict) else stats.get(name)
+
     def rewards(self, trajs: list[Trajectory]) -> list[float]:
         """Each episode's reward for the update (`t1core.step.shaped_reward`)."""
         return [shaped_reward(t, self.cfg.algo) for t in trajs]
@@ -186,6 +256,8 @@ class Trainer:
                 self.ref_policy = frozen_copy(self.policy, dp)
             self.state.warm_started = True
         builders.freeze(self.policy, self.actor_frozen)  # RL leaves these as pretraining and SFT made them
+        if cfg.rollout.max_staleness and self.state.step < cfg.run.steps:
+            self.collector = self.start_collector()
         for step in tqdm(range(self.state.step, cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
             m = self.train_step(step)
@@ -196,6 +268,7 @@ class Trainer:
             log(step, m)
             if step + 1 == cfg.run.steps or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
                 self.checkpoint()
+        self.stop_collector()  # its episodes must not share the engine with the evaluation after RL
         after = None
         if self.state.step == cfg.run.steps and self.state.evaluated_at != cfg.run.steps:
             after = self.evaluate("after")
@@ -221,7 +294,13 @@ class Trainer:
         self.sync_engine()
         return self.state.step - 1
 
+    def stop_collector(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+
     def close(self) -> None:
+        self.stop_collector()
         if self.engine is not None:
             self.engine.close()
 
