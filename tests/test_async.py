@@ -49,6 +49,19 @@ def test_fresh_part_keeps_the_ids_and_trains_only_the_newer_replies() -> None:
     assert traj.token_versions().tolist() == [-1] * 3 + [0, 0] + [-1] * 2 + [1, 1] + [-1] * 2 + [3, 3]
 
 
+def test_gap_per_lag_groups_loss_tokens_by_the_versions_behind() -> None:
+    from t1core.batch import pack
+    from t1core.update import gap_per_lag
+
+    trajs = [_episode([0, 1]), _episode([1])]  # 9 and 5 tokens; replies at 3-4 and 7-8, then at 3-4
+    batch = pack(trajs, rewards=[0.0, 0.0], with_routing=False)
+    train_T = batch.rollout_logp_T.clone()
+    train_T[[2, 3]] += 0.25  # position i scores token i + 1: the reply of version 0
+    train_T[[6, 7, 9 + 2, 9 + 3]] -= 0.125  # the replies of version 1
+    got = gap_per_lag(trajs, train_T, batch, version=1)
+    assert got == {"fidelity/gap_lag1": (0.25, 2), "fidelity/gap_lag0": (0.125, 4)}
+
+
 @pytest.mark.parametrize("stale", ["drop", "continue"])
 def test_a_late_episode_is_dropped_or_trimmed_and_its_slot_refilled(stale: str) -> None:
     """One group per step, N = 1. Step 0's episode is slow: it samples its first reply at version 0, then waits.
