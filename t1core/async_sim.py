@@ -22,6 +22,7 @@ concurrency and GPUs from the shipped configs (t1core/configs/*.toml).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import heapq
 import math
@@ -204,7 +205,10 @@ def report(x: SimInputs, *, staleness: tuple[int, ...] = (0, 1, 2), steps: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m t1core.async_sim", description=__doc__.split("\n\n")[1])
+    fields = "\n".join(f"  --{f.name}=VALUE  {f.metadata.get('help', '')} (preset or {f.default})"
+                        for f in dataclasses.fields(SimInputs))
+    p = Parser(prog="python -m t1core.async_sim", description=__doc__.split("\n\n")[1],
+               epilog=f"assumptions, each overridable:\n{fields}", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=[*PRESETS, "all", "none"], default="all",
                    help="the planner's config to simulate ('none': SimInputs' defaults and the overrides)")
     p.add_argument("--steps", type=int, default=200, help="steps simulated per schedule")
