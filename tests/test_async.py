@@ -165,8 +165,10 @@ def test_tiny_async_run_stays_within_the_bound_with_drift_0(tmp_path: Path) -> N
         assert r["async/staleness_max"] <= 1 and r["tito/drift_tokens"] == 0, r
         assert 0 <= r["rollout/engine_idle_frac"] <= 1 and 0 <= r["train/trainer_idle_frac"] <= 1
         assert any(k.startswith("fidelity/gap_lag") for k in r)
-    # Step 1's episodes were sampled while step 0 trained: by the weights before its update (a real overlap).
-    assert steps[1]["async/staleness_max"] == 1 and steps[1]["async/policy_version"] == 1
+    # Later steps train episodes sampled while the step before them trained, by the weights before its update: the
+    # overlap is real (step 1's group starts as soon as step 0's ends and the update takes seconds).
+    assert [r["async/policy_version"] for r in steps] == [0, 1, 2]
+    assert any(r["async/staleness_max"] == 1 for r in steps[1:])
     for step in range(3):  # every sampled reply carries its weight version, within the bound of its step
         for t in load_trajectories(out / "trajectories" / f"step_{step:04d}"):
             assert all(step - 1 <= turn.policy_version <= step for turn in t.turns)
