@@ -16,6 +16,7 @@ sampled reply, and every token in the trajectory has routing.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -86,7 +87,8 @@ class TitoBuilder:
         self.ids += comp.token_ids
         self.mask += [True] * len(comp.token_ids)
         self.logprobs += comp.logprobs.tolist()
-        self.turns.append(Turn(start=start, end=len(self.ids), finish_reason=comp.finish_reason, text=text))
+        self.turns.append(Turn(start=start, end=len(self.ids), finish_reason=comp.finish_reason, text=text,
+                               policy_version=comp.policy_version))
         self._last_turn_ids = list(self.ids)
 
     def _commit_routing(self, comp: Completion, prompt_len: int) -> None:
@@ -105,9 +107,8 @@ class TitoBuilder:
     def set_turn_result(self, *, command: str | None, output: str | None, exit_code: int | None,
                         tool_error: str | None) -> None:
         """Record what the last turn's tool call did (display and analysis only)."""
-        last = self.turns[-1]
-        self.turns[-1] = Turn(start=last.start, end=last.end, finish_reason=last.finish_reason, text=last.text,
-                              command=command, output=output, exit_code=exit_code, tool_error=tool_error)
+        self.turns[-1] = dataclasses.replace(self.turns[-1], command=command, output=output, exit_code=exit_code,
+                                             tool_error=tool_error)
 
     def add_observation(self, glue: list[int], observation_ids: list[int]) -> None:
         """Queue glue + observation; they join the sequence with the next reply (module docstring)."""

@@ -136,9 +136,10 @@ class TorchEngine:
         on_cpu = model.lm_head.weight.device.type == "cpu"
         self._cpu_threads: int | None = torch.get_num_threads() if on_cpu else None
         self.stats = {"steps": 0, "prefill_tokens": 0, "cached_tokens": 0, "decode_tokens": 0, "step_s": 0.0,
-                      "model_s": 0.0, "capture_s": 0.0}
+                      "model_s": 0.0, "capture_s": 0.0, "pause_s": 0.0}
         """Counters; step_s: wall time inside steps; model_s: the part in model.extend; capture_s: the part
-        spent on routing capture (host copy, per-slot history, returned slices)."""
+        spent on routing capture (host copy, per-slot history, returned slices); pause_s: wall time admission was
+        paused for weight updates (draining the replies in flight, then loading)."""
 
     # ---- public API ----
     @property
@@ -182,7 +183,8 @@ class TorchEngine:
             raise TypeError(f"named_tensors: expected an iterable of (HF name, tensor) pairs, got "
                             f"{type(named_tensors).__name__} (e.g. pass t1model.hf_io.hf_state_dict(model).items())")
         with self._cv:
-            self._paused = True
+            self._paused = True  # pause: nothing new is admitted; replies in flight end under the weights they began
+            paused_at = time.perf_counter()
             self._cv.wait_for(lambda: not self._running)
             try:
                 self._incomplete = "a weight update is in progress"
@@ -200,7 +202,8 @@ class TorchEngine:
                 for slot in self._slots:
                     slot.tokens, slot.version, slot.num_routed = [], -1, 0
             finally:
-                self._paused = False
+                self._paused = False  # resume: queued requests are admitted under the new version
+                self.stats["pause_s"] += time.perf_counter() - paused_at
                 self._cv.notify_all()
         return self._version
 

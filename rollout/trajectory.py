@@ -43,6 +43,8 @@ class Turn:
     """The command's exit code (None when no command ran or it timed out)."""
     tool_error: str | None = None
     """Why the reply's tool call could not be run (malformed / missing), or None."""
+    policy_version: int = 0
+    """Weight version that sampled every token of this reply (an engine never swaps weights inside a completion)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.end:
@@ -120,6 +122,13 @@ class Trajectory:
     def segments(self) -> list[Trajectory]:
         """Every context of the episode in order: the earlier segments, then this one."""
         return [*self.earlier, self]
+
+    def token_versions(self) -> torch.Tensor:
+        """int64 [T]: the weight version that sampled each token (its turn's), -1 where nothing was sampled."""
+        out_T = torch.full((self.num_tokens,), -1, dtype=torch.int64)
+        for turn in self.turns:
+            out_T[turn.start:turn.end] = turn.policy_version
+        return out_T
 
     def sampled_ids(self) -> list[list[int]]:
         """Each turn's sampled IDs, in order."""

@@ -54,7 +54,7 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from sandbox import ldcache
+import sandbox.ldcache as ldcache
 from sandbox.daemon import docker_client, docker_errors
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError

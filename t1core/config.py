@@ -172,6 +172,14 @@ class RolloutSection:
     engine: Literal["torch", "vllm"] = _field(
         "torch", "rollout engine: 'torch' (the built-in TorchEngine, any device) or 'vllm' (vLLM's AsyncLLM on "
         "CUDA with routed-experts capture; settings in [vllm]; needs pip install -e '.[gpu]')")
+    max_staleness: int = _field(
+        0, "asynchronous RL (t1core.async_collect): episodes of the next steps run while a step trains, and a step "
+        "trains an episode only if the weights that sampled its oldest trained token are at most this many versions "
+        "behind the policy being updated; 0 = the synchronous loop (collect, then update, then sync)")
+    stale_episodes: Literal["drop", "continue"] = _field(
+        "drop", "with max_staleness >= 1, an episode older than the bound when its step takes it: 'drop' it (counted), "
+        "or 'continue': its replies sampled by too-old weights become context (no loss) and the turns it went on with "
+        "under newer weights train (partial rollout)")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -184,6 +192,10 @@ class RolloutSection:
         _check(self.wall_clock_limit_s > 0, "rollout.wall_clock_limit_s", "> 0", self.wall_clock_limit_s)
         _check(self.temperature > 0, "rollout.temperature", "> 0", self.temperature)
         _check(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
+        _check(self.max_staleness >= 0, "rollout.max_staleness", ">= 0", self.max_staleness)
+        _check(self.engine == "torch" or self.max_staleness == 0, "rollout.max_staleness",
+               "0 with rollout.engine='vllm' (asynchronous collection is built on the TorchEngine only)",
+               self.max_staleness)
         _check(self.engine != "vllm" or self.top_p == 1, "rollout.top_p",
                "1.0 with rollout.engine='vllm' (vLLM's log-prob of a top-p sample is renormalised, T1's is not)",
                self.top_p)
@@ -468,7 +480,9 @@ def _bitwise_needs(cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
     """field -> (value, the value algo.bitwise='on' needs)."""
     return {"run.device": (cfg.run.device, "cpu"), "model.dtype": (cfg.model.dtype, "float32"),
             "rollout.engine": (cfg.rollout.engine, "torch"),
-            "rollout.batch_invariant": (cfg.rollout.batch_invariant, True)}
+            "rollout.batch_invariant": (cfg.rollout.batch_invariant, True),
+            # Asynchronous steps train tokens of older weights: their log-probs differ from the trainer's by design.
+            "rollout.max_staleness": (cfg.rollout.max_staleness, 0)}
 
 
 def resolved(cfg: RunConfig) -> RunConfig:

@@ -73,6 +73,19 @@ class CompletionLog:
                              default=len(got))
         return total
 
+    def forget(self, traj: Trajectory) -> None:
+        """Drop the records `traj`'s turns were checked against (one per turn), keeping every other episode's: the
+        asynchronous loop checks each episode as it ends, while others still sample (t1core.async_collect)."""
+        ids = traj.token_ids.tolist()
+        with self._lock:
+            for turn in traj.turns:
+                key = tuple(ids[:turn.start])
+                records = self.sampled.get(key, [])
+                if ids[turn.start:turn.end] in records:
+                    records.remove(ids[turn.start:turn.end])
+                if not records:
+                    self.sampled.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self.sampled.clear()

@@ -160,6 +160,14 @@ def ppo_policy_loss(logp_T: torch.Tensor, old_logp_T: torch.Tensor, rollout_logp
     [lo, hi] are dropped (no loss, no gradient) but still count in the denominator, so the loss scale does
     not depend on how many were dropped. Passing old_logp_T=rollout_logp_T makes the rollout policy the PPO
     behaviour policy directly (w = 1: tis and icepop then do nothing).
+    Asynchronous steps (rollout.max_staleness >= 1) need nothing more: this is decoupled PPO, with pi_old as the
+    proximal policy and pi_rollout as the behaviour policy (AReaL's three policies, behave / proximal / theta:
+    https://inclusionai.github.io/AReaL/algorithms/async.html; the objective is Hilton et al. 2021, "Batch
+    size-invariance for policy optimization"). The trust region stays centred on the policy before this update
+    however old the data, so stale tokens are not all clipped from the start, as they would be with the clip centred
+    on a behaviour policy N versions back (plain TIS); the detached behaviour weight w, truncated at tis_cap, corrects
+    for who sampled. Every token's rollout_logp is the exact log-prob recorded by the weights that sampled it (TITO),
+    so a trajectory whose turns came from several versions needs no special case.
     Metrics: clip_frac = share of tokens whose gradient the clip removes; approx_kl = k3 estimate of
     KL(pi_old || pi_theta) = mean(exp(d) - 1 - d), d = logp - old_logp; ratio mean/min/max.
     """

@@ -223,6 +223,13 @@ def _nvml() -> ModuleType | None:
     return pynvml
 
 
+def engine_stat(engine: Any, name: str) -> float | None:
+    """A running total the engine keeps (TorchEngine.stats: 'step_s' in batch steps, 'pause_s' paused for weight
+    updates), None for an engine that keeps none."""
+    stats = getattr(engine, "stats", None)
+    return None if not isinstance(stats, dict) else stats.get(name)
+
+
 def gpu_stats(device_index: int = 0) -> dict[str, float]:
     """GPU memory (GiB) and utilisation (%) from NVML, plus torch's peak allocation when CUDA is in use.
     {} without error where there is no GPU or nvidia-ml-py is not installed."""

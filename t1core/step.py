@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory
 from t1core.config import ActorPush, AlgoSection
@@ -60,6 +62,13 @@ def seed_for(run_seed: int, stream: Stream, *indices: int) -> int:
     return derive_seed(run_seed, int(stream), *indices)
 
 
+def step_draws(run_seed: int, step: int, *, num_tasks: int, num_groups: int) -> tuple[list[int], torch.Generator]:
+    """The task instances RL step `step` practises (`num_groups` of `num_tasks`, with replacement), and the generator
+    that then orders its PPO minibatches (it continues from these draws)."""
+    gen = torch.Generator().manual_seed(seed_for(run_seed, Stream.UPDATE, step))
+    return torch.randint(num_tasks, (num_groups,), generator=gen).tolist(), gen
+
+
 def solved(traj: Any) -> bool:
     """Every verifier passed (the verifier's own `outcome`); an episode never verified is not solved."""
     return bool(traj.verifier and traj.verifier["outcome"])
@@ -82,6 +91,9 @@ class StepBatch:
     rewards: list[float]
     group_ids: list[int]
     metrics: dict[str, float]
+    version: int | None = None
+    """Asynchronous steps: the weight version being updated (the engine's), against which `score` reports the
+    log-prob gap per version lag; None in the synchronous loop."""
 
     def __post_init__(self) -> None:
         if not len(self.trajs) == len(self.rewards) == len(self.group_ids):

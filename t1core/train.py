@@ -20,20 +20,22 @@ from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
 from sandbox.tasks import Task
 from t1core import builders, cli, distributed
+from t1core import async_collect
+from t1core.async_collect import AsyncCollector
 from t1core.cli import parse_args, precision_notice  # noqa: F401  (the command line, as `train.parse_args`)
 from t1core.config import RunConfig, resolved
 from t1core.config_toml import load_config  # noqa: F401  (tests and notebooks load configs through here)
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.evaluate import evaluate
-from t1core.metrics import (MetricsLogger, Stopwatch, closing_lines, gpu_stats, plot_metrics, progress_line,
-                            rollout_metrics)
+from t1core.metrics import (MetricsLogger, Stopwatch, closing_lines, engine_stat, gpu_stats, plot_metrics,
+                            progress_line, rollout_metrics)
 from t1core.pretrain import pretrain_base
 from t1core.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
 from t1core.export import save_hf
 from t1core.segments import cut_metrics, training_segments
 from t1core.sft import run_sft
-from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward
+from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, step_draws
 from t1core.update import ActorCritic, ppo_update, score
 
 
@@ -60,6 +62,7 @@ class Trainer:
         self.opt_critic, self.sched_critic = builders.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
+        self.collector: AsyncCollector | None = None  # rollout.max_staleness >= 1: started with the first RL step
 
     def prepare_tasks(self) -> builders.TaskSets:
         """The task sets, their images built (a seam: bench/train_replay.py replays episodes without Docker)."""
@@ -76,8 +79,8 @@ class Trainer:
         mine = self.ranks.mine(specs)
         bar = tqdm(total=len(mine), desc=desc, leave=False, file=sys.stdout, disable=None if self.dp.is_main else True)
         trajs = []
-        if self.sampled is not None:  # drift is checked against this engine's own completions
-            self.sampled.clear()
+        if self.sampled is not None and self.collector is None:  # drift is checked against this engine's own
+            self.sampled.clear()  # completions (asynchronous episodes still sampling keep theirs: `forget` below)
         if mine:
             trajs = run_episodes(self.sampled, self.tok, mine,
                                  config=builders.agent_config(self.cfg, temperature=temperature,
@@ -88,6 +91,10 @@ class Trainer:
         bar.close()
         # Drift of every segment (a compacted episode's contexts), each against the completions of its own prompts.
         done = self.ranks.gather([(t, sum(self.sampled.drift(s) for s in t.segments())) for t in trajs], len(specs))
+        if self.collector is not None:
+            for t in trajs:
+                for s in t.segments():
+                    self.sampled.forget(s)
         return [t for t, _ in done], [d for _, d in done]
 
     def warm_start(self) -> dict[str, float]:
@@ -112,14 +119,30 @@ class Trainer:
                         clock=self.clock)
 
     def train_step(self, step: int) -> dict[str, float]:
-        """collect -> score -> update -> sync."""
-        cfg = self.cfg
-        gen = torch.Generator().manual_seed(seed_for(cfg.run.seed, Stream.UPDATE, step))
-        n, k = cfg.rollout.episodes_per_step, cfg.rollout.group_size
-        instances = torch.randint(len(self.tasks.rl), (n // k,), generator=gen).tolist()  # with replacement
+        """collect -> score -> update -> sync (asynchronous: take what the collector has ready, then the same)."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        busy0, pause0 = engine_stat(self.engine, "step_s"), engine_stat(self.engine, "pause_s")
+        instances, gen = step_draws(cfg.run.seed, step, num_tasks=len(self.tasks.rl),
+                                    num_groups=cfg.rollout.episodes_per_step // cfg.rollout.group_size)
         with self.clock.phase("collect"):
-            batch = self.collect_step(step, instances)
+            batch = self.collect_step(step, instances) if cfg.rollout.max_staleness == 0 else self.take_step(step)
+        waited = time.perf_counter() - t0  # the trainer does nothing while it waits for episodes
+        out = self._update_and_sync(step, batch, gen)
+        if self.collector is not None:
+            self.collector.retire()
+        wall = time.perf_counter() - t0
+        busy, pause = engine_stat(self.engine, "step_s"), engine_stat(self.engine, "pause_s")
+        if busy is not None:  # idle: no batch step running (waiting for sandboxes, for weights, or for work)
+            out["rollout/engine_idle_frac"] = max(0.0, 1.0 - (busy - busy0) / wall)
+        if pause is not None:
+            out["rollout/engine_pause_s"] = pause - pause0
+        return {**out, "train/trainer_idle_frac": waited / wall}
+
+    def _update_and_sync(self, step: int, batch: StepBatch, gen: torch.Generator) -> dict[str, float]:
+        cfg, k = self.cfg, self.cfg.rollout.group_size
         if not batch.trajs:
+            if self.collector is not None:  # the engine's version counts the steps the staleness bound counts
+                self.sync_engine()
             return {**batch.metrics, "skipped/no_sampled_tokens": 1.0}
         plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k,
                          critic_steps=cfg.warmstart.critic_steps)
@@ -146,17 +169,34 @@ class Trainer:
         order = [i for i in instances for _ in range(k)]  # each instance sampled k times (its own sampling seeds)
         trajs, drift_per = self.collect([self.tasks.rl[i] for i in order], desc=f"step {step} rollout",
                                         seed=seed_for(self.cfg.run.seed, Stream.ROLLOUT, step))
+        return self.step_batch(step, trajs, drift_per, [i // k for i in range(len(trajs))])
+
+    def take_step(self, step: int) -> StepBatch:
+        """The asynchronous `collect_step`: the groups the collector has ready for this step (t1core.async_collect),
+        as the synchronous loop would hand them on (the episodes saved as sampled, the fresh part trained)."""
+        taken = self.collector.take()
+        eps = taken.episodes
+        return self.step_batch(step, [e.sampled for e in eps], [e.drift for e in eps], [e.group for e in eps],
+                               trained=[e.trained for e in eps], metrics=taken.metrics,
+                               version=self.engine.policy_version)
+
+    def step_batch(self, step: int, sampled: list[Trajectory], drift: list[int], groups: list[int], *,
+                   trained: list[Trajectory] | None = None, metrics: dict[str, float] | None = None,
+                   version: int | None = None) -> StepBatch:
+        """A step's episodes as the update takes them: saved as sampled, rewarded as whole episodes (a trimmed one
+        keeps its outcome), and the `trained` part of those with sampled tokens cut into training segments."""
+        trained = sampled if trained is None else trained
         if self.dp.is_main:
-            save_trajectories(trajs, self.run_dir / "trajectories" / f"step_{step:04d}")
-        rewards = self.rewards(trajs)
-        metrics = {**rollout_metrics(trajs, rewards), **cut_metrics(trajs)}
-        kept = [i for i, t in enumerate(trajs) if any(bool(s.loss_mask.any()) for s in t.segments())]
+            save_trajectories(sampled, self.run_dir / "trajectories" / f"step_{step:04d}")
+        rewards = self.rewards(sampled)
+        metrics = {**rollout_metrics(sampled, rewards), **cut_metrics(sampled), **(metrics or {})}
+        kept = [i for i, t in enumerate(trained) if any(bool(s.loss_mask.any()) for s in t.segments())]
         if kept:
-            metrics["tito/drift_tokens"] = float(sum(drift_per[i] for i in kept))
-        segments, seg_rewards, groups = training_segments(  # each context of a compacted episode trains alone
-            [trajs[i] for i in kept], [rewards[i] for i in kept], [i // k for i in kept],
+            metrics["tito/drift_tokens"] = float(sum(drift[i] for i in kept))
+        segments, seg_rewards, seg_groups = training_segments(  # each context of a compacted episode trains alone
+            [trained[i] for i in kept], [rewards[i] for i in kept], [groups[i] for i in kept],
             cut_episodes=self.cfg.algo.cut_episodes)
-        return StepBatch(segments, seg_rewards, groups, metrics)
+        return StepBatch(segments, seg_rewards, seg_groups, metrics, version=version)
 
     def rewards(self, trajs: list[Trajectory]) -> list[float]:
         """Each episode's reward for the update (`t1core.step.shaped_reward`)."""
@@ -191,6 +231,9 @@ class Trainer:
                 self.ref_policy = frozen_copy(self.policy, dp)
             self.state.warm_started = True
         builders.freeze(self.policy, self.actor_frozen)  # RL leaves these as pretraining and SFT made them
+        if cfg.rollout.max_staleness and self.state.step < cfg.run.steps:
+            self.collector = async_collect.for_run(self.cfg, self.tasks, self.sampled, self.tok,
+                                                   first_step=self.state.step)
         for step in tqdm(range(self.state.step, cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
             m = self.train_step(step)
@@ -201,6 +244,7 @@ class Trainer:
             log(step, m)
             if step + 1 == cfg.run.steps or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
                 self.checkpoint()
+        self.stop_collector()  # its episodes must not share the engine with the evaluation after RL
         after = None
         if self.state.step == cfg.run.steps and self.state.evaluated_at != cfg.run.steps:
             after = self.evaluate("after")
@@ -226,7 +270,13 @@ class Trainer:
         self.sync_engine()
         return self.state.step - 1
 
+    def stop_collector(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+            self.collector = None
+
     def close(self) -> None:
+        self.stop_collector()
         if self.engine is not None:
             self.engine.close()
 

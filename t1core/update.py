@@ -150,6 +150,10 @@ def score(batch: StepBatch, plan: PushPlan, ac: ActorCritic, *, algo: AlgoSectio
         for k, v in _fidelity_metrics(policy, packed, old_logp_T, replayed=replay and routing_agreement,
                                       bitwise=bitwise).items():
             metrics[k].append((v, packed.reward_B.numel()))
+        if batch.version is not None:
+            for k, v_n in gap_per_lag([trajectories[i] for i in group], old_logp_T, packed,
+                                      version=batch.version).items():
+                metrics[k].append(v_n)
         return Scored(packed, old_logp_T, values_T, adv_T, ret_T, ref_T, group, mismatch).to("cpu"), dict(metrics)
 
     scored, metrics = [], defaultdict(list)
@@ -207,6 +211,25 @@ def _fidelity_metrics(policy: torch.nn.Module, batch: PackedBatch, logp_train_T:
         with batch_invariant_mode(bitwise, cache_weights=False):
             _, own_TLK = policy(batch.input_ids_T, cu_seqlens=batch.cu_seqlens, return_routing=True)
         out["fidelity/routing_agreement"] = float(routing_agreement(own_TLK, batch.routing_TLK))
+    return out
+
+
+def gap_per_lag(trajectories: Sequence, logp_train_T: torch.Tensor, batch: PackedBatch, *, version: int,
+                ) -> dict[str, tuple[float, int]]:
+    """Asynchronous steps: {"fidelity/gap_lag{n}": (mean |logp_train - logp_rollout| over the loss tokens sampled n
+    weight versions before `version`, their count)} for the `trajectories` packed in `batch`, in order. Lag 0 is the
+    engine-vs-trainer gap alone; a larger lag adds the policy's own movement since those weights."""
+    versions = []
+    for t in trajectories:  # shifted like pack's targets: position i scores token i + 1
+        v_T = t.token_versions()
+        versions.append(torch.cat([v_T[1:], v_T.new_full((1,), -1)]))
+    lag_T = version - torch.cat(versions)
+    mask_T = batch.loss_mask_T.cpu()
+    d_T = (logp_train_T.detach().double().cpu() - batch.rollout_logp_T.double().cpu()).abs()
+    out = {}
+    for lag in lag_T[mask_T].unique().tolist():
+        m_T = mask_T & (lag_T == lag)
+        out[f"fidelity/gap_lag{lag}"] = (float(d_T[m_T].mean()), int(m_T.sum()))
     return out
 
 
