@@ -171,7 +171,7 @@ def _ensure_group(device: torch.device) -> None:
 
 
 def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
-           cpu_offload: bool = False) -> nn.Module:
+           cpu_offload: bool = False, expert_parallel: int = 1) -> nn.Module:
     """FSDP2 in place: each decoder layer its own unit (all-gathered for its forward and backward), then the root
     (embedding, final norm, heads). Build optimizers after this call: it replaces the parameters by sharded DTensors.
 
@@ -179,12 +179,16 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     parameters, which stay the sharded master weights AdamW updates (its state fp32 too); layers are gathered and
     computed in param_dtype and gradients reduced in fp32. cpu_offload: `CPUOffloadPolicy`, shards, gradients and
     optimizer state in host memory. Either one shards a single process too (a one-rank group): the same numerics
-    as on W ranks. Neither, single process: no-op (the model stays plain)."""
+    as on W ranks. Neither, single process: no-op (the model stays plain). expert_parallel N > 1: each MoE layer
+    keeps E/N whole experts per rank, outside FSDP2, dispatched by all-to-all (t1core.expert_parallel)."""
     if is_sharded(model) or not (dp.distributed or param_dtype is not None or cpu_offload):
         return model  # already sharded (e.g. `sharded_from_pretrained`), or nothing to do
     if param_dtype is not None and any(p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(f"param_dtype={param_dtype}: mixed precision keeps fp32 masters; build the model in float32")
     _ensure_group(next(model.parameters()).device)
+    if expert_parallel > 1:
+        from t1core.expert_parallel import apply_expert_parallel_, make_expert_parallel
+        apply_expert_parallel_(model, make_expert_parallel(expert_parallel))
     _fully_shard(model, param_dtype=param_dtype, cpu_offload=cpu_offload)
     # read by compute_dtype(): what exports, engine syncs and the KL anchor carry
     model.compute_dtype = param_dtype or next(model.parameters()).dtype
@@ -193,17 +197,21 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
 
 def _fully_shard(model: nn.Module, *, param_dtype: torch.dtype | None, cpu_offload: bool) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from t1core.expert_parallel import is_expert_param
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    experts = {p for p in model.parameters() if is_expert_param(p)} or None  # EP experts: whole, not sharded
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mp_policy=mp, offload_policy=offload, ignored_params=experts)
+    fully_shard(model, mp_policy=mp, offload_policy=offload, ignored_params=experts)
 
 
 def _shard_rows(p: torch.Tensor) -> tuple[int, int]:
     """[start, stop) of dim 0 this rank holds of an FSDP2 parameter (Shard(0): ceil(d0 / W)-row chunks in rank
     order, the last ones shorter or empty)."""
     from torch.distributed.tensor import DTensor
+    if getattr(p, "expert_rows", None) is not None:  # expert parallelism: this rank's whole experts
+        return p.expert_rows
     if not isinstance(p, DTensor):
         return 0, p.shape[0]
     mesh = p.device_mesh
@@ -230,27 +238,28 @@ def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
 
 
 def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
-                            param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> nn.Module:
+                            param_dtype: torch.dtype | None = None, cpu_offload: bool = False,
+                            expert_parallel: int = 1) -> nn.Module:
     """`t1model.hf_io.load_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
     each rank reads only its own rows of every tensor, so no rank ever holds the whole model. Collective."""
     from t1model.hf_io import read_config
     from t1model.model import MoEModel
     model = MoEModel(read_config(path), seed=None, dtype=dtype, device="meta")
-    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel)
     model.to_empty(device=_local_device(cpu_offload))
     _fill_rows_(model, path)
     return model
 
 
 def sharded_critic(policy: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
-                   cpu_offload: bool = False) -> nn.Module:
+                   cpu_offload: bool = False, expert_parallel: int = 1) -> nn.Module:
     """`ValueModel.from_policy(policy)` for a sharded policy: sharded the same way, its trunk copied shard by shard
     from the policy's, its head zero. Collective."""
     from torch.distributed.tensor import DTensor
     from t1model.model import ValueModel
     dtype = next(p for p in policy.parameters()).dtype
     critic = ValueModel(policy.config, seed=None, dtype=dtype, device="meta")
-    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel)
     critic.to_empty(device=_local_device(cpu_offload))
     mine = dict(policy.named_parameters())
     with torch.no_grad():
@@ -271,8 +280,11 @@ def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
     from torch.distributed.tensor import DTensor
     dtype = compute_dtype(model)
     model.reshard()  # after a forward without backward the root holds gathered tensors; we copy shards
+    from t1core.expert_parallel import apply_expert_parallel_, expert_parallel_of
     ref = type(model)(model.config, seed=None, dtype=dtype, device="meta")
     mesh = next(p for p in model.parameters() if isinstance(p, DTensor)).device_mesh
+    if expert_parallel_of(model) is not None:  # the same experts on the same ranks
+        apply_expert_parallel_(ref, expert_parallel_of(model))
     _fully_shard(ref, param_dtype=None, cpu_offload=False)
     ref.to_empty(device=torch.device(mesh.device_type, torch.cuda.current_device())
                  if mesh.device_type == "cuda" else torch.device("cpu"))
@@ -350,6 +362,9 @@ def _unit_groups(model: nn.Module) -> list[list[tuple[str, torch.Tensor]]]:
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A parameter's whole value: a DTensor all-gathered (collective), a plain tensor as it is."""
     from torch.distributed.tensor import DTensor
+    from t1core.expert_parallel import is_expert_param, whole_experts
+    if is_expert_param(t):  # the layer's experts from their EP owners (only this layer's)
+        return whole_experts(t)
     if not isinstance(t, DTensor):
         return t.detach()
     if t.device.type == "cpu" and dist.get_backend() == "nccl":  # CPU-offloaded shards: NCCL gathers on the GPU

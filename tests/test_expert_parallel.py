@@ -1,0 +1,140 @@
+"""Expert parallelism (t1core.expert_parallel) on gloo CPU ranks against one plain process.
+
+The reference is a plain unsharded model in one process running every rank's tokens one rank at a time, the loss
+the mean of the ranks' losses (what data parallelism trains on). In the batch-invariant CPU mode the EP forward
+(logits, loss) equals it bit for bit; gradients go through other sums (the all-to-all gathers an expert's rows in
+another order, FSDP2 sums the ranks' gradients) and agree to fp32 round-off.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from t1kernels.rows import batch_invariant_mode
+from t1model.model import ModelConfig, MoEModel
+
+SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_experts=8, num_experts_per_tok=2)
+
+
+def _inputs(rank: int, skew: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s tokens (a different count per rank) and replayed routing [T, L_moe, K]. skew: every token of
+    every rank goes to experts 0 and 1 (EP rank 0's): the other EP ranks receive no tokens at all."""
+    g = torch.Generator().manual_seed(100 + rank)
+    T, L, K = 19 + 6 * rank, len(SMALL.moe_layer_ids), SMALL.num_experts_per_tok
+    ids = torch.randint(0, SMALL.vocab_size, (T,), generator=g)
+    if skew:
+        routing = torch.tensor([1, 0]).expand(T, L, K).clone()
+    else:
+        routing = torch.stack([torch.randperm(SMALL.num_experts, generator=g)[:K] for _ in range(T * L)]).view(T, L, K)
+    return ids, routing.to(torch.uint8)
+
+
+def _loss(model: MoEModel, ids: torch.Tensor, routing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = model.compute_logits(ids, cu_seqlens=[0, 7, ids.shape[0]], replay_routing=routing)
+    return F.cross_entropy(logits[:-1].float(), ids[1:]), logits
+
+
+def _grads(model: MoEModel) -> dict[str, torch.Tensor]:
+    """Whole gradients by name (collective: FSDP2 shards and EP experts gathered)."""
+    from torch.distributed.tensor import DTensor
+    from t1core.expert_parallel import is_expert_param, whole_experts
+    out = {}
+    for name, p in model.named_parameters():
+        if is_expert_param(p):
+            g = torch.zeros_like(p) if p.grad is None else p.grad
+            g.expert_parallel = p.expert_parallel
+            out[name] = whole_experts(g)
+        elif isinstance(p.grad, DTensor):
+            out[name] = p.grad.full_tensor()
+        else:
+            out[name] = p.grad.clone()
+    return out
+
+
+def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        from t1core.distributed import DataParallel, iter_hf_tensors, shard_
+        model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world), expert_parallel=ep)
+        local = model.model.layers[0].mlp.experts.w13
+        ids, routing = _inputs(rank, skew)
+        with batch_invariant_mode(cache_weights=False):
+            loss, logits = _loss(model, ids, routing)
+        loss.backward()
+        grads = _grads(model)
+        hf = dict(iter_hf_tensors(model))
+        parts: list = [None] * world
+        dist.all_gather_object(parts, (loss.detach(), logits.detach(), tuple(local.shape)))
+        if rank == 0:
+            torch.save({"ranks": parts, "grads": grads, "hf": hf}, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reference(world: int, skew: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
+    model = MoEModel(SMALL, seed=0)
+    outs, total = [], 0.0
+    for r in range(world):
+        with batch_invariant_mode(cache_weights=False):
+            loss, logits = _loss(model, *_inputs(r, skew))
+        outs.append((loss.detach(), logits.detach()))
+        total = total + loss / world
+    total.backward()
+    return outs, {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize(("world", "ep", "skew"), [(2, 2, False), (2, 2, True), (4, 4, False), (4, 2, True)])
+def test_expert_parallel_equals_one_process(tmp_path, world: int, ep: int, skew: bool) -> None:
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_worker, args=(world, ep, _free_port(), str(out), skew), nprocs=world, join=True)
+    got = torch.load(out, weights_only=False)
+    want, want_grads = _reference(world, skew)
+    E, F2, D = SMALL.num_experts, 2 * SMALL.moe_intermediate_size, SMALL.hidden_size
+    for (loss, logits, local_shape), (w_loss, w_logits) in zip(got["ranks"], want):
+        assert local_shape == (E // ep, F2, D)  # each rank holds E/N whole experts
+        assert torch.equal(logits, w_logits) and torch.equal(loss, w_loss)  # bitwise in the exact mode
+    assert got["grads"].keys() == want_grads.keys()
+    for name, g in want_grads.items():
+        assert g is not None and g.abs().max() > 0 or (skew and "experts" in name), name
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-7, msg=name)
+    router = [n for n in want_grads if n.endswith("mlp.gate.weight")]
+    assert router and all(want_grads[n].abs().max() > 0 for n in router)  # the router learns through replay
+    whole = MoEModel(SMALL, seed=0)
+    from t1model.hf_io import hf_state_dict
+    want_hf = hf_state_dict(whole)
+    assert got["hf"].keys() == want_hf.keys() and all(torch.equal(got["hf"][k], v) for k, v in want_hf.items())
+
+
+def test_bad_expert_parallel_is_one_line_exit_2(tmp_path) -> None:
+    """EP that does not divide the experts (16 in the tiny model) or the world size: one line, exit status 2."""
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    for value, what in (("3", "num_experts=16"), ("4", "world size 2")):
+        r = subprocess.run([sys.executable, "-m", "t1core.train", f"--parallel.expert_parallel={value}",
+                            "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert "parallel.expert_parallel" in lines[-1] and what in lines[-1], r.stderr
+    from t1core.expert_parallel import check_expert_parallel
+    check_expert_parallel(1, num_experts=0, world=1)  # off: nothing to check
+    with pytest.raises(ValueError, match="parallel.expert_parallel"):
+        check_expert_parallel(2, num_experts=0, world=2)
