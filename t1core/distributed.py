@@ -382,10 +382,12 @@ def iter_hf_tensors(model: nn.Module, *, dtype: torch.dtype | None = None,
     Collective when the model is sharded: every rank must run the iterator to its end, in step. `sorted_names`
     yields in sorted name order (what a sharded safetensors export needs); else in the model's layer order."""
     from t1model.hf_io import hf_items
+    from t1core.expert_parallel import is_expert_param
     groups = _unit_groups(model)
     if sorted_names:
         def names(name: str, p: torch.Tensor) -> list[str]:  # on a meta stand-in: slicing a DTensor communicates
-            return [h for h, _ in hf_items(model.config, name, torch.empty(p.shape, device="meta"))] or [name]
+            shape = (model.config.num_experts, *p.shape[1:]) if is_expert_param(p) else p.shape  # EP: whole
+            return [h for h, _ in hf_items(model.config, name, torch.empty(shape, device="meta"))] or [name]
         first = {id(g): min(h for n, p in g for h in names(n, p)) for g in groups}
         groups.sort(key=lambda g: first[id(g)])
     for group in groups:
@@ -409,7 +411,15 @@ def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tenso
     if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return get_model_state_dict(model, options=_full_options())
+    from t1core.expert_parallel import is_expert_param, whole_experts
+    state = get_model_state_dict(model, options=_full_options())
+    for name, p in model.named_parameters():
+        if is_expert_param(p):  # one layer's experts at a time, from their EP owners
+            whole = whole_experts(p).cpu()
+            state.pop(name, None)
+            if dp.is_main:
+                state[name] = whole
+    return state
 
 
 class ModelOptimizer:
@@ -448,19 +458,31 @@ class ModelOptimizer:
             self.opt.load_state_dict(state)
             return
         from torch.distributed.tensor import DTensor, distribute_tensor
+        from t1core.expert_parallel import is_expert_param
         order, params = self._order(), self._params()
         local = {}
         for i, entry in state["state"].items():
             p = params[order[i]]
+            if is_expert_param(p):  # expert parallelism: this rank's experts' rows of each moment
+                local[i] = {k: v[slice(*p.expert_rows)].to(p.device).clone() if torch.is_tensor(v) and v.dim() else v
+                            for k, v in entry.items()}
+                continue
             local[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
                         if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape else v
                         for k, v in entry.items()}
         self.opt.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
     def sharded_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """This rank's state tensors by parameter name (moments as DTensors of this rank's shards)."""
-        order = self._order()
-        return {order[i]: dict(v) for i, v in self.opt.state_dict()["state"].items()}
+        """This rank's state tensors by parameter name (moments as DTensors of this rank's shards; an EP expert's as
+        a DTensor view of the whole, `t1core.expert_parallel.expert_dtensor`)."""
+        from t1core.expert_parallel import expert_dtensor, is_expert_param
+        order, params = self._order(), self._params()
+        out = {}
+        for i, v in self.opt.state_dict()["state"].items():
+            p = params[order[i]]
+            out[order[i]] = {k: expert_dtensor(t, p.expert_parallel) if is_expert_param(p) and torch.is_tensor(t)
+                             and t.shape == p.shape else t for k, t in v.items()}
+        return out
 
     def param_groups(self) -> list[dict[str, Any]]:
         """The parameter groups (hyperparameters), parameters by name."""
@@ -470,19 +492,29 @@ class ModelOptimizer:
     def sharded_template(self, saved: dict[str, dict[str, tuple[torch.Size, torch.dtype]]]) -> dict[str, Any]:
         """Tensors `dcp.load` fills, for the saved state entries (name -> key -> (shape, dtype)): moments shaped and
         sharded like this rank's parameter, scalars (AdamW's step) as they were saved."""
+        from t1core.expert_parallel import expert_dtensor, is_expert_param
         params = self._params()
         out: dict[str, dict[str, torch.Tensor]] = {}
         for name, keys in saved.items():
             if name not in params:
                 raise ValueError(f"optimizer state: the checkpoint has state for {name!r}, which this model lacks")
             p = params[name]
+            if is_expert_param(p):  # the whole [E, ., .] saved; this rank reads its own experts' rows
+                out[name] = {k: expert_dtensor(torch.zeros_like(p, dtype=dtype), p.expert_parallel)
+                             if len(shape) == p.dim() else torch.zeros(shape, dtype=dtype)
+                             for k, (shape, dtype) in keys.items()}
+                continue
             out[name] = {k: torch.zeros_like(p, dtype=dtype) if shape == p.shape else torch.zeros(shape, dtype=dtype)
                          for k, (shape, dtype) in keys.items()}
         return out
 
     def load_sharded(self, state: dict[str, dict[str, torch.Tensor]], param_groups: list[dict[str, Any]]) -> None:
         """Load what `sharded_state` and `param_groups` saved (filled in by `dcp.load` at this world size)."""
-        index = {n: i for i, n in enumerate(self._order())}
+        from torch.distributed.tensor import DTensor
+        from t1core.expert_parallel import is_expert_param
+        index, params = {n: i for i, n in enumerate(self._order())}, self._params()
+        state = {n: {k: t.to_local() if is_expert_param(params[n]) and isinstance(t, DTensor) else t
+                     for k, t in v.items()} for n, v in state.items()}
         groups = [{**g, "params": [index[n] for n in g["params"]]} for g in param_groups]
         self.opt.load_state_dict({"state": {index[n]: v for n, v in state.items()}, "param_groups": groups})
 
@@ -494,9 +526,28 @@ def _load_full_options():
 
 def model_state(model: nn.Module) -> dict[str, Any]:
     """This rank's shards of the model's state (plain tensors for a plain model): what DCP saves, and the template
-    it loads into."""
+    it loads into. Under expert parallelism a layer's local experts are a DTensor view of the whole [E, ., .]
+    (sharing their storage), so the checkpoint holds every expert once and loads at any EP size."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return get_model_state_dict(model)
+    from t1core.expert_parallel import expert_dtensor, is_expert_param
+    state = get_model_state_dict(model)
+    for name, p in model.named_parameters():
+        if is_expert_param(p):
+            state[name] = expert_dtensor(p.detach(), p.expert_parallel)
+    return state
+
+
+def _local_experts(model: nn.Module, state: dict[str, Any], *, whole: bool) -> dict[str, Any]:
+    """`state` with each EP expert entry made this rank's plain rows: a DTensor's local part, or (`whole`) the
+    rows of the whole tensor this rank owns."""
+    from torch.distributed.tensor import DTensor
+    from t1core.expert_parallel import is_expert_param
+    out = dict(state)
+    for name, p in model.named_parameters():
+        if is_expert_param(p) and name in out:
+            v = out[name]
+            out[name] = v.to_local() if isinstance(v, DTensor) else v[slice(*p.expert_rows)] if whole else v
+    return out
 
 
 def load_model_state(model: nn.Module, state: dict[str, Any], *, whole: bool) -> None:
@@ -506,6 +557,7 @@ def load_model_state(model: nn.Module, state: dict[str, Any], *, whole: bool) ->
         model.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    state = _local_experts(model, state, whole=whole)
     set_model_state_dict(model, state, options=_load_full_options() if whole else None)
 
 

@@ -138,3 +138,70 @@ def test_bad_expert_parallel_is_one_line_exit_2(tmp_path) -> None:
     check_expert_parallel(1, num_experts=0, world=1)  # off: nothing to check
     with pytest.raises(ValueError, match="parallel.expert_parallel"):
         check_expert_parallel(2, num_experts=0, world=2)
+
+
+def _docker_ok() -> bool:
+    try:
+        import docker
+        docker.from_env().ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure to reach the daemon means: skip
+        return False
+
+
+@pytest.mark.torchrun
+@pytest.mark.docker
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker daemon answers")
+def test_expert_parallel_run_equals_one_process_and_resumes_under_ep1(tmp_path) -> None:
+    """`torchrun --nproc_per_node=2 -m t1core.train --parallel.expert_parallel=2` against one process: the same
+    losses step by step (rounding aside), TITO drift 0, the same final weights; its DCP checkpoint (written by the
+    two EP ranks, each with half of every layer's experts) reads whole, equals the run's HF export, and resumes in
+    one process without EP."""
+    import json
+    from pathlib import Path
+    from safetensors.torch import load_file
+    from sandbox.families import SHORT_FAMILIES
+    from sandbox.suite import family_tasks
+    from t1core import train
+    from t1core.checkpointing import load_checkpoint
+    from t1model.hf_io import hf_state_dict
+    tasks = tmp_path / "tasks"
+    family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
+    common = [f"--tasks.source={tasks}", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
+              "--rollout.concurrency=1", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
+              "--rollout.max_tokens=640", "--algo.minibatch_tokens=700", "--warmstart.pretrain_steps=0",
+              "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=1", "--run.checkpoint_every=2",
+              "--optim.lr_actor=1e-3", "--algo.kl_coef=0.1", "--algo.actor_push=center",
+              "--rollout.batch_invariant=true", "--run.steps=3"]
+    single, ep = tmp_path / "single", tmp_path / "ep2"
+    assert train.main(["--out", str(single), *common]) == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "t1core.train",
+           "--out", str(ep), "--parallel.expert_parallel=2", *common]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [{r["step"]: r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())}
+            for d in (single, ep)]
+    assert rows[0].keys() == rows[1].keys()
+    losses = 0
+    for step, a in rows[0].items():
+        b = rows[1][step]
+        for key in a:
+            if key.endswith(("/loss", "/grad_norm")):
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (step, key)
+                losses += 1
+            if key == "tito/drift_tokens":
+                assert a[key] == b[key] == 0.0
+    assert losses >= 6 and rows[1][2]["policy/loss"] is not None
+    want, got = (load_file(d / "final" / "model.safetensors") for d in (single, ep))
+    warm = load_file(single / "warmstart" / "model.safetensors")
+    assert want.keys() == got.keys()
+    experts = [k for k in want if ".experts." in k]
+    assert max(float((want[k] - warm[k]).abs().max()) for k in experts) > 1e-5  # the experts were trained
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-6, msg=k)
+    saved = load_checkpoint(ep / "checkpoints", restore_rng=False)
+    whole = MoEModel(ModelConfig.tiny(), seed=None)
+    whole.load_state_dict(saved["policy"])
+    assert all(torch.equal(v, got[k]) for k, v in hf_state_dict(whole).items())
+    assert train.main(["--resume", str(ep), "--run.steps=4", "--parallel.expert_parallel=1"]) == 0
+    assert json.loads((ep / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
