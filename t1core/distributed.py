@@ -189,6 +189,10 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     if expert_parallel > 1:
         from t1core.expert_parallel import apply_expert_parallel_, make_expert_parallel
         apply_expert_parallel_(model, make_expert_parallel(expert_parallel))
+        if cpu_offload:  # the experts' masters, gradients and AdamW state in host memory, as FSDP2 offloads
+            for p in model.parameters():
+                if getattr(p, "expert_rows", None) is not None:
+                    p.data = p.data.cpu()
     _fully_shard(model, param_dtype=param_dtype, cpu_offload=cpu_offload)
     # read by compute_dtype(): what exports, engine syncs and the KL anchor carry
     model.compute_dtype = param_dtype or next(model.parameters()).dtype

@@ -171,8 +171,10 @@ class ExpertDispatch:
             raise ValueError(f"topk_ids: expected expert ids in [0, {num_local * ep.size}), got {int(topk_ids.max())}")
         plan = dispatch_plan(topk_ids, num_local=num_local, ep=ep)
         x_RD = _exchange(x_TD.index_select(0, plan.token_S), out_rows=plan.recv, in_rows=plan.send, ep=ep)
-        # Mixed precision: the local experts are fp32 masters outside FSDP2; compute in the activations' dtype.
-        w13_c, w2_c = (_ExpertGrad.apply(w, ep).to(x_TD.dtype) for w in (w13, w2))
+        # The local experts are fp32 masters outside FSDP2, in host memory under parallel.cpu_offload: copied to
+        # the activations' device (their gradient comes back by the same copy, reversed), reduced there over the
+        # dp replicas in fp32, and computed in the activations' dtype (mixed precision).
+        w13_c, w2_c = (_ExpertGrad.apply(w.to(x_TD.device), ep).to(x_TD.dtype) for w in (w13, w2))
         ones_R1 = torch.ones(x_RD.shape[0], 1, dtype=torch.float32, device=x_RD.device)
         y_RD = fused_moe(x_RD, w13_c, w2_c, plan.local_ids_R[:, None], ones_R1, validate=False, recompute=recompute)
         y_SD = _exchange(y_RD, out_rows=plan.send, in_rows=plan.recv, ep=ep)
@@ -221,9 +223,14 @@ def is_expert_param(p: torch.Tensor) -> bool:
 def whole_experts(p: torch.Tensor) -> torch.Tensor:
     """A layer's whole [E, ., .] expert tensor, gathered from its N owners (collective over the EP group)."""
     ep: ExpertParallel = p.expert_parallel
-    parts = [torch.empty_like(p) for _ in range(ep.size)]
-    dist.all_gather(parts, p.detach().contiguous(), group=ep.group)
+    local = p.detach().contiguous().to(_collective_device())  # offloaded experts: NCCL gathers on the GPU
+    parts = [torch.empty_like(local) for _ in range(ep.size)]
+    dist.all_gather(parts, local, group=ep.group)
     return torch.cat(parts)
+
+
+def _collective_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def expert_dtensor(t: torch.Tensor, ep: ExpertParallel) -> torch.Tensor:
@@ -241,9 +248,9 @@ def expert_grad_norm_sq(params: list[torch.Tensor]) -> torch.Tensor | None:
     if not mine:
         return None
     ep: ExpertParallel = mine[0].expert_parallel
-    dev = mine[0].device
+    dev = _collective_device()
     sq = torch.zeros((), dtype=torch.float32, device=dev)
     for g in grads:
-        sq = sq + g.detach().float().pow(2).sum()
+        sq = sq + g.detach().float().pow(2).sum().to(dev)
     dist.all_reduce(sq, group=ep.group)
     return sq
