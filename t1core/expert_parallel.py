@@ -14,8 +14,8 @@ exchange the counts (one small all-to-all and one host read: the split sizes), s
 expert's owner (`all_to_all_single`, uneven splits), run the local experts with the project's fused MoE on the
 received rows (one expert per row, weight 1), send the outputs back by the reverse all-to-all, and combine them
 with the gate weights exactly as `t1kernels.moe_torch` combines (fp32 sum over k in index order). The all-to-alls
-are `torch.distributed.nn.functional.all_to_all_single`, whose backward is the same exchange with the splits
-swapped: the backward runs the forward's plans reversed. In the batch-invariant CPU mode every row's expert
+are one autograd Function (`_Exchange`) whose backward is the same exchange with the splits swapped: the backward
+runs the forward's plans reversed. In the batch-invariant CPU mode every row's expert
 output does not depend on how many rows its expert received, so the EP forward is bitwise the single-rank one.
 
 Gradients: an expert's weight gradient on its owner is the sum over the N ranks of its EP group (the reverse
@@ -147,12 +147,30 @@ def dispatch_plan(ids_TK: torch.Tensor, *, num_local: int, ep: ExpertParallel) -
     return DispatchPlan(token_S=order_S // K, slot_P=slot_P, local_ids_R=local_R, send=send, recv=recv)
 
 
+class _Exchange(torch.autograd.Function):
+    """Uneven all-to-all of rows; the backward sends the gradients back along the same plan reversed (splits
+    swapped)."""
+
+    @staticmethod
+    def forward(ctx, x_RD, out_rows, in_rows, group):  # type: ignore[override]
+        ctx.plan = (out_rows, in_rows, group)
+        out = x_RD.new_empty(sum(out_rows), x_RD.shape[1])
+        dist.all_to_all_single(out, x_RD.contiguous(), output_split_sizes=out_rows, input_split_sizes=in_rows,
+                               group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        out_rows, in_rows, group = ctx.plan
+        dx = g.new_empty(sum(in_rows), g.shape[1])
+        dist.all_to_all_single(dx, g.contiguous(), output_split_sizes=in_rows, input_split_sizes=out_rows,
+                               group=group)
+        return dx, None, None, None
+
+
 def _exchange(x_RD: torch.Tensor, *, out_rows: list[int], in_rows: list[int], ep: ExpertParallel) -> torch.Tensor:
-    """Differentiable uneven all-to-all of rows (its backward sends the gradients back the same way)."""
-    from torch.distributed.nn.functional import all_to_all_single
-    out = x_RD.new_empty(sum(out_rows), x_RD.shape[1])
-    return all_to_all_single(out, x_RD.contiguous(), output_split_sizes=out_rows, input_split_sizes=in_rows,
-                             group=ep.group)
+    """Differentiable uneven all-to-all of rows: `in_rows[j]` rows go to EP rank j, `out_rows[j]` come from it."""
+    return _Exchange.apply(x_RD, out_rows, in_rows, ep.group)
 
 
 class ExpertDispatch:
