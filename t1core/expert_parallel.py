@@ -10,7 +10,8 @@ layers, routers and the root stay FSDP2-sharded over all W ranks (`t1core.distri
 
 A layer's forward (`ExpertDispatch`): route as always (the replayed R3 ids in training; the gate weights are the
 softmax of this rank's router logits over them, so the router keeps its gradient); count the pairs per owning rank,
-exchange the counts (one small all-to-all and one host read: the split sizes), send each pair's input row to its
+exchange the counts (one small all-to-all and one host read: the split sizes; with a replayed routing all layers'
+plans are made before the forward in one exchange, `prepare_plans`), send each pair's input row to its
 expert's owner (`all_to_all_single`, uneven splits), run the local experts with the project's fused MoE on the
 received rows (one expert per row, weight 1), send the outputs back by the reverse all-to-all, and combine them
 with the gate weights exactly as `t1kernels.moe_torch` combines (fp32 sum over k in index order). The all-to-alls
@@ -129,6 +130,10 @@ class DispatchPlan:
     recv: list[int]
     """Rows received from each EP rank."""
 
+    def to(self, device: torch.device) -> DispatchPlan:
+        return DispatchPlan(token_S=self.token_S.to(device), slot_P=self.slot_P.to(device),
+                            local_ids_R=self.local_ids_R.to(device), send=self.send, recv=self.recv)
+
 
 def dispatch_plan(ids_TK: torch.Tensor, *, num_local: int, ep: ExpertParallel) -> DispatchPlan:
     """Count the pairs per owner from the routing, exchange the counts and the local expert ids (collective)."""
@@ -145,6 +150,37 @@ def dispatch_plan(ids_TK: torch.Tensor, *, num_local: int, ep: ExpertParallel) -
     dist.all_to_all_single(local_R, local_S, output_split_sizes=recv, input_split_sizes=send, group=ep.group)
     slot_P = torch.empty_like(order_S).scatter_(0, order_S, torch.arange(order_S.numel(), device=order_S.device))
     return DispatchPlan(token_S=order_S // K, slot_P=slot_P, local_ids_R=local_R, send=send, recv=recv)
+
+
+def prepare_plans(routing_TLK: torch.Tensor, *, num_local: int, ep: ExpertParallel) -> list[DispatchPlan]:
+    """Every MoE layer's `DispatchPlan` from a replayed routing [T, L_moe, K], before the forward: the counts of all
+    layers in one all-to-all and one host read, the local expert ids of all layers in one more (instead of two
+    collectives and a host read per layer). Collective."""
+    T, L, K = routing_TLK.shape
+    ids_LP = routing_TLK.to(_collective_device()).long().permute(1, 0, 2).reshape(L, T * K)
+    owner_LP = torch.div(ids_LP, num_local, rounding_mode="floor")
+    order_LS = torch.sort(owner_LP, dim=1, stable=True).indices
+    send_NL = torch.stack([torch.bincount(o, minlength=ep.size) for o in owner_LP], dim=1)  # [N, L]
+    recv_NL = torch.empty_like(send_NL)
+    dist.all_to_all_single(recv_NL, send_NL, group=ep.group)  # L counts to and from every EP rank
+    send, recv = send_NL.tolist(), recv_NL.tolist()  # sync: all layers' split sizes, once
+    local_LS = (ids_LP.gather(1, order_LS) - owner_LP.gather(1, order_LS) * num_local)
+    # Per destination j, its rows of layer 0, then layer 1, ...: one uneven all-to-all for all layers.
+    starts = [[sum(send[i][l] for i in range(j)) for j in range(ep.size)] for l in range(L)]
+    out = torch.cat([local_LS[l, starts[l][j]:starts[l][j] + send[j][l]] for j in range(ep.size) for l in range(L)])
+    got = torch.empty(sum(map(sum, recv)), dtype=out.dtype, device=out.device)
+    dist.all_to_all_single(got, out, output_split_sizes=[sum(r) for r in recv],
+                           input_split_sizes=[sum(r) for r in send], group=ep.group)
+    pieces = list(torch.split(got, [recv[j][l] for j in range(ep.size) for l in range(L)]))
+    plans = []
+    arange = torch.arange(T * K, device=order_LS.device)
+    for l in range(L):
+        order_S = order_LS[l]
+        local_R = torch.cat([pieces[j * L + l] for j in range(ep.size)])
+        slot_P = torch.empty_like(order_S).scatter_(0, order_S, arange)
+        plans.append(DispatchPlan(token_S=order_S // K, slot_P=slot_P, local_ids_R=local_R,
+                                  send=[send[j][l] for j in range(ep.size)], recv=[recv[j][l] for j in range(ep.size)]))
+    return plans
 
 
 class _Exchange(torch.autograd.Function):
@@ -179,6 +215,7 @@ class ExpertDispatch:
 
     def __init__(self, ep: ExpertParallel) -> None:
         self.ep = ep
+        self.prepared: DispatchPlan | None = None  # set from the replayed routing before the forward, used once
 
     def __call__(self, x_TD: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                  topk_weights: torch.Tensor, *, validate: bool = True, recompute: bool = False) -> torch.Tensor:
@@ -187,7 +224,11 @@ class ExpertDispatch:
         num_local = w13.shape[0]
         if validate and topk_ids.numel() and int(topk_ids.max()) >= num_local * ep.size:  # sync: boundary check
             raise ValueError(f"topk_ids: expected expert ids in [0, {num_local * ep.size}), got {int(topk_ids.max())}")
-        plan = dispatch_plan(topk_ids, num_local=num_local, ep=ep)
+        plan, self.prepared = self.prepared, None
+        if plan is None or plan.token_S.shape[0] != T * K:  # no replay, or a recomputed forward: plan here
+            plan = dispatch_plan(topk_ids, num_local=num_local, ep=ep)
+        elif plan.token_S.device != x_TD.device:
+            plan = plan.to(x_TD.device)
         x_RD = _exchange(x_TD.index_select(0, plan.token_S), out_rows=plan.recv, in_rows=plan.send, ep=ep)
         # The local experts are fp32 masters outside FSDP2, in host memory under parallel.cpu_offload: copied to
         # the activations' device (their gradient comes back by the same copy, reversed), reduced there over the
@@ -226,7 +267,28 @@ def apply_expert_parallel_(model: nn.Module, ep: ExpertParallel) -> nn.Module:
             setattr(moe.experts, name, new)
         moe.dispatch = ExpertDispatch(ep)
     model.expert_parallel = ep
+    model.model.register_forward_pre_hook(_prepare_hook, with_kwargs=True)
     return model
+
+
+def _prepare_hook(trunk: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Before a trunk's forward with a replayed routing: every MoE layer's dispatch plan in one exchange (R3 fixes
+    the whole routing before the forward; `prepare_plans`). An invalid routing is left to the trunk's own check."""
+    from t1kernels.moe import check_routing
+    routing = kwargs.get("replay_routing")
+    layers = _moe_layers(trunk)
+    for moe in layers:  # nothing left over from a forward that raised
+        moe.dispatch.prepared = None
+    if routing is None or not layers:
+        return
+    cfg = trunk.config
+    if routing.dim() != 3 or routing.shape[1:] != (len(layers), cfg.num_experts_per_tok):
+        return
+    check_routing(routing, num_experts=cfg.num_experts)
+    ep: ExpertParallel = layers[0].dispatch.ep
+    plans = prepare_plans(routing, num_local=cfg.num_experts // ep.size, ep=ep)
+    for moe, plan in zip(layers, plans):
+        moe.dispatch.prepared = plan
 
 
 def expert_parallel_of(model: nn.Module) -> ExpertParallel | None:

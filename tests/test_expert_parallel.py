@@ -71,8 +71,15 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
         model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world), expert_parallel=ep)
         local = model.model.layers[0].mlp.experts.w13
         ids, routing = _inputs(rank, skew)
-        with batch_invariant_mode(cache_weights=False):
-            loss, logits = _loss(model, ids, routing)
+        exchanges, a2a = [], dist.all_to_all_single
+        dist.all_to_all_single = lambda *a, **k: (exchanges.append(1), a2a(*a, **k))[1]
+        try:
+            with batch_invariant_mode(cache_weights=False):
+                loss, logits = _loss(model, ids, routing)
+        finally:
+            dist.all_to_all_single = a2a
+        # The replayed routing planned every layer's dispatch before the forward in 2 exchanges; then 2 per layer.
+        assert len(exchanges) == 2 + 2 * len(SMALL.moe_layer_ids), len(exchanges)
         loss.backward()
         grads = _grads(model)
         hf = dict(iter_hf_tensors(model))
