@@ -30,7 +30,8 @@ SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_in
 
 def _inputs(rank: int, skew: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank `rank`'s tokens (a different count per rank) and replayed routing [T, L_moe, K]. skew: every token of
-    every rank goes to experts 0 and 1 (EP rank 0's): the other EP ranks receive no tokens at all."""
+    every rank goes to experts 0 and 1 (EP rank 0's): the other EP ranks receive no tokens at all (the skewed runs
+    also checkpoint each layer's activations)."""
     g = torch.Generator().manual_seed(100 + rank)
     T, L, K = 19 + 6 * rank, len(SMALL.moe_layer_ids), SMALL.num_experts_per_tok
     ids = torch.randint(0, SMALL.vocab_size, (T,), generator=g)
@@ -67,20 +68,23 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
-        from t1core.distributed import DataParallel, iter_hf_tensors, shard_
-        model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world), expert_parallel=ep)
+        from t1core.distributed import DataParallel, checkpoint_layers_, iter_hf_tensors, shard_
+        model = MoEModel(SMALL, seed=0)
+        if skew:  # and per-layer activation checkpointing: the backward recomputes each layer's dispatch
+            checkpoint_layers_(model)
+        model = shard_(model, DataParallel(rank=rank, world_size=world), expert_parallel=ep)
         local = model.model.layers[0].mlp.experts.w13
         ids, routing = _inputs(rank, skew)
         exchanges, a2a = [], dist.all_to_all_single
         dist.all_to_all_single = lambda *a, **k: (exchanges.append(1), a2a(*a, **k))[1]
-        try:
-            with batch_invariant_mode(cache_weights=False):
+        with batch_invariant_mode(cache_weights=False):  # the backward too: checkpointing recomputes in it
+            try:
                 loss, logits = _loss(model, ids, routing)
-        finally:
-            dist.all_to_all_single = a2a
-        # The replayed routing planned every layer's dispatch before the forward in 2 exchanges; then 2 per layer.
-        assert len(exchanges) == 2 + 2 * len(SMALL.moe_layer_ids), len(exchanges)
-        loss.backward()
+            finally:
+                dist.all_to_all_single = a2a
+            # The replayed routing planned every layer's dispatch before the forward in 2 exchanges; then 2 a layer.
+            assert len(exchanges) == 2 + 2 * len(SMALL.moe_layer_ids), len(exchanges)
+            loss.backward()
         grads = _grads(model)
         hf = dict(iter_hf_tensors(model))
         parts: list = [None] * world
@@ -100,12 +104,12 @@ def _free_port() -> int:
 def _reference(world: int, skew: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
     model = MoEModel(SMALL, seed=0)
     outs, total = [], 0.0
-    for r in range(world):
-        with batch_invariant_mode(cache_weights=False):
+    with batch_invariant_mode(cache_weights=False):
+        for r in range(world):
             loss, logits = _loss(model, *_inputs(r, skew))
-        outs.append((loss.detach(), logits.detach()))
-        total = total + loss / world
-    total.backward()
+            outs.append((loss.detach(), logits.detach()))
+            total = total + loss / world
+        total.backward()
     return outs, {n: p.grad for n, p in model.named_parameters()}
 
 
