@@ -31,6 +31,7 @@ from sandbox.cli import bad_input
 from sandbox.reap import reap
 from t1core import cli, distributed, evaluation
 from t1core.config import RunConfig
+from t1core.expert_parallel import check_expert_parallel
 from t1core.positions import check_positions, engine_length
 from t1core.step import SeedBlock
 from t1model.device import check_device
@@ -127,7 +128,8 @@ def shard_options(cfg: RunConfig) -> dict:
     if cfg.parallel.cpu_offload and torch.device(cfg.run.device).type != "cuda":
         raise ValueError(f"parallel.cpu_offload=true: offloads GPU memory to the host, expected run.device='cuda', "
                          f"got {cfg.run.device!r}")
-    return {"param_dtype": None if dtype == torch.float32 else dtype, "cpu_offload": cfg.parallel.cpu_offload}
+    return {"param_dtype": None if dtype == torch.float32 else dtype, "cpu_offload": cfg.parallel.cpu_offload,
+            "expert_parallel": cfg.parallel.expert_parallel}
 
 
 def load_models(cfg: RunConfig, tok: ChatTokenizer, dp: distributed.DataParallel | None = None, *,
@@ -184,6 +186,8 @@ def check_config(cfg: RunConfig) -> None:
             raise ValueError(f"eval.source: expected 'builtin' or directories of tasks, got {source!r}")
     mcfg, source = _shape(cfg)
     check_positions(cfg, mcfg, source=source)
+    check_expert_parallel(cfg.parallel.expert_parallel, num_experts=mcfg.num_experts,
+                          world=int(os.environ.get("WORLD_SIZE", "1")))
     pretrains(cfg)
     shard_options(cfg)
     if cfg.rollout.engine == "vllm":

@@ -440,9 +440,14 @@ class ParallelSection:
     cpu_offload: bool = _field(
         False, "FSDP2 CPUOffloadPolicy on sharded runs: sharded parameters, gradients and AdamW state live in host "
         "memory; each layer is copied to the GPU around its use")
+    expert_parallel: int = _field(
+        1, "N ranks share each MoE layer's experts (expert parallelism, t1core.expert_parallel): each holds E/N whole "
+        "experts and routed tokens travel by all-to-all; attention and dense weights stay FSDP2-sharded over all "
+        "ranks. N divides model.num_experts and the world size; 1: off")
 
     def __post_init__(self) -> None:
         _check_types(self)
+        _check(self.expert_parallel >= 1, "parallel.expert_parallel", ">= 1", self.expert_parallel)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -171,7 +171,7 @@ def _ensure_group(device: torch.device) -> None:
 
 
 def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
-           cpu_offload: bool = False) -> nn.Module:
+           cpu_offload: bool = False, expert_parallel: int = 1) -> nn.Module:
     """FSDP2 in place: each decoder layer its own unit (all-gathered for its forward and backward), then the root
     (embedding, final norm, heads). Build optimizers after this call: it replaces the parameters by sharded DTensors.
 
@@ -179,12 +179,20 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     parameters, which stay the sharded master weights AdamW updates (its state fp32 too); layers are gathered and
     computed in param_dtype and gradients reduced in fp32. cpu_offload: `CPUOffloadPolicy`, shards, gradients and
     optimizer state in host memory. Either one shards a single process too (a one-rank group): the same numerics
-    as on W ranks. Neither, single process: no-op (the model stays plain)."""
+    as on W ranks. Neither, single process: no-op (the model stays plain). expert_parallel N > 1: each MoE layer
+    keeps E/N whole experts per rank, outside FSDP2, dispatched by all-to-all (t1core.expert_parallel)."""
     if is_sharded(model) or not (dp.distributed or param_dtype is not None or cpu_offload):
         return model  # already sharded (e.g. `sharded_from_pretrained`), or nothing to do
     if param_dtype is not None and any(p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError(f"param_dtype={param_dtype}: mixed precision keeps fp32 masters; build the model in float32")
     _ensure_group(next(model.parameters()).device)
+    if expert_parallel > 1:
+        from t1core.expert_parallel import apply_expert_parallel_, make_expert_parallel
+        apply_expert_parallel_(model, make_expert_parallel(expert_parallel))
+        if cpu_offload:  # the experts' masters, gradients and AdamW state in host memory, as FSDP2 offloads
+            for p in model.parameters():
+                if getattr(p, "expert_rows", None) is not None:
+                    p.data = p.data.cpu()
     _fully_shard(model, param_dtype=param_dtype, cpu_offload=cpu_offload)
     # read by compute_dtype(): what exports, engine syncs and the KL anchor carry
     model.compute_dtype = param_dtype or next(model.parameters()).dtype
@@ -193,17 +201,21 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
 
 def _fully_shard(model: nn.Module, *, param_dtype: torch.dtype | None, cpu_offload: bool) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from t1core.expert_parallel import is_expert_param
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    experts = {p for p in model.parameters() if is_expert_param(p)} or None  # EP experts: whole, not sharded
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mp_policy=mp, offload_policy=offload, ignored_params=experts)
+    fully_shard(model, mp_policy=mp, offload_policy=offload, ignored_params=experts)
 
 
 def _shard_rows(p: torch.Tensor) -> tuple[int, int]:
     """[start, stop) of dim 0 this rank holds of an FSDP2 parameter (Shard(0): ceil(d0 / W)-row chunks in rank
     order, the last ones shorter or empty)."""
     from torch.distributed.tensor import DTensor
+    if getattr(p, "expert_rows", None) is not None:  # expert parallelism: this rank's whole experts
+        return p.expert_rows
     if not isinstance(p, DTensor):
         return 0, p.shape[0]
     mesh = p.device_mesh
@@ -230,27 +242,28 @@ def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
 
 
 def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
-                            param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> nn.Module:
+                            param_dtype: torch.dtype | None = None, cpu_offload: bool = False,
+                            expert_parallel: int = 1) -> nn.Module:
     """`t1model.hf_io.load_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
     each rank reads only its own rows of every tensor, so no rank ever holds the whole model. Collective."""
     from t1model.hf_io import read_config
     from t1model.model import MoEModel
     model = MoEModel(read_config(path), seed=None, dtype=dtype, device="meta")
-    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel)
     model.to_empty(device=_local_device(cpu_offload))
     _fill_rows_(model, path)
     return model
 
 
 def sharded_critic(policy: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
-                   cpu_offload: bool = False) -> nn.Module:
+                   cpu_offload: bool = False, expert_parallel: int = 1) -> nn.Module:
     """`ValueModel.from_policy(policy)` for a sharded policy: sharded the same way, its trunk copied shard by shard
     from the policy's, its head zero. Collective."""
     from torch.distributed.tensor import DTensor
     from t1model.model import ValueModel
     dtype = next(p for p in policy.parameters()).dtype
     critic = ValueModel(policy.config, seed=None, dtype=dtype, device="meta")
-    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload)
+    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel)
     critic.to_empty(device=_local_device(cpu_offload))
     mine = dict(policy.named_parameters())
     with torch.no_grad():
@@ -271,8 +284,11 @@ def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
     from torch.distributed.tensor import DTensor
     dtype = compute_dtype(model)
     model.reshard()  # after a forward without backward the root holds gathered tensors; we copy shards
+    from t1core.expert_parallel import apply_expert_parallel_, expert_parallel_of
     ref = type(model)(model.config, seed=None, dtype=dtype, device="meta")
     mesh = next(p for p in model.parameters() if isinstance(p, DTensor)).device_mesh
+    if expert_parallel_of(model) is not None:  # the same experts on the same ranks
+        apply_expert_parallel_(ref, expert_parallel_of(model))
     _fully_shard(ref, param_dtype=None, cpu_offload=False)
     ref.to_empty(device=torch.device(mesh.device_type, torch.cuda.current_device())
                  if mesh.device_type == "cuda" else torch.device("cpu"))
@@ -350,6 +366,9 @@ def _unit_groups(model: nn.Module) -> list[list[tuple[str, torch.Tensor]]]:
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A parameter's whole value: a DTensor all-gathered (collective), a plain tensor as it is."""
     from torch.distributed.tensor import DTensor
+    from t1core.expert_parallel import is_expert_param, whole_experts
+    if is_expert_param(t):  # the layer's experts from their EP owners (only this layer's)
+        return whole_experts(t)
     if not isinstance(t, DTensor):
         return t.detach()
     if t.device.type == "cpu" and dist.get_backend() == "nccl":  # CPU-offloaded shards: NCCL gathers on the GPU
@@ -367,10 +386,12 @@ def iter_hf_tensors(model: nn.Module, *, dtype: torch.dtype | None = None,
     Collective when the model is sharded: every rank must run the iterator to its end, in step. `sorted_names`
     yields in sorted name order (what a sharded safetensors export needs); else in the model's layer order."""
     from t1model.hf_io import hf_items
+    from t1core.expert_parallel import is_expert_param
     groups = _unit_groups(model)
     if sorted_names:
         def names(name: str, p: torch.Tensor) -> list[str]:  # on a meta stand-in: slicing a DTensor communicates
-            return [h for h, _ in hf_items(model.config, name, torch.empty(p.shape, device="meta"))] or [name]
+            shape = (model.config.num_experts, *p.shape[1:]) if is_expert_param(p) else p.shape  # EP: whole
+            return [h for h, _ in hf_items(model.config, name, torch.empty(shape, device="meta"))] or [name]
         first = {id(g): min(h for n, p in g for h in names(n, p)) for g in groups}
         groups.sort(key=lambda g: first[id(g)])
     for group in groups:
@@ -394,7 +415,15 @@ def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tenso
     if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return get_model_state_dict(model, options=_full_options())
+    from t1core.expert_parallel import is_expert_param, whole_experts
+    state = get_model_state_dict(model, options=_full_options())
+    for name, p in model.named_parameters():
+        if is_expert_param(p):  # one layer's experts at a time, from their EP owners
+            whole = whole_experts(p).cpu()
+            state.pop(name, None)
+            if dp.is_main:
+                state[name] = whole
+    return state
 
 
 class ModelOptimizer:
@@ -433,19 +462,31 @@ class ModelOptimizer:
             self.opt.load_state_dict(state)
             return
         from torch.distributed.tensor import DTensor, distribute_tensor
+        from t1core.expert_parallel import is_expert_param
         order, params = self._order(), self._params()
         local = {}
         for i, entry in state["state"].items():
             p = params[order[i]]
+            if is_expert_param(p):  # expert parallelism: this rank's experts' rows of each moment
+                local[i] = {k: v[slice(*p.expert_rows)].to(p.device).clone() if torch.is_tensor(v) and v.dim() else v
+                            for k, v in entry.items()}
+                continue
             local[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
                         if isinstance(p, DTensor) and torch.is_tensor(v) and v.shape == p.shape else v
                         for k, v in entry.items()}
         self.opt.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
     def sharded_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """This rank's state tensors by parameter name (moments as DTensors of this rank's shards)."""
-        order = self._order()
-        return {order[i]: dict(v) for i, v in self.opt.state_dict()["state"].items()}
+        """This rank's state tensors by parameter name (moments as DTensors of this rank's shards; an EP expert's as
+        a DTensor view of the whole, `t1core.expert_parallel.expert_dtensor`)."""
+        from t1core.expert_parallel import expert_dtensor, is_expert_param
+        order, params = self._order(), self._params()
+        out = {}
+        for i, v in self.opt.state_dict()["state"].items():
+            p = params[order[i]]
+            out[order[i]] = {k: expert_dtensor(t, p.expert_parallel) if is_expert_param(p) and torch.is_tensor(t)
+                             and t.shape == p.shape else t for k, t in v.items()}
+        return out
 
     def param_groups(self) -> list[dict[str, Any]]:
         """The parameter groups (hyperparameters), parameters by name."""
@@ -455,19 +496,29 @@ class ModelOptimizer:
     def sharded_template(self, saved: dict[str, dict[str, tuple[torch.Size, torch.dtype]]]) -> dict[str, Any]:
         """Tensors `dcp.load` fills, for the saved state entries (name -> key -> (shape, dtype)): moments shaped and
         sharded like this rank's parameter, scalars (AdamW's step) as they were saved."""
+        from t1core.expert_parallel import expert_dtensor, is_expert_param
         params = self._params()
         out: dict[str, dict[str, torch.Tensor]] = {}
         for name, keys in saved.items():
             if name not in params:
                 raise ValueError(f"optimizer state: the checkpoint has state for {name!r}, which this model lacks")
             p = params[name]
+            if is_expert_param(p):  # the whole [E, ., .] saved; this rank reads its own experts' rows
+                out[name] = {k: expert_dtensor(torch.zeros_like(p, dtype=dtype), p.expert_parallel)
+                             if len(shape) == p.dim() else torch.zeros(shape, dtype=dtype)
+                             for k, (shape, dtype) in keys.items()}
+                continue
             out[name] = {k: torch.zeros_like(p, dtype=dtype) if shape == p.shape else torch.zeros(shape, dtype=dtype)
                          for k, (shape, dtype) in keys.items()}
         return out
 
     def load_sharded(self, state: dict[str, dict[str, torch.Tensor]], param_groups: list[dict[str, Any]]) -> None:
         """Load what `sharded_state` and `param_groups` saved (filled in by `dcp.load` at this world size)."""
-        index = {n: i for i, n in enumerate(self._order())}
+        from torch.distributed.tensor import DTensor
+        from t1core.expert_parallel import is_expert_param
+        index, params = {n: i for i, n in enumerate(self._order())}, self._params()
+        state = {n: {k: t.to_local() if is_expert_param(params[n]) and isinstance(t, DTensor) else t
+                     for k, t in v.items()} for n, v in state.items()}
         groups = [{**g, "params": [index[n] for n in g["params"]]} for g in param_groups]
         self.opt.load_state_dict({"state": {index[n]: v for n, v in state.items()}, "param_groups": groups})
 
@@ -479,9 +530,28 @@ def _load_full_options():
 
 def model_state(model: nn.Module) -> dict[str, Any]:
     """This rank's shards of the model's state (plain tensors for a plain model): what DCP saves, and the template
-    it loads into."""
+    it loads into. Under expert parallelism a layer's local experts are a DTensor view of the whole [E, ., .]
+    (sharing their storage), so the checkpoint holds every expert once and loads at any EP size."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return get_model_state_dict(model)
+    from t1core.expert_parallel import expert_dtensor, is_expert_param
+    state = get_model_state_dict(model)
+    for name, p in model.named_parameters():
+        if is_expert_param(p):
+            state[name] = expert_dtensor(p.detach(), p.expert_parallel)
+    return state
+
+
+def _local_experts(model: nn.Module, state: dict[str, Any], *, whole: bool) -> dict[str, Any]:
+    """`state` with each EP expert entry made this rank's plain rows: a DTensor's local part, or (`whole`) the
+    rows of the whole tensor this rank owns."""
+    from torch.distributed.tensor import DTensor
+    from t1core.expert_parallel import is_expert_param
+    out = dict(state)
+    for name, p in model.named_parameters():
+        if is_expert_param(p) and name in out:
+            v = out[name]
+            out[name] = v.to_local() if isinstance(v, DTensor) else v[slice(*p.expert_rows)] if whole else v
+    return out
 
 
 def load_model_state(model: nn.Module, state: dict[str, Any], *, whole: bool) -> None:
@@ -491,6 +561,7 @@ def load_model_state(model: nn.Module, state: dict[str, Any], *, whole: bool) ->
         model.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    state = _local_experts(model, state, whole=whole)
     set_model_state_dict(model, state, options=_load_full_options() if whole else None)
 
 

@@ -38,6 +38,8 @@ from sandbox.cli import Parser
 from t1core.config import RunConfig, _check, _check_types, _field
 from t1core.config_compat import PLAN_KEYS
 from t1core.config_toml import PLANNER_TABLE, _coerce, load_config, read_toml
+from t1core.expert_parallel import check_expert_parallel
+from t1core.plan_comm import comm_rows, ep_choices, is_expert, link_seconds, lower_bound_s
 from t1core.positions import check_positions, describe_context, engine_length
 from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
@@ -47,6 +49,8 @@ RESERVE_BYTES = 3 * GIB
 # Checkpoint directories that are not on this machine are planned by their (HF repo) name.
 KNOWN_CHECKPOINTS = {"qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LINK_KEYS = ("nvlink_gbs", "ib_gbs", "pcie_gbs")
+"""[plan] keys of the link bandwidths (the communication lower bounds, t1core.plan_comm)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +62,9 @@ class Hardware:
     gpu_mem_gib: float = _field(140.0, "memory of one GPU in GiB the plan must fit (H200: 140)")
     host_mem_gib: float = _field(1800.0, "host memory per node in GiB the plan must fit (what parallel.cpu_offload "
                                          "moves there)")
+    nvlink_gbs: float = _field(450.0, "GB/s each way per GPU within a node (NVLink 4 on H100/H200 SXM: 450)")
+    ib_gbs: float = _field(50.0, "GB/s per GPU between nodes (one 400 Gb/s NDR InfiniBand NIC per GPU: 50)")
+    pcie_gbs: float = _field(55.0, "GB/s host <-> GPU per GPU (PCIe 5 x16: 64 raw, ~55 in practice)")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -65,10 +72,16 @@ class Hardware:
         _check(self.gpus_per_node >= 1, "plan.gpus_per_node", ">= 1", self.gpus_per_node)
         _check(self.gpu_mem_gib > 0, "plan.gpu_mem_gib", "> 0", self.gpu_mem_gib)
         _check(self.host_mem_gib > 0, "plan.host_mem_gib", "> 0", self.host_mem_gib)
+        for key in LINK_KEYS:
+            _check(getattr(self, key) > 0, f"plan.{key}", "> 0", getattr(self, key))
 
     @property
     def world(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def bandwidth_gbs(self) -> dict[str, float]:
+        return {"nvlink": self.nvlink_gbs, "ib": self.ib_gbs, "pcie": self.pcie_gbs}
 
 
 def hardware_from(toml_path: str | None, **flags: float | int | None) -> Hardware:
@@ -80,8 +93,8 @@ def hardware_from(toml_path: str | None, **flags: float | int | None) -> Hardwar
         old = raw.get("parallel", {}) if isinstance(raw.get("parallel"), dict) else {}
         values = {k: old[k] for k in PLAN_KEYS if k in old}
         table = raw.get(PLANNER_TABLE, {})
-        if not isinstance(table, dict) or set(table) - set(PLAN_KEYS):
-            raise ValueError(f"{toml_path}: [plan] takes the keys {list(PLAN_KEYS)}, got {table!r}")
+        if not isinstance(table, dict) or set(table) - set(PLAN_KEYS + LINK_KEYS):
+            raise ValueError(f"{toml_path}: [plan] takes the keys {list(PLAN_KEYS + LINK_KEYS)}, got {table!r}")
         values.update(table)
     values.update({k: v for k, v in flags.items() if v is not None})
     hints = {f.name: f.type for f in dataclasses.fields(Hardware)}
@@ -221,12 +234,23 @@ def micro_batch_tokens(cfg: RunConfig) -> int:
     return tokens
 
 
+def _local_numel(name: str, shape: tuple[int, ...], world: int, ep: int) -> int:
+    """Elements a rank stores of one parameter: an FSDP2 shard, or under expert parallelism (ep > 1) E/N whole
+    experts of an expert tensor (t1core.expert_parallel)."""
+    return math.prod(shape) // ep if ep > 1 and is_expert(name) else shard_numel(shape, world)
+
+
+def _ep_local(shapes: dict[str, tuple[int, ...]], ep: int) -> dict[str, tuple[int, ...]]:
+    """The shapes with each expert tensor cut to one EP rank's E/N experts (what a layer gathers is then local)."""
+    return {n: (s[0] // ep, *s[1:]) if ep > 1 and is_expert(n) else s for n, s in shapes.items()}
+
+
 def _model_rows(tag: str, shapes: dict[str, tuple[int, ...]], world: int, *, compute: int, mixed: bool,
-                where: str, transient: bool) -> list[Row]:
+                where: str, transient: bool, ep: int = 1) -> list[Row]:
     """Sharded state of one trained model, and (`transient`) its gathered working set on the GPU: the policy's,
-    as the critic's update runs after the policy's and gathers no more."""
-    shard = sum(shard_numel(s, world) for s in shapes.values())
-    layer, root = _layer_numel(shapes)
+    as the critic's update runs after the policy's and gathers no more. ep > 1: experts whole, E/N per rank."""
+    shard = sum(_local_numel(n, s, world, ep) for n, s in shapes.items())
+    layer, root = _layer_numel(_ep_local(shapes, ep))
     stored = 4 if mixed else compute  # mixed precision: the fp32 shards are the master weights
     grad_transient = 4 if mixed else compute  # reduce_dtype fp32: unsharded gradients are cast for the reduce
     rows = [
@@ -276,12 +300,17 @@ def plan(cfg: RunConfig, hw: Hardware) -> Plan:
     mixed = compute != 4
     where = "host" if par.cpu_offload else "gpu"
     pol, cri = policy_shapes(mcfg), critic_shapes(mcfg)
+    ep = par.expert_parallel
+    try:
+        check_expert_parallel(ep, num_experts=mcfg.num_experts, world=world)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
     rows = _model_rows("policy", pol, world, compute=compute, mixed=mixed, where=where,
-                       transient=True)
-    rows += _model_rows("critic", cri, world, compute=compute, mixed=mixed, where=where, transient=False)
+                       transient=True, ep=ep)
+    rows += _model_rows("critic", cri, world, compute=compute, mixed=mixed, where=where, transient=False, ep=ep)
     if cfg.algo.kl_coef > 0:
         rows.append(Row("KL anchor (frozen shard, compute dtype)",
-                        compute * sum(shard_numel(s, world) for s in pol.values()), "gpu"))
+                        compute * sum(_local_numel(n, s, world, ep) for n, s in pol.items()), "gpu"))
     tokens = micro_batch_tokens(cfg)
     recompute = cfg.model.moe_recompute
     for ac in (False, True):
@@ -343,6 +372,57 @@ def vllm_layout(cfg: RunConfig, *, world: int) -> str:
             "never run against a real vLLM")
 
 
+def step_comm(cfg: RunConfig, hw: Hardware, ep: int) -> list:
+    """`t1core.plan_comm.comm_rows` for this run with parallel.expert_parallel = ep."""
+    mcfg, _ = model_shape(cfg.model.name)
+    compute = _DTYPE_BYTES[cfg.model.dtype]
+    return comm_rows(mcfg, policy_shapes(mcfg), world=hw.world, gpus_per_node=hw.gpus_per_node, ep=ep,
+                     tokens=micro_batch_tokens(cfg), compute=compute, mixed=compute != 4,
+                     checkpointing=cfg.parallel.activation_checkpointing, offload=cfg.parallel.cpu_offload)
+
+
+def best_expert_parallel(cfg: RunConfig, hw: Hardware) -> int:
+    """The valid expert_parallel > 1 with the lowest communication lower bound (1 when there is none)."""
+    mcfg, _ = model_shape(cfg.model.name)
+    choices = [n for n in ep_choices(mcfg.num_experts, hw.world) if n > 1]
+    return min(choices, key=lambda n: (lower_bound_s(step_comm(cfg, hw, n), hw.bandwidth_gbs), n), default=1)
+
+
+def format_comm(cfg: RunConfig, hw: Hardware) -> list[str]:
+    """Bytes per optimizer step and rank with EP off and on (the run's EP, else the fastest valid one), their lower
+    bounds at the stated link speeds, and which is faster."""
+    ep = cfg.parallel.expert_parallel if cfg.parallel.expert_parallel > 1 else best_expert_parallel(cfg, hw)
+    runs = [(1, step_comm(cfg, hw, 1))] + ([(ep, step_comm(cfg, hw, ep))] if ep > 1 else [])
+    bw = hw.bandwidth_gbs
+    heads = [f"EP {n}{' (this run)' if n == cfg.parallel.expert_parallel else ''}" if n > 1 else
+             f"EP off{' (this run)' if cfg.parallel.expert_parallel == 1 else ''}" for n, _ in runs]
+    lines = ["", f"communication per optimizer step and rank (a micro-batch of {micro_batch_tokens(cfg)} tokens, "
+                 "forward + backward of the policy; the critic's step moves as much again; t1core.plan_comm):",
+             f"{'GB moved':<84}" + "".join(f"{h:>18}" for h in heads) + "  link"]
+    names = list(dict.fromkeys(r.name for _, rows in runs for r in rows))
+    for name in names:
+        vals = [next((r for r in rows if r.name == name), None) for _, rows in runs]
+        link = next(r.link for r in vals if r is not None)
+        lines.append(f"{name:<84}" + "".join(f"{r.bytes / 1e9:>18.1f}" if r else f"{'-':>18}" for r in vals)
+                     + f"  {link}")
+    lines.append(f"{'total':<84}" + "".join(f"{sum(r.bytes for r in rows) / 1e9:>18.1f}" for _, rows in runs))
+    for link in ("nvlink", "ib", "pcie"):
+        lines.append(f"{f'seconds on {link} at {bw[link]:g} GB/s':<84}"
+                     + "".join(f"{link_seconds(rows, bw)[link]:>18.2f}" for _, rows in runs))
+    bounds = [lower_bound_s(rows, bw) for _, rows in runs]
+    lines.append(f"{'lower bound (the busiest link)':<84}" + "".join(f"{b:>18.2f}" for b in bounds))
+    if ep > 1:
+        fits = plan(_with(cfg, "parallel", expert_parallel=ep), hw).fits
+        faster = bounds[1] < bounds[0]
+        lines.append(f"expert parallelism: EP {ep} is {'faster' if faster else 'not faster'} than EP off by the "
+                     f"lower bound ({bounds[1]:.2f} s vs {bounds[0]:.2f} s per step) and its memory plan "
+                     f"{'fits' if fits else 'does not fit'}" + ("" if cfg.parallel.expert_parallel > 1 else
+                                                                 f" (--parallel.expert_parallel={ep})"))
+    else:
+        lines.append("expert parallelism: no valid EP size for this model and world (it must divide both)")
+    return lines
+
+
 def format_plan(p: Plan, cfg: RunConfig, hw: Hardware) -> str:
     par = cfg.parallel
     lines = [
@@ -351,7 +431,8 @@ def format_plan(p: Plan, cfg: RunConfig, hw: Hardware) -> str:
         f"K={p.model.num_experts_per_tok}, F={p.model.moe_intermediate_size}, V={p.model.vocab_size})",
         f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {p.world} rank(s), {hw.gpu_mem_gib:g} GiB "
         f"per GPU, {hw.host_mem_gib:g} GiB host per node; model.dtype={cfg.model.dtype}, activation checkpointing "
-        f"{'on' if par.activation_checkpointing else 'off'}, CPU offload {'on' if par.cpu_offload else 'off'}",
+        f"{'on' if par.activation_checkpointing else 'off'}, CPU offload {'on' if par.cpu_offload else 'off'}, "
+        f"expert parallel {par.expert_parallel}",
         "",
         f"{'per rank':<78} {'GiB':>9}  where",
     ]
@@ -364,6 +445,8 @@ def format_plan(p: Plan, cfg: RunConfig, hw: Hardware) -> str:
     if par.cpu_offload:
         lines.append(f"{'host memory per node (offloaded state of its ranks)':<78} "
                      f"{p.host_bytes_per_node / GIB:>9.2f}  of {hw.host_mem_gib:g}")
+    lines += format_comm(cfg, hw)
+    lines.append("")
     if cfg.rollout.engine == "vllm":
         lines.append(vllm_layout(cfg, world=p.world))
     lines.append(describe_context(cfg, p.model))
@@ -393,6 +476,9 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Hardware]:
     p.add_argument("--gpu-mem-gib", type=float, help="GiB per GPU (default: plan.gpu_mem_gib, else 140)")
     p.add_argument("--host-mem-gib", type=float, help="GiB of host memory per node (default: plan.host_mem_gib, "
                                                         "else 1800)")
+    p.add_argument("--nvlink-gbs", type=float, help="GB/s per GPU within a node (default: plan.nvlink_gbs, else 450)")
+    p.add_argument("--ib-gbs", type=float, help="GB/s per GPU between nodes (default: plan.ib_gbs, else 50)")
+    p.add_argument("--pcie-gbs", type=float, help="GB/s host <-> GPU (default: plan.pcie_gbs, else 55)")
     args, overrides = p.parse_known_args(argv)
     if args.config is not None and not Path(args.config).is_file():
         p.error(f"--config {args.config}: no such file")
@@ -401,7 +487,8 @@ def parse_args(argv: list[str] | None) -> tuple[RunConfig, Hardware]:
         p.error(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
     try:
         hw = hardware_from(args.config, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                           gpu_mem_gib=args.gpu_mem_gib, host_mem_gib=args.host_mem_gib)
+                           gpu_mem_gib=args.gpu_mem_gib, host_mem_gib=args.host_mem_gib, nvlink_gbs=args.nvlink_gbs,
+                           ib_gbs=args.ib_gbs, pcie_gbs=args.pcie_gbs)
         return load_config(args.config, overrides), hw
     except (ValueError, OSError) as e:
         p.error(str(e).splitlines()[0])

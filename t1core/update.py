@@ -25,6 +25,7 @@ from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to
 from t1core.config import AlgoSection, OptimSection
 from t1core.step import PushPlan, StepBatch
 from t1core.distributed import DataParallel, reshard_
+from t1core.expert_parallel import expert_grad_norm_sq, is_expert_param
 from t1core.segments import bootstrap_flags
 from t1core.losses import (entropy_bonus, first_mismatch, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
                            ppo_policy_loss, routing_agreement, sft_loss, value_loss)
@@ -308,9 +309,14 @@ def _clip_grad_norm(params: list[torch.nn.Parameter], grad_clip: float | None, d
     max_norm = grad_clip if grad_clip is not None else float("inf")
     if not dp.distributed:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    experts = [p for p in params if is_expert_param(p)]  # expert parallelism: plain tensors outside FSDP2
+    params = [p for p in params if not is_expert_param(p)]
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # DTensor -> the global value
+    if experts:  # each expert's gradient once, from its owner
+        norm = (norm.float().square() + expert_grad_norm_sq(experts)).sqrt().to(norm.dtype)
+        torch.nn.utils.clip_grads_with_norm_(experts, max_norm, norm)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
 

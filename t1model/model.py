@@ -284,13 +284,16 @@ class SparseMoE(nn.Module):
         self.gate = _linear(cfg.hidden_size, cfg.num_experts, **factory)
         self.experts = Experts(cfg, **factory)
         self.recompute = False  # keep only the inputs for the backward (`set_moe_recompute`)
+        # The expert call, `fused_moe`'s signature. Expert parallelism puts its all-to-all dispatch here
+        # (t1core.expert_parallel), and then `experts` holds only this rank's share of the E experts.
+        self.dispatch: Callable[..., torch.Tensor] = fused_moe
 
     def forward(self, x_TD: torch.Tensor, replay_ids_TK: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # validate=False: MoETrunk checked the whole replayed routing once per batch (check_routing), so no layer
         # pays a host sync of its own; route's own top-k ids are valid by construction.
         weights_TK, ids_TK = route(self.gate(x_TD), self.top_k, replay_ids=replay_ids_TK,
                                    renormalize=self.renormalize, validate=False)
-        y_TD = fused_moe(x_TD, self.experts.w13, self.experts.w2, ids_TK, weights_TK, validate=False,
+        y_TD = self.dispatch(x_TD, self.experts.w13, self.experts.w2, ids_TK, weights_TK, validate=False,
                          recompute=self.recompute)
         return y_TD, ids_TK
 

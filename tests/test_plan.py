@@ -69,14 +69,14 @@ def _storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def _measure_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         from t1core.distributed import DataParallel, shard_
         from t1model.model import MoEModel
         from t1core.builders import make_optimizer
-        model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world))
+        model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world), expert_parallel=ep)
         opt, _ = make_optimizer(model, lr=1e-3, cfg=load_config(None, []))
         ids = torch.arange(40) % SMALL.vocab_size
         model.compute_logits(ids).square().mean().backward()
@@ -91,15 +91,17 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("world", [2, 4])
-def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, world: int) -> None:
-    mp.spawn(_measure_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+@pytest.mark.parametrize(("world", "ep"), [(2, 1), (4, 1), (4, 2)])
+def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, world: int, ep: int) -> None:
+    """ep > 1: each rank holds E/N whole experts (E=6 over 2) and FSDP2 shards of the rest."""
+    mp.spawn(_measure_worker, args=(world, _free_port(), str(tmp_path), ep), nprocs=world, join=True)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     # The planner reads the shape from a checkpoint's config.json (no weights there).
     ckpt = tmp_path / "small"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps(config_to_hf(SMALL, dtype=torch.float32)))
-    rows = {r.name: r.bytes for r in plan(load_config(None, [f"--model.name={ckpt}"]), Hardware(gpus_per_node=world)).rows}
+    run = load_config(None, [f"--model.name={ckpt}", f"--parallel.expert_parallel={ep}"])
+    rows = {r.name: r.bytes for r in plan(run, Hardware(gpus_per_node=world)).rows}
     planned = {"params": rows["policy parameters (sharded, fp32)"], "grads": rows["policy gradients (sharded)"],
                "optimizer": rows["policy optimizer state (AdamW moments, fp32)"]}
     # Rank 0 holds the largest chunks: exactly the planned bytes; every rank at most those.
@@ -111,7 +113,9 @@ def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, worl
     whole = sum(4 * torch.Size(s).numel() for s in shapes.values())
     layer = max(sum(4 * torch.Size(s).numel() for n, s in shapes.items() if n.startswith(f"model.layers.{i}."))
                 for i in range(SMALL.num_hidden_layers))
-    assert all(g["params"] + g["optimizer"] <= 3 * whole / world + layer for g in got)
+    # With EP the experts are not sharded over W but split over N (whole experts, replicated over dp = W / N).
+    experts = sum(4 * torch.Size(s).numel() for n, s in shapes.items() if ".experts." in n) if ep > 1 else 0
+    assert all(g["params"] + g["optimizer"] <= 3 * (whole - experts) / world + 3 * experts / ep + layer for g in got)
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:
@@ -144,6 +148,9 @@ def test_shipped_30b_preset_fits_its_stated_hardware() -> None:
     (["--run.steps=-1"], "run.steps"),
     (["--nodes", "0"], "plan.nodes"),
     (["--parallel.bogus=1"], "unknown key parallel.bogus"),
+    (["--parallel.expert_parallel=3"], "parallel.expert_parallel: expected a divisor of the model's num_experts=16"),
+    (["--parallel.expert_parallel=2"], "parallel.expert_parallel: expected a divisor of the world size 1"),
+    (["--ib-gbs", "0"], "plan.ib_gbs"),
     (["stray"], "unrecognised arguments"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -183,3 +190,31 @@ def test_hardware_comes_from_the_plan_table_then_the_flags(tmp_path: Path) -> No
     path.write_text("[plan]\nnodez = 2\n")
     with pytest.raises(ValueError, match=r"\[plan\] takes the keys"):
         hardware_from(str(path))
+
+
+def test_communication_with_and_without_expert_parallelism() -> None:
+    """The 122B preset's bytes per optimizer step with EP off and with the fastest valid EP, by a hand count of the
+    FSDP2 collectives (ring: (W - 1) / W of the whole through each rank), and the lower bound at the stated links."""
+    from t1core.plan import format_comm, step_comm
+    preset = str(REPO / "t1core/configs/moe_122b_harbor.toml")
+    cfg, hw = load_config(preset, []), hardware_from(preset)
+    mcfg = ModelConfig.moe_120b_a8b()
+    shapes = policy_shapes(mcfg)
+    experts = sum(torch.Size(s).numel() for n, s in shapes.items() if ".experts." in n)
+    every = sum(torch.Size(s).numel() for s in shapes.values())
+    layers = sum(torch.Size(s).numel() for n, s in shapes.items() if n.startswith("model.layers."))
+    ring = 23 / 24
+    off = {r.name: r for r in step_comm(cfg, hw, 1)}
+    assert off["FSDP all-gather, forward (compute dtype)"].bytes == int(2 * every * ring)  # bf16
+    assert off["FSDP all-gather, backward (decoder layers)"].bytes == int(2 * layers * ring)
+    assert off["FSDP reduce-scatter of gradients (fp32)"].bytes == int(4 * every * ring)
+    on = {r.name: r for r in step_comm(cfg, hw, 8)}
+    assert on["FSDP all-gather, forward (compute dtype)"].bytes == int(2 * (every - experts) * ring)
+    a2a = next(r for n, r in on.items() if n.startswith("EP all-to-all"))
+    # 6 passes (activation checkpointing recomputes the forward), 48 layers, 65536 x 8 rows of 4096 bf16, 7/8 away
+    assert a2a.bytes == int(6 * 48 * 65536 * 8 * 4096 * 2 * 7 / 8) and a2a.link == "nvlink"
+    text = "\n".join(format_comm(cfg, hw))
+    assert "EP off (this run)" in text and "EP 8" in text and "lower bound (the busiest link)" in text
+    assert "expert parallelism: EP 8 is faster than EP off" in text
+    slow_ib = "\n".join(format_comm(cfg, Hardware(nodes=3, gpus_per_node=8, ib_gbs=5.0)))
+    assert slow_ib != text  # the link speeds enter the bounds
