@@ -7,6 +7,7 @@ bitwise forward with each segment's routing replayed."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from rollout.compaction import cap_observation, extractive_summary, fit_summary
-from rollout.trajectory import Turn
+from rollout.trajectory import Trajectory, Turn, load_trajectories, save_trajectories
 from t1core.segments import cut_metrics, training_segments
 from t1model.tokenizer import ChatTokenizer
 from tests.long_episode import long_episode, segment_gaps
@@ -45,6 +46,35 @@ def test_300_turns_in_a_small_context_through_compaction() -> None:
     """The issue's bar: 300 turns in contexts of 2,048 tokens (300 turns of history hold ~50k), drift 0 and gap
     exactly 0 in every segment."""
     _check_episode(300)
+
+
+def _same(a: Trajectory, b: Trajectory) -> None:
+    """Every field of the dataclass equal (tensors bit for bit, with their dtypes), earlier segments included."""
+    for f in dataclasses.fields(Trajectory):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "earlier":
+            assert len(x) == len(y)
+            for s, t in zip(x, y):
+                _same(s, t)
+        elif isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), f.name
+        else:
+            assert x == y, f.name
+
+
+def test_saved_compacted_episode_reloads_whole(tmp_path: Path) -> None:
+    """A compacted episode from the real agent loop, saved the way the trainer saves a step's episodes, reloads with
+    every segment: its tokens, loss mask, log-probs, routing and the rest."""
+    traj, _, _ = long_episode(max_turns=16, max_tokens=1024, at_tokens=640, keep_turns=1, max_reply=16,
+                              observation_max_tokens=32)
+    assert len(traj.earlier) >= 2 and all(s.routing is not None for s in traj.segments())
+    save_trajectories([traj, traj.earlier[0]], tmp_path)
+    back = load_trajectories(tmp_path)
+    assert len(back) == 2 and len(back[0].earlier) == len(traj.earlier) and back[1].earlier == []
+    _same(back[0], traj)
+    _same(back[1], traj.earlier[0])
+    loaded = back[0].segments()
+    assert [s.finish_reason for s in loaded[:-1]] == ["compacted; episode: max_turns"] * len(traj.earlier)
 
 
 def test_observation_cap_keeps_head_and_tail_in_tokens() -> None:
