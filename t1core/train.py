@@ -151,6 +151,7 @@ class Trainer:
         segments, seg_rewards, groups = training_segments(  # each context of a compacted episode trains alone
             [trajs[i] for i in kept], [rewards[i] for i in kept], [i // k for i in kept],
             cut_episodes=self.cfg.algo.cut_episodes)
+        metrics["train/segments"] = float(len(segments))  # what the update trains on, one trajectory per context
         return StepBatch(segments, seg_rewards, groups, metrics)
 
     def rewards(self, trajs: list[Trajectory]) -> list[float]:
