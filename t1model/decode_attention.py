@@ -95,8 +95,9 @@ def _cols_attention(qt_PDGN: torch.Tensor, k_PnKD: torch.Tensor, v_PnDK: torch.T
     num_p, head_dim, group, num_n = qt_PDGN.shape
     short = -(-MIN_ROWS // group) - num_n
     if short > 0:  # fewer columns would take BLAS's small-matrix paths (t1kernels.rows); padded ones are dropped
-        return _cols_attention(F.pad(qt_PDGN, (0, short)), k_PnKD, v_PnDK, F.pad(bias_BnKN, (0, short)),
-                               num_b, scores_bias_PnKR)[..., :num_n]
+        bias_BnKN = bias_BnKN if scores_bias_PnKR is not None else F.pad(bias_BnKN, (0, short))
+        return _cols_attention(F.pad(qt_PDGN, (0, short)), k_PnKD, v_PnDK, bias_BnKN, num_b,
+                               scores_bias_PnKR)[..., :num_n]
     num_blk, cols = k_PnKD.shape[1], group * num_n
     st_PnKR = torch.matmul(k_PnKD, qt_PDGN.reshape(num_p, 1, head_dim, cols))
     if scores_bias_PnKR is not None:  # the same sums, one contiguous add
@@ -109,8 +110,15 @@ def _cols_attention(qt_PDGN: torch.Tensor, k_PnKD: torch.Tensor, v_PnDK: torch.T
     max_P11R = st_PnKR.transpose(2, 3).contiguous().amax(dim=-1).amax(dim=1).view(num_p, 1, 1, cols)
     max_P11R.nan_to_num_(neginf=0.0)  # all-masked columns: p = 0
     pt_PnKR = st_PnKR.sub_(max_P11R).exp_()
-    ot_PDR = torch.matmul(v_PnDK, pt_PnKR).cumsum(dim=1)[:, -1]
+    ot_PDR = _block_total(torch.matmul(v_PnDK, pt_PnKR))
     # Denominator per block: a sum along contiguous memory (a fixed order per row; a sum down the block's column
     # is not, its order follows the number of columns).
-    den_P1R = pt_PnKR.transpose(2, 3).contiguous().sum(dim=-1).cumsum(dim=1)[:, -1].unsqueeze(1)
+    den_P1R = _block_total(pt_PnKR.transpose(2, 3).contiguous().sum(dim=-1)).unsqueeze(1)
     return ot_PDR.div_(den_P1R.clamp_min_(torch.finfo(den_P1R.dtype).tiny)).view(num_p, head_dim, group, num_n)
+
+
+def _block_total(x_Pn_: torch.Tensor) -> torch.Tensor:
+    """The sum over key blocks (dim 1) in block order: the last value of a cumulative sum (a scan, whose k-th value
+    never sees later blocks; on the CPU it adds in float64 from 0.0). One block: the value plus 0.0, the same bits
+    (-0.0 becomes +0.0 either way) without the scan's cost."""
+    return x_Pn_[:, 0] + 0.0 if x_Pn_.shape[1] == 1 else x_Pn_.cumsum(dim=1)[:, -1]
