@@ -119,10 +119,18 @@ def test_bench_engine_vs_transformers(models: tuple[MoEModel, torch.nn.Module], 
                 rows["ours_b8_cap" if capture else "ours_b8_nocap"].append(wall)
                 cpu[capture].append(per_cpu)
         # The batch-invariant mode (bit-for-bit rollouts whatever the batching), same prompts and sampling.
+        # Interleaved with the default engine (ABBA), also per CPU second: on a shared box the wall clock of two
+        # runs minutes apart compares the load more than the engines (issue 43 asks for >= 0.8x the default).
+        inv_cpu: dict[str, list[float]] = {"default": [], "invariant": []}
         with TorchEngine(ours, dataclasses.replace(cfg, batch_invariant=True)) as inv_engine:
             _engine_tok_s(inv_engine, prompts, capture=True, seed=99)  # warm-up
-            for r in range(REPEATS):
-                rows["ours_b8_invariant"].append(_engine_tok_s(inv_engine, prompts, capture=True, seed=r))
+            for r in range(2 * REPEATS):
+                for name in (("default", "invariant") if r % 2 == 0 else ("invariant", "default")):
+                    wall, per_cpu = _engine_run(inv_engine if name == "invariant" else engine, prompts, capture=True,
+                                                seed=r)
+                    inv_cpu[name].append(per_cpu)
+                    if name == "invariant":
+                        rows["ours_b8_invariant"].append(wall)
         before = dict(engine.stats)
         _engine_run(engine, prompts, capture=True, seed=11)
         stats = {k: engine.stats[k] - before[k] for k in before}  # one batch-8 run with capture
@@ -145,5 +153,8 @@ def test_bench_engine_vs_transformers(models: tuple[MoEModel, torch.nn.Module], 
         capture_share = stats["capture_s"] / (stats["step_s"] - stats["capture_s"])
         print(f"  routing capture overhead, batch 8 (best of {2 * REPEATS}): wall {100 * overhead:+.1f}%, "
               f"CPU time {100 * cpu_overhead:+.1f}%  (target <= 3%)")
+        inv_ratio = statistics.median(inv_cpu["invariant"]) / statistics.median(inv_cpu["default"])
+        print(f"  batch-invariant / default b8 (capture), wall: {med['ours_b8_invariant'] / med['ours_b8_cap']:.2f}x, "
+              f"CPU time interleaved (median of {2 * REPEATS}): {inv_ratio:.2f}x  (target >= 0.8x)")
         print(f"  routing capture cost measured inside the engine (timed code path, load-independent): "
               f"{100 * capture_share:.2f}% of the rest of the step time")

@@ -36,6 +36,7 @@ from torch import nn
 from t1kernels.rows import batch_invariant_mode, mm_rows
 from rollout.engine import Completion, SamplingParams, check_request, generate_via_submit
 from rollout.sampling import sample_tokens, uniform
+from t1model.decode_attention import KEY_BLOCK
 from t1model.hf_io import hf_parameter_views
 
 
@@ -120,7 +121,11 @@ class TorchEngine:
         if cfg.max_seq_len > positions:
             raise ValueError(f"EngineConfig.max_seq_len={cfg.max_seq_len}: beyond the model's {positions} positions "
                              "(max_position_embeddings, or more under YaRN rope_scaling)")
-        self.cache = model.new_kv_cache(num_slots=cfg.num_slots, max_seq_len=cfg.max_seq_len)
+        # The batch-invariant attention sums over whole key blocks: a cache of whole blocks lets it read them in place
+        # (the positions past max_seq_len stay zeros, as the padded copy it would make has).
+        invariant = cfg.batch_invariant and model.lm_head.weight.device.type == "cpu"
+        cache_len = -(-cfg.max_seq_len // KEY_BLOCK) * KEY_BLOCK if invariant else cfg.max_seq_len
+        self.cache = model.new_kv_cache(num_slots=cfg.num_slots, max_seq_len=cache_len)
         self._slots = [_Slot() for _ in range(cfg.num_slots)]
         self._queue: deque[_Request] = deque()
         self._running: list[_Request] = []

@@ -8,7 +8,9 @@ and observations are 0. Every per-token field has length T, checked on construct
 re-tokenized: the IDs are the ones the engine sampled and the tokenizer produced for the observations.
 
 On disk (`save_trajectories`): per trajectory `NNNNNN.safetensors` (token_ids int32, loss_mask uint8,
-rollout_logprobs fp32, routing when present) and `NNNNNN.json` (everything else).
+rollout_logprobs fp32, routing when present) and `NNNNNN.json` (everything else). A compacted episode's earlier
+segments go in the same two files: their tensors under `earlier.{i}.` (i from 0, oldest first), their other fields
+in the JSON's "earlier" list, so that a saved episode reloads whole.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class Trajectory:
     """The task instruction of the prompt (idem; with the summary of folded turns in a compacted context)."""
     earlier: list[Trajectory] = field(default_factory=list)
     """The episode's earlier segments, oldest first, when its history was compacted (`rollout.compaction`): each
-    a trajectory of its own context, sharing this one's reward. Not saved with it (the trainer saves each segment)."""
+    a trajectory of its own context, sharing this one's reward. Saved and loaded with it (`save_trajectory`)."""
 
     def __post_init__(self) -> None:
         T = self.token_ids.shape[0] if self.token_ids.dim() == 1 else -1
@@ -149,19 +151,30 @@ def _atomic_write(path: Path, write: Any) -> None:
     os.replace(tmp, path)  # a reader never sees a half-written file
 
 
+def _tensors(traj: Trajectory, prefix: str = "") -> dict[str, torch.Tensor]:
+    out = {f"{prefix}token_ids": traj.token_ids.to(torch.int32).contiguous(),
+           f"{prefix}loss_mask": traj.loss_mask.to(torch.uint8).contiguous(),
+           f"{prefix}rollout_logprobs": traj.rollout_logprobs.contiguous()}
+    if traj.routing is not None:
+        out[f"{prefix}routing"] = traj.routing.contiguous()
+    return out
+
+
 def save_trajectory(traj: Trajectory, directory: str | Path, index: int) -> Path:
-    """Write one trajectory as NNNNNN.safetensors + NNNNNN.json in `directory`; return the JSON path."""
+    """Write one trajectory (with its earlier segments) as NNNNNN.safetensors + NNNNNN.json in `directory`; return
+    the JSON path."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tensors = {"token_ids": traj.token_ids.to(torch.int32).contiguous(),
-               "loss_mask": traj.loss_mask.to(torch.uint8).contiguous(),
-               "rollout_logprobs": traj.rollout_logprobs.contiguous()}
-    if traj.routing is not None:
-        tensors["routing"] = traj.routing.contiguous()
+    tensors = _tensors(traj)
+    for i, seg in enumerate(traj.earlier):
+        if seg.earlier:
+            raise ValueError(f"earlier segment {i} of {traj.task_name!r} has earlier segments of its own")
+        tensors.update(_tensors(seg, f"earlier.{i}."))
+    meta = traj._meta() | {"earlier": [seg._meta() for seg in traj.earlier]}
     stem = f"{index:06d}"
     _atomic_write(d / f"{stem}.safetensors", lambda p: save_file(tensors, str(p)))
     json_path = d / f"{stem}.json"
-    _atomic_write(json_path, lambda p: p.write_text(json.dumps(traj._meta(), indent=1)))
+    _atomic_write(json_path, lambda p: p.write_text(json.dumps(meta, indent=1)))
     return json_path
 
 
@@ -171,17 +184,25 @@ def save_trajectories(trajs: list[Trajectory], directory: str | Path) -> None:
         save_trajectory(t, directory, i)
 
 
-def load_trajectory(json_path: str | Path) -> Trajectory:
-    json_path = Path(json_path)
-    meta = json.loads(json_path.read_text())
-    tensors = load_file(str(json_path.with_suffix(".safetensors")))
-    return Trajectory(token_ids=tensors["token_ids"].long(), loss_mask=tensors["loss_mask"].bool(),
-                      rollout_logprobs=tensors["rollout_logprobs"], routing=tensors.get("routing"),
+def _from_saved(meta: dict[str, Any], tensors: dict[str, torch.Tensor], prefix: str = "") -> Trajectory:
+    return Trajectory(token_ids=tensors[f"{prefix}token_ids"].long(), loss_mask=tensors[f"{prefix}loss_mask"].bool(),
+                      rollout_logprobs=tensors[f"{prefix}rollout_logprobs"], routing=tensors.get(f"{prefix}routing"),
                       prompt_len=meta["prompt_len"], turns=[Turn(**t) for t in meta["turns"]],
                       task_name=meta["task_name"], finish_reason=meta["finish_reason"],
                       policy_version=meta["policy_version"], reward=meta["reward"], verifier=meta["verifier"],
                       metrics=meta["metrics"], system_prompt=meta["system_prompt"],
                       instruction=meta["instruction"])
+
+
+def load_trajectory(json_path: str | Path) -> Trajectory:
+    """The trajectory `save_trajectory` wrote, its earlier segments included (files written before segments were
+    saved have none)."""
+    json_path = Path(json_path)
+    meta = json.loads(json_path.read_text())
+    tensors = load_file(str(json_path.with_suffix(".safetensors")))
+    traj = _from_saved(meta, tensors)
+    traj.earlier = [_from_saved(m, tensors, f"earlier.{i}.") for i, m in enumerate(meta.get("earlier", []))]
+    return traj
 
 
 def load_trajectories(directory: str | Path) -> list[Trajectory]:

@@ -32,12 +32,13 @@ def is_cut(traj: Any) -> bool:
 
 
 def cut_metrics(episodes: Sequence[Any]) -> dict[str, float]:
-    """Fraction of episodes cut, per reason, and segments per episode."""
+    """Fraction of episodes cut, per reason, segments per episode and compactions in all."""
     n = max(len(episodes), 1)
     reasons = Counter(episode_reason(t).split(";")[0] for t in episodes)
     out = {f"rollout/cut_frac_{r}": reasons[r] / n for r in CUT_REASONS}
     out["rollout/cut_frac"] = sum(reasons[r] for r in CUT_REASONS) / n
     out["rollout/segments_mean"] = sum(len(t.segments()) for t in episodes) / n
+    out["rollout/compactions"] = float(sum(len(t.segments()) - 1 for t in episodes))
     return out
 
 

@@ -196,6 +196,7 @@ class Trainer:
         segments, seg_rewards, seg_groups = training_segments(  # each context of a compacted episode trains alone
             [trained[i] for i in kept], [rewards[i] for i in kept], [groups[i] for i in kept],
             cut_episodes=self.cfg.algo.cut_episodes)
+        metrics["train/segments"] = float(len(segments))  # what the update trains on, one trajectory per context
         return StepBatch(segments, seg_rewards, seg_groups, metrics, version=version)
 
     def rewards(self, trajs: list[Trajectory]) -> list[float]:

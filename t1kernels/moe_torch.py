@@ -38,8 +38,9 @@ class ExpertLayout:
     """Token of each work row (0 on padding rows, whose combine weight is 0 and whose output is never read)."""
     row_P: torch.Tensor
     """Work row of each pair, in flat pair order t * K + k."""
-    groups: tuple[tuple[int, int, int], ...] | None
-    """Packed layout: (expert, first row, end row) per non-empty expert. None: padded layout of E x capacity."""
+    groups: tuple[tuple[int, int, int, int], ...] | None
+    """Packed layout: (expert, first row, end of its pairs' rows, end of its rows) per non-empty expert; the rows
+    between the last two are padding (batch-invariant mode only). None: padded layout of E x capacity."""
     capacity: int
     """Rows per expert in the padded layout (the largest expert's pair count)."""
 
@@ -57,28 +58,46 @@ def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
         cap = max(cap, MIN_ROWS)
     start_E = torch.cumsum(counts_E, 0) - counts_E
     padded = num_experts * cap <= PAD_LIMIT * num_p
-    if padded:
-        row_S = ids_S * cap + (torch.arange(num_p, device=dev) - start_E.index_select(0, ids_S))
-    else:
-        row_S = torch.arange(num_p, device=dev)
-    row_P = torch.empty_like(row_S).scatter_(0, order_S, row_S)  # inverse permutation (unique targets)
     token_S = order_S // topk_ids_TK.shape[1]
     if padded:
+        row_S = ids_S * cap + (torch.arange(num_p, device=dev) - start_E.index_select(0, ids_S))
+        row_P = torch.empty_like(row_S).scatter_(0, order_S, row_S)  # inverse permutation (unique targets)
         token_R = torch.zeros(num_experts * cap, dtype=torch.long, device=dev).scatter_(0, row_S, token_S)
         return ExpertLayout(token_R=token_R, row_P=row_P, groups=None, capacity=cap)
-    ends = torch.cumsum(counts_E, 0).tolist()
-    groups = tuple((e, ends[e] - c, ends[e]) for e, c in enumerate(counts) if c)
-    return ExpertLayout(token_R=token_S, row_P=row_P, groups=groups, capacity=cap)
+    if not batch_invariant():
+        row_P = torch.empty_like(order_S).scatter_(0, order_S, torch.arange(num_p, device=dev))
+        ends = torch.cumsum(counts_E, 0).tolist()
+        groups = tuple((e, ends[e] - c, ends[e], ends[e]) for e, c in enumerate(counts) if c)
+        return ExpertLayout(token_R=token_S, row_P=row_P, groups=groups, capacity=cap)
+    # Batch-invariant: each expert that got pairs gets at least MIN_ROWS rows, its pairs first, then padding rows
+    # (token 0, combine weight 0). The rows are gathered there directly, so the expert products need no pad copy.
+    rows = [max(c, MIN_ROWS) if c else 0 for c in counts]
+    firsts = [0]
+    for r in rows:
+        firsts.append(firsts[-1] + r)
+    first_E = torch.tensor(firsts[:-1], dtype=torch.long, device=dev)
+    row_S = first_E.index_select(0, ids_S) + (torch.arange(num_p, device=dev) - start_E.index_select(0, ids_S))
+    row_P = torch.empty_like(row_S).scatter_(0, order_S, row_S)
+    token_R = torch.zeros(firsts[-1], dtype=torch.long, device=dev).scatter_(0, row_S, token_S)
+    groups = tuple((e, firsts[e], firsts[e] + c, firsts[e + 1]) for e, c in enumerate(counts) if c)
+    return ExpertLayout(token_R=token_R, row_P=row_P, groups=groups, capacity=cap)
 
 
-def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout) -> torch.Tensor:
-    """out[r] = a[r] @ w[expert of r], [R, Y]."""
+def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout, *, padding: bool) -> torch.Tensor:
+    """out[r] = a[r] @ w[expert of r], [R, Y]. padding=False (the backward) multiplies only the pairs' rows of a
+    packed layout (their padding rows come out 0), as it did before the forward padded in the layout."""
     num_e, _, y = w_EXY.shape
     if lay.groups is None:
         return torch.bmm(a_RX.view(num_e, lay.capacity, a_RX.shape[1]), w_EXY).view(a_RX.shape[0], y)
-    out_RY = torch.empty(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
+    if padding:  # in batch-invariant mode every group spans >= MIN_ROWS rows (`expert_layout`)
+        out_RY = torch.empty(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
+        for e, lo, _, hi in lay.groups:
+            torch.mm(a_RX[lo:hi], w_EXY[e], out=out_RY[lo:hi])
+        return out_RY
+    alloc = torch.zeros if any(end != hi for _, _, end, hi in lay.groups) else torch.empty
+    out_RY = alloc(a_RX.shape[0], y, dtype=a_RX.dtype, device=a_RX.device)
     pad = batch_invariant()  # fewer rows would take BLAS's small-matrix paths (t1kernels.rows)
-    for e, lo, hi in lay.groups:
+    for e, lo, hi, _ in lay.groups:
         if pad and hi - lo < MIN_ROWS:
             out_RY[lo:hi] = torch.mm(pad_rows(a_RX[lo:hi]), w_EXY[e])[:hi - lo]
         else:
@@ -92,9 +111,9 @@ def _expert_outer(a_RX: torch.Tensor, b_RY: torch.Tensor, num_experts: int, lay:
     if lay.groups is None:
         return torch.bmm(a_RX.view(num_experts, lay.capacity, x).transpose(1, 2), b_RY.view(num_experts, lay.capacity, y))
     out_EXY = torch.empty(num_experts, x, y, dtype=a_RX.dtype, device=a_RX.device)  # each block written once
-    for e, lo, hi in lay.groups:
+    for e, lo, hi, _ in lay.groups:  # the pairs' rows only (padding rows would change the sum's blocking)
         torch.mm(a_RX[lo:hi].t(), b_RY[lo:hi], out=out_EXY[e])
-    for e in sorted(set(range(num_experts)) - {e for e, _, _ in lay.groups}):
+    for e in sorted(set(range(num_experts)) - {e for e, *_ in lay.groups}):
         out_EXY[e].zero_()
     return out_EXY
 
@@ -147,9 +166,9 @@ def moe_fwd_saving(x_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tens
     # Batch-invariant mode: row-major copies of the weights, whose products do not depend on the row count.
     w13_EDF, w2_EFD = ((t_cached(w13_EFD), t_cached(w2_EDF)) if batch_invariant()
                        else (w13_EFD.transpose(1, 2), w2_EDF.transpose(1, 2)))
-    h_RF2 = _rows_mm(xs_RD, w13_EDF, lay)
+    h_RF2 = _rows_mm(xs_RD, w13_EDF, lay, padding=True)
     a_RF = F.silu(h_RF2[:, :num_f]).mul_(h_RF2[:, num_f:])
-    o_RD = _rows_mm(a_RF, w2_EFD, lay)
+    o_RD = _rows_mm(a_RF, w2_EFD, lay, padding=True)
     acc = _acc_dtype(x_TD.dtype)  # fp32 / fp64 accumulation of the weighted sum over K
     y_TD = _combine(o_RD, lay.row_P.view(T, K), topk_weights_TK.to(acc), acc).to(x_TD.dtype)
     return y_TD, MoESaved(xs_RD=xs_RD, h_RF2=h_RF2, layout=lay)
@@ -173,7 +192,7 @@ def moe_bwd_saved(dy_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tens
     silu_RF = F.silu(g_RF)
     a_RF = silu_RF * u_RF
     dys_RD = dy_TD.index_select(0, lay.token_R)
-    s_RF = _rows_mm(dys_RD, w2_EDF, lay)
+    s_RF = _rows_mm(dys_RD, w2_EDF, lay, padding=False)
     dw_R = (s_RF.to(acc) * a_RF.to(acc)).sum(-1)
     dw2_EDF = _expert_outer(dys_RD, a_RF.mul_(w_R1), num_e, lay)
     da_RF = s_RF.mul_(w_R1)
@@ -182,7 +201,7 @@ def moe_bwd_saved(dy_TD: torch.Tensor, w13_EFD: torch.Tensor, w2_EDF: torch.Tens
     # dg = da u silu'(g): autograd's own fused silu backward, one pass instead of five elementwise ops.
     torch.ops.aten.silu_backward.grad_input(da_RF.mul_(u_RF), g_RF, grad_input=dh_RF2[:, :num_f])
     dw13_EFD = _expert_outer(dh_RF2, xs_RD, num_e, lay)
-    dxs_RD = _rows_mm(dh_RF2, w13_EFD, lay)
+    dxs_RD = _rows_mm(dh_RF2, w13_EFD, lay, padding=False)
     dx_TD = _combine(dxs_RD, lay.row_P.view(T, K), None, acc).to(dtype)
     dtopk_w = dw_R.index_select(0, lay.row_P).view(T, K).to(topk_weights_TK.dtype)
     return dx_TD, dw13_EFD, dw2_EDF, dtopk_w

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from t1kernels.rows import batch_invariant
 from t1model import block_attention
-from t1model.decode_attention import KEY_BLOCK, decode_attention, key_bias
+from t1model.decode_attention import KEY_BLOCK, decode_attention, key_bias, scores_bias
 
 # Documents of unequal length run as one right-padded SDPA batch while B * max_len <= PAD_LIMIT * T: up to that much
 # padded work costs less than one small SDPA call (forward and backward) per document. On the tiny model's
@@ -150,7 +150,8 @@ def _causal_docs(q_BNHD: torch.Tensor, k_BNKD: torch.Tensor, v_BNKD: torch.Tenso
 
 def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, *,
                      mask_B1NS: torch.Tensor | None, scale: float,
-                     bias_BnKN: torch.Tensor | None = None) -> torch.Tensor:
+                     bias_BnKN: torch.Tensor | None = None,
+                     scores_bias_PnKR: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of padded new chunks [B, H, N, Dh] to gathered cache entries [B, Hkv, S, Dh] (new keys included).
 
     `mask_B1NS` (bool, True = attend) encodes each slot's cached length and the causal order inside the chunk;
@@ -159,7 +160,8 @@ def cached_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.T
     the rest of the batch (`decode_attention`); otherwise torch SDPA.
     """
     if q_BHND.device.type == "cpu" and batch_invariant():
-        return decode_attention(q_BHND, k_BKSD, v_BKSD, mask_B1NS=mask_B1NS, scale=scale, bias_BnKN=bias_BnKN)
+        return decode_attention(q_BHND, k_BKSD, v_BKSD, mask_B1NS=mask_B1NS, scale=scale, bias_BnKN=bias_BnKN,
+                                scores_bias_PnKR=scores_bias_PnKR)
     gqa = q_BHND.shape[1] != k_BKSD.shape[1]
     return F.scaled_dot_product_attention(q_BHND, k_BKSD, v_BKSD, attn_mask=mask_B1NS, scale=scale, enable_gqa=gqa)
 
@@ -278,7 +280,7 @@ class CachedContext(AttnContext):
         bias = key_bias(mask, s_max, cache.k.dtype) if invariant else None  # built once, shared by the layers
         return cls(cache, positions_T=positions_T.to(device), tok_slot_T=torch.tensor(slots)[chunk_T].to(device),
                    tok_pos_T=positions_T.to(device), slot_sel=slot_sel, pad_T=pad_T, num_b=num_b, n_max=n_max,
-                   s_max=s_max, mask_B1NS=mask, bias_BnKN=bias)
+                   s_max=s_max, mask_B1NS=mask, bias_BnKN=bias, scores_bias_PnKR=None)
 
     def attend(self, layer_idx: int, q_THD: torch.Tensor, k_TKD: torch.Tensor, v_TKD: torch.Tensor, *,
                scale: float) -> torch.Tensor:
@@ -294,7 +296,10 @@ class CachedContext(AttnContext):
             q_BNHD = q_THD.new_zeros(self.num_b * self.n_max, num_heads, head_dim)
             q_BNHD[self.pad_T] = q_THD
             q_BNHD = q_BNHD.view(self.num_b, self.n_max, num_heads, head_dim)
+        if self.bias_BnKN is not None and self.scores_bias_PnKR is None:  # once per step, shared by the layers
+            self.scores_bias_PnKR = scores_bias(self.bias_BnKN, num_kv=k_BKSD.shape[1],
+                                                group=num_heads // k_BKSD.shape[1])
         o_BHND = cached_attention(q_BNHD.transpose(1, 2), k_BKSD, v_BKSD, mask_B1NS=self.mask_B1NS, scale=scale,
-                                  bias_BnKN=self.bias_BnKN)
+                                  bias_BnKN=self.bias_BnKN, scores_bias_PnKR=self.scores_bias_PnKR)
         o_PHD = o_BHND.transpose(1, 2).reshape(self.num_b * self.n_max, num_heads, head_dim)
         return o_PHD if self.pad_T is None else o_PHD[self.pad_T]

@@ -41,11 +41,25 @@ def key_bias(mask_B1NS: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torc
     return torch.zeros(keep_BnKN.shape, dtype=dtype, device=mask_B1NS.device).masked_fill_(~keep_BnKN, float("-inf"))
 
 
+def scores_bias(bias_BnKN: torch.Tensor, *, num_kv: int, group: int) -> torch.Tensor:
+    """`key_bias` laid out as `decode_attention`'s transposed scores of a chunk that runs in one piece,
+    [P, n, KB, G * N'] (N' the chunk's columns padded to what `_cols_attention` pads them to): built once per engine
+    step, so that every layer adds its mask as one contiguous tensor (a broadcast add costs 20x more at decode)."""
+    num_b, num_blk, _, num_n = bias_BnKN.shape
+    short = max(0, -(-MIN_ROWS // group) - num_n)
+    cols = num_n + short
+    bias_BnKN = F.pad(bias_BnKN, (0, short)) if short else bias_BnKN
+    return (bias_BnKN.view(num_b, 1, num_blk, KEY_BLOCK, 1, cols)
+            .expand(num_b, num_kv, num_blk, KEY_BLOCK, group, cols)
+            .reshape(num_b * num_kv, num_blk, KEY_BLOCK, group * cols))
+
+
 def decode_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, *,
                      mask_B1NS: torch.Tensor | None, scale: float,
-                     bias_BnKN: torch.Tensor | None = None) -> torch.Tensor:
+                     bias_BnKN: torch.Tensor | None = None,
+                     scores_bias_PnKR: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale, masked) v, [B, H, N, Dh]; `mask_B1NS` True = attend (None: all keys), or its
-    `key_bias` given as `bias_BnKN`.
+    `key_bias` given as `bias_BnKN` (and optionally also as `scores_bias` of it, `scores_bias_PnKR`).
 
     Rows whose keys are all masked (padding rows of a chunk) come out as 0.
     """
@@ -68,27 +82,43 @@ def decode_attention(q_BHND: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.T
         bias_BnKN = key_bias(mask_B1NS, num_s, q_BHND.dtype)
     # Columns chunked so that a long prefill's scores stay bounded (columns are independent).
     chunk = max(1, MAX_SCORE_BYTES // max(1, num_p * num_blk * KEY_BLOCK * group * q_BHND.element_size()))
+    if chunk < num_n:  # `scores_bias_PnKR` holds whole chunks only
+        scores_bias_PnKR = None
     outs = [_cols_attention(qt_PDR.view(num_p, head_dim, group, num_n)[..., n0:n0 + chunk], k_PnKD, v_PnDK,
-                            bias_BnKN[..., n0:n0 + chunk], num_b) for n0 in range(0, num_n, chunk)]
+                            bias_BnKN[..., n0:n0 + chunk], num_b, scores_bias_PnKR) for n0 in range(0, num_n, chunk)]
     ot_PDGN = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
     return ot_PDGN.reshape(num_p, head_dim, group * num_n).transpose(1, 2).reshape(num_b, num_h, num_n, head_dim)
 
 
 def _cols_attention(qt_PDGN: torch.Tensor, k_PnKD: torch.Tensor, v_PnDK: torch.Tensor, bias_BnKN: torch.Tensor,
-                    num_b: int) -> torch.Tensor:
+                    num_b: int, scores_bias_PnKR: torch.Tensor | None = None) -> torch.Tensor:
     num_p, head_dim, group, num_n = qt_PDGN.shape
     short = -(-MIN_ROWS // group) - num_n
     if short > 0:  # fewer columns would take BLAS's small-matrix paths (t1kernels.rows); padded ones are dropped
-        return _cols_attention(F.pad(qt_PDGN, (0, short)), k_PnKD, v_PnDK, F.pad(bias_BnKN, (0, short)),
-                               num_b)[..., :num_n]
+        bias_BnKN = bias_BnKN if scores_bias_PnKR is not None else F.pad(bias_BnKN, (0, short))
+        return _cols_attention(F.pad(qt_PDGN, (0, short)), k_PnKD, v_PnDK, bias_BnKN, num_b,
+                               scores_bias_PnKR)[..., :num_n]
     num_blk, cols = k_PnKD.shape[1], group * num_n
     st_PnKR = torch.matmul(k_PnKD, qt_PDGN.reshape(num_p, 1, head_dim, cols))
-    st_PnKR.view(num_b, num_p // num_b, num_blk, KEY_BLOCK, group, num_n).add_(
-        bias_BnKN.view(num_b, 1, num_blk, KEY_BLOCK, 1, num_n))
-    max_P11R = st_PnKR.amax(dim=(1, 2), keepdim=True).nan_to_num_(neginf=0.0)  # all-masked columns: p = 0
+    if scores_bias_PnKR is not None:  # the same sums, one contiguous add
+        st_PnKR.add_(scores_bias_PnKR)
+    else:
+        st_PnKR.view(num_b, num_p // num_b, num_blk, KEY_BLOCK, group, num_n).add_(
+            bias_BnKN.view(num_b, 1, num_blk, KEY_BLOCK, 1, num_n))
+    # The max over each column's keys, taken along contiguous memory (a max is exact in any order; a reduction
+    # down the strided key axis costs several times more).
+    max_P11R = st_PnKR.transpose(2, 3).contiguous().amax(dim=-1).amax(dim=1).view(num_p, 1, 1, cols)
+    max_P11R.nan_to_num_(neginf=0.0)  # all-masked columns: p = 0
     pt_PnKR = st_PnKR.sub_(max_P11R).exp_()
-    ot_PDR = torch.matmul(v_PnDK, pt_PnKR).cumsum(dim=1)[:, -1]
+    ot_PDR = _block_total(torch.matmul(v_PnDK, pt_PnKR))
     # Denominator per block: a sum along contiguous memory (a fixed order per row; a sum down the block's column
     # is not, its order follows the number of columns).
-    den_P1R = pt_PnKR.transpose(2, 3).contiguous().sum(dim=-1).cumsum(dim=1)[:, -1].unsqueeze(1)
+    den_P1R = _block_total(pt_PnKR.transpose(2, 3).contiguous().sum(dim=-1)).unsqueeze(1)
     return ot_PDR.div_(den_P1R.clamp_min_(torch.finfo(den_P1R.dtype).tiny)).view(num_p, head_dim, group, num_n)
+
+
+def _block_total(x_Pn_: torch.Tensor) -> torch.Tensor:
+    """The sum over key blocks (dim 1) in block order: the last value of a cumulative sum (a scan, whose k-th value
+    never sees later blocks; on the CPU it adds in float64 from 0.0). One block: the value plus 0.0, the same bits
+    (-0.0 becomes +0.0 either way) without the scan's cost."""
+    return x_Pn_[:, 0] + 0.0 if x_Pn_.shape[1] == 1 else x_Pn_.cumsum(dim=1)[:, -1]
