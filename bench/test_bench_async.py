@@ -34,7 +34,7 @@ SLEEPS_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 COMMON = ["--rollout.episodes_per_step=4", "--rollout.group_size=2", "--rollout.concurrency=4",
           "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640",
           "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0",
-          "--algo.critic_only_iterations=1", "--run.checkpoint_every=0", "--optim.lr_actor=1e-3",
+          "--warmstart.critic_steps=1", "--run.checkpoint_every=0", "--optim.lr_actor=1e-3",
           "--algo.actor_push=center", f"--run.steps={STEPS}", "--eval.attempts=1"]
 
 
