@@ -155,7 +155,7 @@ def test_tiny_async_run_stays_within_the_bound_with_drift_0(tmp_path: Path) -> N
                        "--rollout.group_size=2", "--rollout.concurrency=2", "--rollout.max_turns=2",
                        "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640",
                        "--algo.minibatch_tokens=1400",
-                       "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=1",
+                       "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--warmstart.critic_steps=1",
                        "--run.checkpoint_every=0", "--optim.lr_actor=1e-3", "--algo.actor_push=center",
                        "--run.steps=3", "--rollout.max_staleness=1"]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -184,7 +184,7 @@ def test_expert_parallel_run_equals_one_process_and_resumes_under_ep1(tmp_path) 
     common = [f"--tasks.source={tasks}", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
               "--rollout.concurrency=1", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
               "--rollout.max_tokens=640", "--algo.minibatch_tokens=700", "--warmstart.pretrain_steps=0",
-              "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=1", "--run.checkpoint_every=2",
+              "--warmstart.sft_epochs=0", "--warmstart.critic_steps=1", "--run.checkpoint_every=2",
               "--optim.lr_actor=1e-3", "--algo.kl_coef=0.1", "--algo.actor_push=center",
               "--rollout.batch_invariant=true", "--run.steps=3"]
     single, ep = tmp_path / "single", tmp_path / "ep2"

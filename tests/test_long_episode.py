@@ -159,7 +159,7 @@ def test_training_run_with_compaction_is_exact_in_every_segment(tmp_path: Path) 
         "--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=1",
         "--rollout.max_turns=8", "--rollout.max_new_tokens_per_turn=16", "--rollout.max_tokens=640",
         "--context.compaction=extractive", "--context.keep_turns=1", "--context.observation_max_tokens=32",
-        "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--algo.critic_only_iterations=0",
+        "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--warmstart.critic_steps=0",
         "--algo.minibatch_tokens=1400", "--run.checkpoint_every=0",
         "--algo.actor_push=raw"]) == 0  # raw: the actor moves even when both episodes score alike
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
