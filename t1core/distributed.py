@@ -211,6 +211,11 @@ def _fully_shard(model: nn.Module, *, param_dtype: torch.dtype | None, cpu_offlo
     fully_shard(model, mp_policy=mp, offload_policy=offload, ignored_params=experts)
 
 
+def _tag_experts(model: nn.Module) -> None:
+    from t1core.expert_parallel import tag_experts_
+    tag_experts_(model)
+
+
 def _shard_rows(p: torch.Tensor) -> tuple[int, int]:
     """[start, stop) of dim 0 this rank holds of an FSDP2 parameter (Shard(0): ceil(d0 / W)-row chunks in rank
     order, the last ones shorter or empty)."""
@@ -256,6 +261,7 @@ def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
     shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel,
            shard_experts=shard_experts)
     model.to_empty(device=_local_device(cpu_offload))
+    _tag_experts(model)  # to_empty dropped the EP experts' tags, which say which rows each rank reads
     _fill_rows_(model, path)
     return model
 
@@ -272,6 +278,7 @@ def sharded_critic(policy: nn.Module, dp: DataParallel, *, param_dtype: torch.dt
     shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel,
            shard_experts=shard_experts)
     critic.to_empty(device=_local_device(cpu_offload))
+    _tag_experts(critic)
     mine = dict(policy.named_parameters())
     with torch.no_grad():
         for name, p in critic.named_parameters():
@@ -299,6 +306,7 @@ def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
     _fully_shard(ref, param_dtype=None, cpu_offload=False)
     ref.to_empty(device=torch.device(mesh.device_type, torch.cuda.current_device())
                  if mesh.device_type == "cuda" else torch.device("cpu"))
+    _tag_experts(ref)
     ref.compute_dtype = dtype
     if hf_dir is not None:
         _fill_rows_(ref, hf_dir)

@@ -44,7 +44,7 @@ from torch import nn
 from t1kernels.moe import fused_moe
 
 __all__ = ["ExpertParallel", "check_expert_parallel", "make_expert_parallel", "apply_expert_parallel_",
-           "expert_parallel_of", "ExpertDispatch", "whole_experts", "is_expert_param", "expert_slice"]
+           "expert_parallel_of", "ExpertDispatch", "whole_experts", "is_expert_param", "expert_slice", "tag_experts_"]
 
 
 def check_expert_parallel(n: int, *, num_experts: int, world: int) -> None:
@@ -269,6 +269,9 @@ class ExpertDispatch:
     def __init__(self, ep: ExpertParallel) -> None:
         self.ep = ep
         self.prepared: DispatchPlan | None = None  # set from the replayed routing before the forward, used once
+        # name -> (rows, cols, whole shape) of the layer's expert tensors: the tags `tag_experts_` puts back on
+        # parameters that `Module.to_empty` replaced (it drops a tensor's attributes)
+        self.tags: dict[str, tuple] = {}
 
     def __call__(self, x_TD: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                  topk_weights: torch.Tensor, *, validate: bool = True, recompute: bool = False) -> torch.Tensor:
@@ -289,8 +292,8 @@ class ExpertDispatch:
         # shard_experts: the dp replicas' column shards all-gathered first (in the compute dtype), the gradient
         # reduce-scattered back to them.
         if ep.shard:
-            w13_c, w2_c = (_GatherExperts.apply(w.to(x_TD.device), ep, w.expert_shape[1], x_TD.dtype)
-                           for w in (w13, w2))
+            w13_c, w2_c = (_GatherExperts.apply(w.to(x_TD.device), ep, self.tags[name][2][1], x_TD.dtype)
+                           for name, w in (("w13", w13), ("w2", w2)))
         else:
             w13_c, w2_c = (_ExpertGrad.apply(w.to(x_TD.device), ep).to(x_TD.dtype) for w in (w13, w2))
         ones_R1 = torch.ones(x_RD.shape[0], 1, dtype=torch.float32, device=x_RD.device)
@@ -320,17 +323,28 @@ def apply_expert_parallel_(model: nn.Module, ep: ExpertParallel) -> nn.Module:
     check_expert_parallel(ep.size, num_experts=num_experts, world=ep.world)
     lo, hi = ep.expert_rows(num_experts)
     for moe in _moe_layers(model):
+        moe.dispatch = ExpertDispatch(ep)
         for name in ("w13", "w2"):
             old = getattr(moe.experts, name)
             cols = ep.dp_cols(old.shape[1])
             local = old.detach()[lo:hi] if cols is None else old.detach()[lo:hi, cols[0]:cols[1]]
-            new = nn.Parameter(local.clone(), requires_grad=old.requires_grad)
-            new.expert_parallel, new.expert_rows, new.expert_cols = ep, (lo, hi), cols
-            new.expert_shape = tuple(old.shape)  # the whole [E, ., .]
-            setattr(moe.experts, name, new)
-        moe.dispatch = ExpertDispatch(ep)
+            setattr(moe.experts, name, nn.Parameter(local.clone(), requires_grad=old.requires_grad))
+            moe.dispatch.tags[name] = ((lo, hi), cols, tuple(old.shape))  # the whole [E, ., .]
+    tag_experts_(model)
     model.expert_parallel = ep
     model.model.register_forward_pre_hook(_prepare_hook, with_kwargs=True)
+    return model
+
+
+def tag_experts_(model: nn.Module) -> nn.Module:
+    """Mark every MoE layer's local expert parameters (`is_expert_param`) with their EP group, their rows of the whole
+    [E, ., .], their dp columns (shard_experts) and the whole shape. Again after `Module.to_empty`, which replaces
+    the parameters and drops these attributes."""
+    for moe in _moe_layers(model):
+        if isinstance(moe.dispatch, ExpertDispatch):
+            for name, (rows, cols, shape) in moe.dispatch.tags.items():
+                p = getattr(moe.experts, name)
+                p.expert_parallel, p.expert_rows, p.expert_cols, p.expert_shape = moe.dispatch.ep, rows, cols, shape
     return model
 
 
