@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,11 +95,16 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
             from t1core.distributed import model_state
             torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, foreach=False).step()
             dcp.save(model_state(model), checkpoint_id=out_path + ".dcp")
+            # Loaded from a HF checkpoint already sharded: each rank reads only its experts' rows and columns.
+            from t1core.distributed import sharded_from_pretrained
+            loaded = sharded_from_pretrained(Path(out_path + ".hf"), DataParallel(rank=rank, world_size=world),
+                                             dtype=torch.float32, expert_parallel=ep, shard_experts=True)
+            loaded_hf = dict(iter_hf_tensors(loaded))
         hf = dict(iter_hf_tensors(model))
         parts: list = [None] * world
         dist.all_gather_object(parts, (loss.detach(), logits.detach(), tuple(local.shape)))
         if rank == 0:
-            torch.save({"ranks": parts, "grads": grads, "hf": hf}, out_path)
+            torch.save({"ranks": parts, "grads": grads, "hf": hf, "loaded": loaded_hf if shard else None}, out_path)
     finally:
         dist.destroy_process_group()
 
@@ -239,7 +245,9 @@ def test_shard_experts_equals_one_process(tmp_path) -> None:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from t1model.hf_io import hf_state_dict
     world, ep = 4, 2
+    from t1model.hf_io import save_pretrained
     out = tmp_path / "rank0.pt"
+    save_pretrained(MoEModel(SMALL, seed=0), str(out) + ".hf")
     mp.spawn(_worker, args=(world, ep, _free_port(), str(out), False, True), nprocs=world, join=True)
     got = torch.load(out, weights_only=False)
     whole = MoEModel(SMALL, seed=0)
@@ -253,6 +261,7 @@ def test_shard_experts_equals_one_process(tmp_path) -> None:
         assert g.abs().max() > 0, name
         torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-7, msg=name)
     before = {k: v.clone() for k, v in hf_state_dict(whole).items()}
+    assert got["loaded"].keys() == before.keys() and all(torch.equal(got["loaded"][k], v) for k, v in before.items())
     torch.optim.AdamW(whole.parameters(), lr=LR, eps=EPS, foreach=False).step()
     want_hf = hf_state_dict(whole)
     assert got["hf"].keys() == want_hf.keys()
