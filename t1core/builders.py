@@ -129,7 +129,7 @@ def shard_options(cfg: RunConfig) -> dict:
         raise ValueError(f"parallel.cpu_offload=true: offloads GPU memory to the host, expected run.device='cuda', "
                          f"got {cfg.run.device!r}")
     return {"param_dtype": None if dtype == torch.float32 else dtype, "cpu_offload": cfg.parallel.cpu_offload,
-            "expert_parallel": cfg.parallel.expert_parallel}
+            "expert_parallel": cfg.parallel.expert_parallel, "shard_experts": cfg.parallel.shard_experts}
 
 
 def load_models(cfg: RunConfig, tok: ChatTokenizer, dp: distributed.DataParallel | None = None, *,

@@ -444,10 +444,16 @@ class ParallelSection:
         1, "N ranks share each MoE layer's experts (expert parallelism, t1core.expert_parallel): each holds E/N whole "
         "experts and routed tokens travel by all-to-all; attention and dense weights stay FSDP2-sharded over all "
         "ranks. N divides model.num_experts and the world size; 1: off")
+    shard_experts: bool = _field(
+        False, "with expert_parallel N > 1: each rank's E/N experts further sharded over the W/N data-parallel "
+        "replicas, all-gathered around their use and their gradients reduce-scattered (the memory of one copy "
+        "split W/N ways); off: whole on every replica")
 
     def __post_init__(self) -> None:
         _check_types(self)
         _check(self.expert_parallel >= 1, "parallel.expert_parallel", ">= 1", self.expert_parallel)
+        _check(not self.shard_experts or self.expert_parallel > 1, "parallel.shard_experts",
+               "parallel.expert_parallel > 1 (it shards the expert-parallel experts)", self.expert_parallel)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -171,7 +171,7 @@ def _ensure_group(device: torch.device) -> None:
 
 
 def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
-           cpu_offload: bool = False, expert_parallel: int = 1) -> nn.Module:
+           cpu_offload: bool = False, expert_parallel: int = 1, shard_experts: bool = False) -> nn.Module:
     """FSDP2 in place: each decoder layer its own unit (all-gathered for its forward and backward), then the root
     (embedding, final norm, heads). Build optimizers after this call: it replaces the parameters by sharded DTensors.
 
@@ -180,7 +180,8 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     computed in param_dtype and gradients reduced in fp32. cpu_offload: `CPUOffloadPolicy`, shards, gradients and
     optimizer state in host memory. Either one shards a single process too (a one-rank group): the same numerics
     as on W ranks. Neither, single process: no-op (the model stays plain). expert_parallel N > 1: each MoE layer
-    keeps E/N whole experts per rank, outside FSDP2, dispatched by all-to-all (t1core.expert_parallel)."""
+    keeps E/N whole experts per rank, outside FSDP2, dispatched by all-to-all (t1core.expert_parallel);
+    shard_experts: those further sharded over the dp replicas."""
     if is_sharded(model) or not (dp.distributed or param_dtype is not None or cpu_offload):
         return model  # already sharded (e.g. `sharded_from_pretrained`), or nothing to do
     if param_dtype is not None and any(p.dtype != torch.float32 for p in model.parameters()):
@@ -188,7 +189,7 @@ def shard_(model: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | Non
     _ensure_group(next(model.parameters()).device)
     if expert_parallel > 1:
         from t1core.expert_parallel import apply_expert_parallel_, make_expert_parallel
-        apply_expert_parallel_(model, make_expert_parallel(expert_parallel))
+        apply_expert_parallel_(model, make_expert_parallel(expert_parallel, shard=shard_experts))
         if cpu_offload:  # the experts' masters, gradients and AdamW state in host memory, as FSDP2 offloads
             for p in model.parameters():
                 if getattr(p, "expert_rows", None) is not None:
@@ -210,11 +211,16 @@ def _fully_shard(model: nn.Module, *, param_dtype: torch.dtype | None, cpu_offlo
     fully_shard(model, mp_policy=mp, offload_policy=offload, ignored_params=experts)
 
 
+def _tag_experts(model: nn.Module) -> None:
+    from t1core.expert_parallel import tag_experts_
+    tag_experts_(model)
+
+
 def _shard_rows(p: torch.Tensor) -> tuple[int, int]:
     """[start, stop) of dim 0 this rank holds of an FSDP2 parameter (Shard(0): ceil(d0 / W)-row chunks in rank
     order, the last ones shorter or empty)."""
     from torch.distributed.tensor import DTensor
-    if getattr(p, "expert_rows", None) is not None:  # expert parallelism: this rank's whole experts
+    if getattr(p, "expert_rows", None) is not None:  # expert parallelism: this rank's experts (`_fill_rows_`)
         return p.expert_rows
     if not isinstance(p, DTensor):
         return 0, p.shape[0]
@@ -238,33 +244,41 @@ def _fill_rows_(model: nn.Module, hf_dir: Path) -> None:
         for name, p in model.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
             if local.shape[0]:
-                local.copy_(read(model.config, name, *_shard_rows(p)))
+                rows = read(model.config, name, *_shard_rows(p))
+                cols = getattr(p, "expert_cols", None)  # shard_experts: this dp rank's columns of its experts
+                local.copy_(rows if cols is None else rows[:, slice(*cols)])
 
 
 def sharded_from_pretrained(path: Path, dp: DataParallel, *, dtype: torch.dtype,
                             param_dtype: torch.dtype | None = None, cpu_offload: bool = False,
-                            expert_parallel: int = 1) -> nn.Module:
+                            expert_parallel: int = 1,
+                            shard_experts: bool = False) -> nn.Module:
     """`t1model.hf_io.load_pretrained(path)` already sharded (see `shard_` for the keywords), built on the meta device:
     each rank reads only its own rows of every tensor, so no rank ever holds the whole model. Collective."""
     from t1model.hf_io import read_config
     from t1model.model import MoEModel
     model = MoEModel(read_config(path), seed=None, dtype=dtype, device="meta")
-    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel)
+    shard_(model, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel,
+           shard_experts=shard_experts)
     model.to_empty(device=_local_device(cpu_offload))
+    _tag_experts(model)  # to_empty dropped the EP experts' tags, which say which rows each rank reads
     _fill_rows_(model, path)
     return model
 
 
 def sharded_critic(policy: nn.Module, dp: DataParallel, *, param_dtype: torch.dtype | None = None,
-                   cpu_offload: bool = False, expert_parallel: int = 1) -> nn.Module:
+                   cpu_offload: bool = False, expert_parallel: int = 1,
+                   shard_experts: bool = False) -> nn.Module:
     """`ValueModel.from_policy(policy)` for a sharded policy: sharded the same way, its trunk copied shard by shard
     from the policy's, its head zero. Collective."""
     from torch.distributed.tensor import DTensor
     from t1model.model import ValueModel
     dtype = next(p for p in policy.parameters()).dtype
     critic = ValueModel(policy.config, seed=None, dtype=dtype, device="meta")
-    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel)
+    shard_(critic, dp, param_dtype=param_dtype, cpu_offload=cpu_offload, expert_parallel=expert_parallel,
+           shard_experts=shard_experts)
     critic.to_empty(device=_local_device(cpu_offload))
+    _tag_experts(critic)
     mine = dict(policy.named_parameters())
     with torch.no_grad():
         for name, p in critic.named_parameters():
@@ -292,6 +306,7 @@ def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
     _fully_shard(ref, param_dtype=None, cpu_offload=False)
     ref.to_empty(device=torch.device(mesh.device_type, torch.cuda.current_device())
                  if mesh.device_type == "cuda" else torch.device("cpu"))
+    _tag_experts(ref)
     ref.compute_dtype = dtype
     if hf_dir is not None:
         _fill_rows_(ref, hf_dir)
@@ -462,13 +477,13 @@ class ModelOptimizer:
             self.opt.load_state_dict(state)
             return
         from torch.distributed.tensor import DTensor, distribute_tensor
-        from t1core.expert_parallel import is_expert_param
+        from t1core.expert_parallel import expert_slice, is_expert_param
         order, params = self._order(), self._params()
         local = {}
         for i, entry in state["state"].items():
             p = params[order[i]]
             if is_expert_param(p):  # expert parallelism: this rank's experts' rows of each moment
-                local[i] = {k: v[slice(*p.expert_rows)].to(p.device).clone() if torch.is_tensor(v) and v.dim() else v
+                local[i] = {k: expert_slice(p, v).to(p.device).clone() if torch.is_tensor(v) and v.dim() else v
                             for k, v in entry.items()}
                 continue
             local[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
@@ -484,7 +499,7 @@ class ModelOptimizer:
         out = {}
         for i, v in self.opt.state_dict()["state"].items():
             p = params[order[i]]
-            out[order[i]] = {k: expert_dtensor(t, p.expert_parallel) if is_expert_param(p) and torch.is_tensor(t)
+            out[order[i]] = {k: expert_dtensor(t, p) if is_expert_param(p) and torch.is_tensor(t)
                              and t.shape == p.shape else t for k, t in v.items()}
         return out
 
@@ -504,7 +519,7 @@ class ModelOptimizer:
                 raise ValueError(f"optimizer state: the checkpoint has state for {name!r}, which this model lacks")
             p = params[name]
             if is_expert_param(p):  # the whole [E, ., .] saved; this rank reads its own experts' rows
-                out[name] = {k: expert_dtensor(torch.zeros_like(p, dtype=dtype), p.expert_parallel)
+                out[name] = {k: expert_dtensor(torch.zeros_like(p, dtype=dtype), p)
                              if len(shape) == p.dim() else torch.zeros(shape, dtype=dtype)
                              for k, (shape, dtype) in keys.items()}
                 continue
@@ -537,7 +552,7 @@ def model_state(model: nn.Module) -> dict[str, Any]:
     state = get_model_state_dict(model)
     for name, p in model.named_parameters():
         if is_expert_param(p):
-            state[name] = expert_dtensor(p.detach(), p.expert_parallel)
+            state[name] = expert_dtensor(p.detach(), p)
     return state
 
 
@@ -545,12 +560,12 @@ def _local_experts(model: nn.Module, state: dict[str, Any], *, whole: bool) -> d
     """`state` with each EP expert entry made this rank's plain rows: a DTensor's local part, or (`whole`) the
     rows of the whole tensor this rank owns."""
     from torch.distributed.tensor import DTensor
-    from t1core.expert_parallel import is_expert_param
+    from t1core.expert_parallel import expert_slice, is_expert_param
     out = dict(state)
     for name, p in model.named_parameters():
         if is_expert_param(p) and name in out:
             v = out[name]
-            out[name] = v.to_local() if isinstance(v, DTensor) else v[slice(*p.expert_rows)] if whole else v
+            out[name] = v.to_local() if isinstance(v, DTensor) else expert_slice(p, v) if whole else v
     return out
 
 

@@ -5,8 +5,14 @@ flat order t * K + k, S the pairs sorted by owning rank, R rows this rank receiv
 
 The W ranks form a 2-D mesh (dp x ep) with W = dp * N, ranks row-major: an EP group is N consecutive ranks (one
 node's GPUs, on NVLink, when N <= GPUs per node). EP rank j of every group holds experts [j El, (j + 1) El) of every
-MoE layer as plain local parameters, whole (not sharded further over dp), which FSDP2 ignores; attention, dense
-layers, routers and the root stay FSDP2-sharded over all W ranks (`t1core.distributed.shard_`).
+MoE layer as plain local parameters, which FSDP2 ignores; attention, dense layers, routers and the root stay
+FSDP2-sharded over all W ranks (`t1core.distributed.shard_`). The El experts are whole on each of the W / N dp
+replicas, or (parallel.shard_experts) further sharded over them: dp rank i holds columns [i c, (i + 1) c) of dim 1
+(c = ceil(dim1 / dp), torch.chunk's split, the last chunks shorter or empty) of every local expert tensor, and the
+layer all-gathers them over dp before its experts run and reduce-scatters their gradient over dp in the backward
+(`_GatherExperts`, FSDP2's pattern on the dp sub-mesh, written by hand because the experts are read as tensors,
+not through a module's forward). Dim 1 rather than dim 0: El need not divide by dp (32 experts over 3 replicas in
+the 122B preset), and a (Shard(1) over dp, Shard(0) over ep) DTensor describes the shards to checkpoints.
 
 A layer's forward (`ExpertDispatch`): route as always (the replayed R3 ids in training; the gate weights are the
 softmax of this rank's router logits over them, so the router keeps its gradient); count the pairs per owning rank,
@@ -22,7 +28,7 @@ output does not depend on how many rows its expert received, so the EP forward i
 Gradients: an expert's weight gradient on its owner is the sum over the N ranks of its EP group (the reverse
 all-to-all carried their output gradients there). `_ExpertGrad` then sums it over the dp replicas and divides by
 W, which is what FSDP2 does to every other parameter (the mean of the W ranks' losses). The optimizer holds only
-this rank's experts. One row is sent per (token, slot) pair; a token with two experts on one rank travels twice
+this rank's experts. With shard_experts the dp sum is a reduce-scatter (`_GatherExperts`). One row is sent per (token, slot) pair; a token with two experts on one rank travels twice
 (what the planner counts, `t1core.plan`). Public designs do the same: torchtitan's EP all-to-all dispatch
 (torchtitan/distributed/expert_parallel.py) also splits by the routed counts exchanged first.
 """
@@ -38,7 +44,7 @@ from torch import nn
 from t1kernels.moe import fused_moe
 
 __all__ = ["ExpertParallel", "check_expert_parallel", "make_expert_parallel", "apply_expert_parallel_",
-           "expert_parallel_of", "ExpertDispatch", "whole_experts", "is_expert_param"]
+           "expert_parallel_of", "ExpertDispatch", "whole_experts", "is_expert_param", "expert_slice", "tag_experts_"]
 
 
 def check_expert_parallel(n: int, *, num_experts: int, world: int) -> None:
@@ -69,6 +75,10 @@ class ExpertParallel:
     """The W / N ranks holding the same experts (their gradients are summed)."""
     mesh: object
     """The 2-D DeviceMesh ("dp", "ep") (checkpoints describe the experts on it)."""
+    dp_rank: int = 0
+    """This rank's index in its dp group."""
+    shard: bool = False
+    """parallel.shard_experts: the local experts further sharded over the dp group (dim 1)."""
 
     @property
     def dp_size(self) -> int:
@@ -79,21 +89,32 @@ class ExpertParallel:
         per = num_experts // self.size
         return self.rank * per, (self.rank + 1) * per
 
+    def dp_cols(self, n: int) -> tuple[int, int] | None:
+        """[first, end) of dim 1 (size n) this rank holds of its local experts under shard_experts (torch.chunk's
+        split over the dp group: ceil(n / dp) each, the last ones shorter or empty); None when not sharded."""
+        if not self.shard:
+            return None
+        c = -(-n // self.dp_size)
+        start = min(self.dp_rank * c, n)
+        return start, min(start + c, n)
 
-_MESHES: dict[tuple[int, int, str], ExpertParallel] = {}
+
+_MESHES: dict[tuple[int, int, str, bool], ExpertParallel] = {}
 
 
-def make_expert_parallel(n: int) -> ExpertParallel:
+def make_expert_parallel(n: int, *, shard: bool = False) -> ExpertParallel:
     """The (dp x ep) mesh over the initialised process group (collective on first use; cached per process)."""
     from torch.distributed.device_mesh import init_device_mesh
     world = dist.get_world_size()
     check_expert_parallel(n, num_experts=n, world=world)
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    key = (n, world, device_type)
+    key = (n, world, device_type, shard)
     if key not in _MESHES:
-        mesh = init_device_mesh(device_type, (world // n, n), mesh_dim_names=("dp", "ep"))
+        same = next((m for k, m in _MESHES.items() if k[:3] == key[:3]), None)  # one mesh for both modes
+        mesh = same.mesh if same else init_device_mesh(device_type, (world // n, n), mesh_dim_names=("dp", "ep"))
         _MESHES[key] = ExpertParallel(size=n, rank=mesh.get_local_rank("ep"), world=world,
-                                      group=mesh.get_group("ep"), dp_group=mesh.get_group("dp"), mesh=mesh)
+                                      group=mesh.get_group("ep"), dp_group=mesh.get_group("dp"), mesh=mesh,
+                                      dp_rank=mesh.get_local_rank("dp"), shard=shard)
     return _MESHES[key]
 
 
@@ -113,6 +134,38 @@ class _ExpertGrad(torch.autograd.Function):
             g = g.contiguous()
             dist.all_reduce(g, group=ep.dp_group)
         return g, None
+
+
+def _gather_cols(w: torch.Tensor, ep: ExpertParallel, n: int) -> torch.Tensor:
+    """The dp group's dim-1 shards of the local experts [El, c_i, .] -> [El, n, .] (collective over dp)."""
+    c = -(-n // ep.dp_size)
+    w = w.movedim(1, 0)  # [c_i, El, .]: the collectives split dim 0
+    if w.shape[0] < c:
+        w = torch.cat([w, w.new_zeros(c - w.shape[0], *w.shape[1:])])
+    out = w.new_empty(c * ep.dp_size, *w.shape[1:])
+    dist.all_gather_into_tensor(out, w.contiguous(), group=ep.dp_group)
+    return out[:n].movedim(0, 1)
+
+
+class _GatherExperts(torch.autograd.Function):
+    """shard_experts: forward all-gathers this rank's dim-1 shard of the local experts over dp, in the compute dtype;
+    backward reduce-scatters the gradient over dp in fp32 and divides by W (FSDP2's mean), as FSDP2 does for its
+    units with reduce_dtype float32."""
+
+    @staticmethod
+    def forward(ctx, w, ep, n, dtype):  # type: ignore[override]
+        ctx.ep, ctx.cols, ctx.dtype = ep, ep.dp_cols(n), w.dtype
+        return _gather_cols(w.to(dtype), ep, n)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        ep, (lo, hi) = ctx.ep, ctx.cols
+        n, c = g.shape[1], -(-g.shape[1] // ep.dp_size)
+        g_C = g.to(torch.float32).movedim(1, 0) / ep.world  # [n, El, .]
+        g_C = torch.cat([g_C, g_C.new_zeros(c * ep.dp_size - n, *g_C.shape[1:])]).contiguous()
+        mine = g_C.new_empty(c, *g_C.shape[1:])
+        dist.reduce_scatter_tensor(mine, g_C, group=ep.dp_group)
+        return mine[:hi - lo].movedim(0, 1).to(ctx.dtype), None, None, None
 
 
 @dataclass(frozen=True)
@@ -216,6 +269,9 @@ class ExpertDispatch:
     def __init__(self, ep: ExpertParallel) -> None:
         self.ep = ep
         self.prepared: DispatchPlan | None = None  # set from the replayed routing before the forward, used once
+        # name -> (rows, cols, whole shape) of the layer's expert tensors: the tags `tag_experts_` puts back on
+        # parameters that `Module.to_empty` replaced (it drops a tensor's attributes)
+        self.tags: dict[str, tuple] = {}
 
     def __call__(self, x_TD: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                  topk_weights: torch.Tensor, *, validate: bool = True, recompute: bool = False) -> torch.Tensor:
@@ -233,7 +289,13 @@ class ExpertDispatch:
         # The local experts are fp32 masters outside FSDP2, in host memory under parallel.cpu_offload: copied to
         # the activations' device (their gradient comes back by the same copy, reversed), reduced there over the
         # dp replicas in fp32, and computed in the activations' dtype (mixed precision).
-        w13_c, w2_c = (_ExpertGrad.apply(w.to(x_TD.device), ep).to(x_TD.dtype) for w in (w13, w2))
+        # shard_experts: the dp replicas' column shards all-gathered first (in the compute dtype), the gradient
+        # reduce-scattered back to them.
+        if ep.shard:
+            w13_c, w2_c = (_GatherExperts.apply(w.to(x_TD.device), ep, self.tags[name][2][1], x_TD.dtype)
+                           for name, w in (("w13", w13), ("w2", w2)))
+        else:
+            w13_c, w2_c = (_ExpertGrad.apply(w.to(x_TD.device), ep).to(x_TD.dtype) for w in (w13, w2))
         ones_R1 = torch.ones(x_RD.shape[0], 1, dtype=torch.float32, device=x_RD.device)
         y_RD = fused_moe(x_RD, w13_c, w2_c, plan.local_ids_R[:, None], ones_R1, validate=False, recompute=recompute)
         y_SD = _exchange(y_RD, out_rows=plan.send, in_rows=plan.recv, ep=ep)
@@ -255,19 +317,34 @@ def _moe_layers(model: nn.Module) -> list[nn.Module]:
 
 def apply_expert_parallel_(model: nn.Module, ep: ExpertParallel) -> nn.Module:
     """In place: every MoE layer keeps only this rank's El experts (sliced from the whole, so a seeded model's
-    experts are the single-process bits) and dispatches through `ExpertDispatch`. Before FSDP2 (`shard_`)."""
+    experts are the single-process bits; with ep.shard this dp rank's columns of them) and dispatches through
+    `ExpertDispatch`. Before FSDP2 (`shard_`)."""
     num_experts = model.config.num_experts
     check_expert_parallel(ep.size, num_experts=num_experts, world=ep.world)
     lo, hi = ep.expert_rows(num_experts)
     for moe in _moe_layers(model):
+        moe.dispatch = ExpertDispatch(ep)
         for name in ("w13", "w2"):
             old = getattr(moe.experts, name)
-            new = nn.Parameter(old.detach()[lo:hi].clone(), requires_grad=old.requires_grad)
-            new.expert_parallel, new.expert_rows = ep, (lo, hi)
-            setattr(moe.experts, name, new)
-        moe.dispatch = ExpertDispatch(ep)
+            cols = ep.dp_cols(old.shape[1])
+            local = old.detach()[lo:hi] if cols is None else old.detach()[lo:hi, cols[0]:cols[1]]
+            setattr(moe.experts, name, nn.Parameter(local.clone(), requires_grad=old.requires_grad))
+            moe.dispatch.tags[name] = ((lo, hi), cols, tuple(old.shape))  # the whole [E, ., .]
+    tag_experts_(model)
     model.expert_parallel = ep
     model.model.register_forward_pre_hook(_prepare_hook, with_kwargs=True)
+    return model
+
+
+def tag_experts_(model: nn.Module) -> nn.Module:
+    """Mark every MoE layer's local expert parameters (`is_expert_param`) with their EP group, their rows of the whole
+    [E, ., .], their dp columns (shard_experts) and the whole shape. Again after `Module.to_empty`, which replaces
+    the parameters and drops these attributes."""
+    for moe in _moe_layers(model):
+        if isinstance(moe.dispatch, ExpertDispatch):
+            for name, (rows, cols, shape) in moe.dispatch.tags.items():
+                p = getattr(moe.experts, name)
+                p.expert_parallel, p.expert_rows, p.expert_cols, p.expert_shape = moe.dispatch.ep, rows, cols, shape
     return model
 
 
@@ -300,10 +377,21 @@ def is_expert_param(p: torch.Tensor) -> bool:
     return getattr(p, "expert_parallel", None) is not None
 
 
-def whole_experts(p: torch.Tensor) -> torch.Tensor:
-    """A layer's whole [E, ., .] expert tensor, gathered from its N owners (collective over the EP group)."""
+def expert_slice(p: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """This rank's part of expert parameter `p` in a whole [E, ., .] tensor (a view): its experts' rows and, under
+    shard_experts, its dp columns."""
+    t = whole[slice(*p.expert_rows)]
+    return t if p.expert_cols is None else t[:, slice(*p.expert_cols)]
+
+
+def whole_experts(t: torch.Tensor, p: torch.Tensor | None = None) -> torch.Tensor:
+    """A layer's whole [E, ., .] expert tensor from this rank's part `t` of expert parameter `p` (default: t itself;
+    e.g. its gradient): gathered over the dp group under shard_experts, then from the N owners (collective)."""
+    p = t if p is None else p
     ep: ExpertParallel = p.expert_parallel
-    local = p.detach().contiguous().to(_collective_device())  # offloaded experts: NCCL gathers on the GPU
+    local = t.detach().contiguous().to(_collective_device())  # offloaded experts: NCCL gathers on the GPU
+    if p.expert_cols is not None:
+        local = _gather_cols(local, ep, p.expert_shape[1]).contiguous()
     parts = [torch.empty_like(local) for _ in range(ep.size)]
     dist.all_gather(parts, local, group=ep.group)
     return torch.cat(parts)
@@ -313,16 +401,22 @@ def _collective_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def expert_dtensor(t: torch.Tensor, ep: ExpertParallel) -> torch.Tensor:
-    """This rank's El experts as a DTensor of the whole [E, ., .] (Shard(0) over ep, replicated over dp), sharing
-    storage: what checkpoints save and load, so that DCP reshards to any other EP size."""
+def expert_dtensor(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """This rank's part `t` (the parameter's shape) of expert parameter `p` as a DTensor of the whole [E, ., .]
+    (Shard(0) over ep; replicated over dp, or Shard(1) over dp under shard_experts), sharing storage: what
+    checkpoints save and load, so that DCP reshards to any other EP size or sharding."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    return DTensor.from_local(t, ep.mesh, [Replicate(), Shard(0)], run_check=False)
+    ep: ExpertParallel = p.expert_parallel
+    shape = torch.Size(p.expert_shape)
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(t, ep.mesh, [Shard(1) if ep.shard else Replicate(), Shard(0)], run_check=False,
+                              shape=shape, stride=stride)
 
 
 def expert_grad_norm_sq(params: list[torch.Tensor]) -> torch.Tensor | None:
     """Sum of squares of the expert gradients over the whole model (each expert counted once: summed over the EP
-    group, not over the dp replicas, which hold equal copies). None when there are no expert parameters."""
+    group, not over the dp replicas, which hold equal copies; under shard_experts over all ranks, which hold
+    disjoint parts). None when there are no expert parameters."""
     grads = [p.grad for p in params if is_expert_param(p) and p.grad is not None]
     mine = [p for p in params if is_expert_param(p)]
     if not mine:
@@ -332,5 +426,5 @@ def expert_grad_norm_sq(params: list[torch.Tensor]) -> torch.Tensor | None:
     sq = torch.zeros((), dtype=torch.float32, device=dev)
     for g in grads:
         sq = sq + g.detach().float().pow(2).sum().to(dev)
-    dist.all_reduce(sq, group=ep.group)
+    dist.all_reduce(sq, group=None if ep.shard else ep.group)
     return sq

@@ -234,10 +234,16 @@ def micro_batch_tokens(cfg: RunConfig) -> int:
     return tokens
 
 
-def _local_numel(name: str, shape: tuple[int, ...], world: int, ep: int) -> int:
+def _local_numel(name: str, shape: tuple[int, ...], world: int, ep: int, shard_experts: bool = False) -> int:
     """Elements a rank stores of one parameter: an FSDP2 shard, or under expert parallelism (ep > 1) E/N whole
-    experts of an expert tensor (t1core.expert_parallel)."""
-    return math.prod(shape) // ep if ep > 1 and is_expert(name) else shard_numel(shape, world)
+    experts of an expert tensor (t1core.expert_parallel), or with shard_experts their dp rank's ceil(1 / dp) of
+    dim 1."""
+    if not (ep > 1 and is_expert(name)):
+        return shard_numel(shape, world)
+    if not shard_experts:
+        return math.prod(shape) // ep
+    cols = -(-shape[1] // (world // ep))
+    return shape[0] // ep * cols * math.prod(shape[2:])
 
 
 def _ep_local(shapes: dict[str, tuple[int, ...]], ep: int) -> dict[str, tuple[int, ...]]:
@@ -246,10 +252,11 @@ def _ep_local(shapes: dict[str, tuple[int, ...]], ep: int) -> dict[str, tuple[in
 
 
 def _model_rows(tag: str, shapes: dict[str, tuple[int, ...]], world: int, *, compute: int, mixed: bool,
-                where: str, transient: bool, ep: int = 1) -> list[Row]:
+                where: str, transient: bool, ep: int = 1, shard_experts: bool = False) -> list[Row]:
     """Sharded state of one trained model, and (`transient`) its gathered working set on the GPU: the policy's,
-    as the critic's update runs after the policy's and gathers no more. ep > 1: experts whole, E/N per rank."""
-    shard = sum(_local_numel(n, s, world, ep) for n, s in shapes.items())
+    as the critic's update runs after the policy's and gathers no more. ep > 1: experts whole, E/N per rank (a
+    dp shard of them stored with shard_experts; a layer still gathers its E/N whole)."""
+    shard = sum(_local_numel(n, s, world, ep, shard_experts) for n, s in shapes.items())
     layer, root = _layer_numel(_ep_local(shapes, ep))
     stored = 4 if mixed else compute  # mixed precision: the fp32 shards are the master weights
     grad_transient = 4 if mixed else compute  # reduce_dtype fp32: unsharded gradients are cast for the reduce
@@ -305,12 +312,14 @@ def plan(cfg: RunConfig, hw: Hardware) -> Plan:
         check_expert_parallel(ep, num_experts=mcfg.num_experts, world=world)
     except ValueError as e:
         raise PlanError(str(e)) from None
+    se = par.shard_experts
     rows = _model_rows("policy", pol, world, compute=compute, mixed=mixed, where=where,
-                       transient=True, ep=ep)
-    rows += _model_rows("critic", cri, world, compute=compute, mixed=mixed, where=where, transient=False, ep=ep)
+                       transient=True, ep=ep, shard_experts=se)
+    rows += _model_rows("critic", cri, world, compute=compute, mixed=mixed, where=where, transient=False, ep=ep,
+                        shard_experts=se)
     if cfg.algo.kl_coef > 0:
         rows.append(Row("KL anchor (frozen shard, compute dtype)",
-                        compute * sum(_local_numel(n, s, world, ep) for n, s in pol.items()), "gpu"))
+                        compute * sum(_local_numel(n, s, world, ep, se) for n, s in pol.items()), "gpu"))
     tokens = micro_batch_tokens(cfg)
     recompute = cfg.model.moe_recompute
     for ac in (False, True):
@@ -372,13 +381,15 @@ def vllm_layout(cfg: RunConfig, *, world: int) -> str:
             "never run against a real vLLM")
 
 
-def step_comm(cfg: RunConfig, hw: Hardware, ep: int) -> list:
-    """`t1core.plan_comm.comm_rows` for this run with parallel.expert_parallel = ep."""
+def step_comm(cfg: RunConfig, hw: Hardware, ep: int, shard_experts: bool | None = None) -> list:
+    """`t1core.plan_comm.comm_rows` for this run with parallel.expert_parallel = ep (and shard_experts, default the
+    run's)."""
     mcfg, _ = model_shape(cfg.model.name)
     compute = _DTYPE_BYTES[cfg.model.dtype]
     return comm_rows(mcfg, policy_shapes(mcfg), world=hw.world, gpus_per_node=hw.gpus_per_node, ep=ep,
                      tokens=micro_batch_tokens(cfg), compute=compute, mixed=compute != 4,
-                     checkpointing=cfg.parallel.activation_checkpointing, offload=cfg.parallel.cpu_offload)
+                     checkpointing=cfg.parallel.activation_checkpointing, offload=cfg.parallel.cpu_offload,
+                     shard_experts=cfg.parallel.shard_experts if shard_experts is None else shard_experts)
 
 
 def best_expert_parallel(cfg: RunConfig, hw: Hardware) -> int:
@@ -389,37 +400,42 @@ def best_expert_parallel(cfg: RunConfig, hw: Hardware) -> int:
 
 
 def format_comm(cfg: RunConfig, hw: Hardware) -> list[str]:
-    """Bytes per optimizer step and rank with EP off and on (the run's EP, else the fastest valid one), their lower
-    bounds at the stated link speeds, and which is faster."""
-    ep = cfg.parallel.expert_parallel if cfg.parallel.expert_parallel > 1 else best_expert_parallel(cfg, hw)
-    runs = [(1, step_comm(cfg, hw, 1))] + ([(ep, step_comm(cfg, hw, ep))] if ep > 1 else [])
+    """Bytes per optimizer step and rank with EP off and on (the run's EP, else the fastest valid one; its experts
+    whole per dp replica and sharded over dp), their lower bounds at the stated link speeds, and which is faster
+    and fits."""
+    par = cfg.parallel
+    ep = par.expert_parallel if par.expert_parallel > 1 else best_expert_parallel(cfg, hw)
+    combos = [(1, False)] + ([(ep, False), (ep, True)] if ep > 1 else [])
+    runs = [(n, se, step_comm(cfg, hw, n, se)) for n, se in combos]
     bw = hw.bandwidth_gbs
-    heads = [f"EP {n}{' (this run)' if n == cfg.parallel.expert_parallel else ''}" if n > 1 else
-             f"EP off{' (this run)' if cfg.parallel.expert_parallel == 1 else ''}" for n, _ in runs]
+    heads = [(f"EP {n}{' sharded' if se else ''}" if n > 1 else "EP off")
+             + (" (this run)" if (n, se) == (par.expert_parallel, par.shard_experts) else "") for n, se, _ in runs]
+    width = max(18, *(len(h) + 2 for h in heads))
     lines = ["", f"communication per optimizer step and rank (a micro-batch of {micro_batch_tokens(cfg)} tokens, "
                  "forward + backward of the policy; the critic's step moves as much again; t1core.plan_comm):",
-             f"{'GB moved':<84}" + "".join(f"{h:>18}" for h in heads) + "  link"]
-    names = list(dict.fromkeys(r.name for _, rows in runs for r in rows))
+             f"{'GB moved':<84}" + "".join(f"{h:>{width}}" for h in heads) + "  link"]
+    names = list(dict.fromkeys(r.name for _, _, rows in runs for r in rows))
     for name in names:
-        vals = [next((r for r in rows if r.name == name), None) for _, rows in runs]
+        vals = [next((r for r in rows if r.name == name), None) for _, _, rows in runs]
         link = next(r.link for r in vals if r is not None)
-        lines.append(f"{name:<84}" + "".join(f"{r.bytes / 1e9:>18.1f}" if r else f"{'-':>18}" for r in vals)
+        lines.append(f"{name:<84}" + "".join(f"{r.bytes / 1e9:>{width}.1f}" if r else f"{'-':>{width}}" for r in vals)
                      + f"  {link}")
-    lines.append(f"{'total':<84}" + "".join(f"{sum(r.bytes for r in rows) / 1e9:>18.1f}" for _, rows in runs))
+    lines.append(f"{'total':<84}" + "".join(f"{sum(r.bytes for r in rows) / 1e9:>{width}.1f}" for _, _, rows in runs))
     for link in ("nvlink", "ib", "pcie"):
         lines.append(f"{f'seconds on {link} at {bw[link]:g} GB/s':<84}"
-                     + "".join(f"{link_seconds(rows, bw)[link]:>18.2f}" for _, rows in runs))
-    bounds = [lower_bound_s(rows, bw) for _, rows in runs]
-    lines.append(f"{'lower bound (the busiest link)':<84}" + "".join(f"{b:>18.2f}" for b in bounds))
-    if ep > 1:
-        fits = plan(_with(cfg, "parallel", expert_parallel=ep), hw).fits
-        faster = bounds[1] < bounds[0]
-        lines.append(f"expert parallelism: EP {ep} is {'faster' if faster else 'not faster'} than EP off by the "
-                     f"lower bound ({bounds[1]:.2f} s vs {bounds[0]:.2f} s per step) and its memory plan "
-                     f"{'fits' if fits else 'does not fit'}" + ("" if cfg.parallel.expert_parallel > 1 else
-                                                                 f" (--parallel.expert_parallel={ep})"))
-    else:
+                     + "".join(f"{link_seconds(rows, bw)[link]:>{width}.2f}" for _, _, rows in runs))
+    bounds = [lower_bound_s(rows, bw) for _, _, rows in runs]
+    lines.append(f"{'lower bound (the busiest link)':<84}" + "".join(f"{b:>{width}.2f}" for b in bounds))
+    if ep == 1:
         lines.append("expert parallelism: no valid EP size for this model and world (it must divide both)")
+    for (n, se, _), bound in list(zip(runs, bounds))[1:]:
+        fits = plan(_with(cfg, "parallel", expert_parallel=n, shard_experts=se), hw).fits
+        flags = f"--parallel.expert_parallel={n}" + (" --parallel.shard_experts=true" if se else "")
+        this = (n, se) == (par.expert_parallel, par.shard_experts)
+        lines.append(f"expert parallelism: EP {n}{' sharded over dp' if se else ''} is "
+                     f"{'faster' if bound < bounds[0] else 'not faster'} than EP off by the lower bound ({bound:.2f} s "
+                     f"vs {bounds[0]:.2f} s per step) and its memory plan {'fits' if fits else 'does not fit'}"
+                     + ("" if this else f" ({flags})"))
     return lines
 
 
@@ -432,7 +448,7 @@ def format_plan(p: Plan, cfg: RunConfig, hw: Hardware) -> str:
         f"hardware: {hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) = {p.world} rank(s), {hw.gpu_mem_gib:g} GiB "
         f"per GPU, {hw.host_mem_gib:g} GiB host per node; model.dtype={cfg.model.dtype}, activation checkpointing "
         f"{'on' if par.activation_checkpointing else 'off'}, CPU offload {'on' if par.cpu_offload else 'off'}, "
-        f"expert parallel {par.expert_parallel}",
+        f"expert parallel {par.expert_parallel}{' (experts sharded over dp)' if par.shard_experts else ''}",
         "",
         f"{'per rank':<78} {'GiB':>9}  where",
     ]

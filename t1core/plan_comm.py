@@ -12,10 +12,13 @@ policy; the critic's step costs the same again), as `t1core.update` runs it. Cou
 - EP (t1core.expert_parallel): per MoE layer, T K rows of D in the compute dtype leave for their experts and come
   back, in the forward and again in the backward (and once more for the recomputed forward under activation
   checkpointing), (N - 1) / N of them to other ranks under uniform routing; the experts' fp32 gradients are
-  all-reduced over the dp replicas (2 (dp - 1) / dp of them).
+  all-reduced over the dp replicas (2 (dp - 1) / dp of them). With parallel.shard_experts instead: the local
+  experts' dp shards all-gathered in the compute dtype for each forward (twice under activation checkpointing: the
+  recompute gathers again; without it the gathered copy lives until the backward) and their fp32 gradients
+  reduce-scattered, (dp - 1) / dp of each.
 - CPU offload: FSDP2 copies each fp32 shard to the GPU before every gather and the sharded fp32 gradients back;
-  EP's host-resident experts are copied up in fp32 for each forward (twice under activation checkpointing) and their
-  gradients down.
+  EP's host-resident experts (their dp shards under shard_experts) are copied up in fp32 for each forward (twice
+  under activation checkpointing) and their gradients down.
 Links: a group within one node runs at NVLink speed, one spanning nodes at InfiniBand speed (one NIC per GPU),
 host copies at PCIe speed. The lower bound is the busiest link's bytes over its bandwidth (everything else
 overlapped); nothing here is measured on GPUs (bench/test_bench_ep.py compares the bytes with gloo runs).
@@ -58,7 +61,8 @@ def _split(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int]:
 
 
 def comm_rows(mcfg: ModelConfig, shapes: dict[str, tuple[int, ...]], *, world: int, gpus_per_node: int, ep: int,
-              tokens: int, compute: int, mixed: bool, checkpointing: bool, offload: bool) -> list[CommRow]:
+              tokens: int, compute: int, mixed: bool, checkpointing: bool, offload: bool,
+              shard_experts: bool = False) -> list[CommRow]:
     """What one rank moves in one optimizer step of one model, by link (see the module docstring)."""
     other, layers, experts = _split(shapes)
     fsdp_params = other if ep > 1 else other + experts
@@ -79,16 +83,26 @@ def comm_rows(mcfg: ModelConfig, shapes: dict[str, tuple[int, ...]], *, world: i
                             f"{', recompute' if checkpointing else ''} and backward)",
                             int(passes * len(mcfg.moe_layer_ids) * rows_per_pass), "nvlink" if ep <= gpus_per_node
                             else "ib"))
-        rows.append(CommRow(f"EP expert gradients all-reduced over dp={dp} (fp32)",
-                            int(2 * (dp - 1) / dp * 4 * experts / ep), "ib" if world > gpus_per_node else "nvlink"))
+        dp_link = "ib" if world > gpus_per_node else "nvlink"
+        gathers = 2 if checkpointing else 1
+        if shard_experts:
+            rows.append(CommRow(f"EP expert shards all-gathered over dp={dp} ({gathers} per layer, compute dtype)",
+                                int(gathers * (dp - 1) / dp * compute * experts / ep), dp_link))
+            rows.append(CommRow(f"EP expert gradients reduce-scattered over dp={dp} (fp32)",
+                                int((dp - 1) / dp * 4 * experts / ep), dp_link))
+        else:
+            rows.append(CommRow(f"EP expert gradients all-reduced over dp={dp} (fp32)",
+                                int(2 * (dp - 1) / dp * 4 * experts / ep), dp_link))
     if offload:
         shard = fsdp_params / world
         rows.append(CommRow("offload: FSDP shards to the GPU (fp32, forward + backward)",
                             int(stored * (shard + fsdp_layers / world)), "pcie"))
         rows.append(CommRow("offload: FSDP sharded gradients to the host", int(reduce * shard), "pcie"))
         if ep > 1:
-            rows.append(CommRow(f"offload: local experts to the GPU (fp32, {2 if checkpointing else 1} per layer) and "
-                                "their gradients back", int((3 if checkpointing else 2) * 4 * experts / ep), "pcie"))
+            local = experts / ep / (world // ep if shard_experts else 1)
+            rows.append(CommRow(f"offload: local expert{' shard' if shard_experts else ''}s to the GPU (fp32, "
+                                f"{2 if checkpointing else 1} per layer) and their gradients back",
+                                int((3 if checkpointing else 2) * 4 * local), "pcie"))
     return rows
 
 

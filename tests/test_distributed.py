@@ -257,7 +257,8 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
 def test_shard_options_follow_the_config() -> None:
     """bf16 is mixed precision over fp32 masters, fp32 plain; CPU offload is refused off CUDA, naming why."""
     from t1core.builders import shard_options
-    assert shard_options(load_config(None, [])) == {"param_dtype": None, "cpu_offload": False, "expert_parallel": 1}
+    assert shard_options(load_config(None, [])) == {"param_dtype": None, "cpu_offload": False, "expert_parallel": 1,
+                                                    "shard_experts": False}
     assert shard_options(load_config(None, ["--model.dtype=bfloat16"]))["param_dtype"] == torch.bfloat16
     with pytest.raises(ValueError, match="parallel.cpu_offload=true.*run.device='cuda'"):
         shard_options(load_config(None, ["--parallel.cpu_offload=true"]))

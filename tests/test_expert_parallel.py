@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,9 +55,7 @@ def _grads(model: MoEModel) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in model.named_parameters():
         if is_expert_param(p):
-            g = torch.zeros_like(p) if p.grad is None else p.grad
-            g.expert_parallel = p.expert_parallel
-            out[name] = whole_experts(g)
+            out[name] = whole_experts(torch.zeros_like(p) if p.grad is None else p.grad, p)
         elif isinstance(p.grad, DTensor):
             out[name] = p.grad.full_tensor()
         else:
@@ -64,7 +63,12 @@ def _grads(model: MoEModel) -> dict[str, torch.Tensor]:
     return out
 
 
-def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool) -> None:
+# The AdamW step the shard_experts case takes on both sides: eps well above the gradients' round-off, so that the
+# first step (about lr * g / |g|) does not turn a 1e-9 difference in a near-zero gradient into one of lr.
+LR, EPS = 1e-2, 1e-4
+
+
+def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool, shard: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
@@ -72,7 +76,7 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
         model = MoEModel(SMALL, seed=0)
         if skew:  # and per-layer activation checkpointing: the backward recomputes each layer's dispatch
             checkpoint_layers_(model)
-        model = shard_(model, DataParallel(rank=rank, world_size=world), expert_parallel=ep)
+        model = shard_(model, DataParallel(rank=rank, world_size=world), expert_parallel=ep, shard_experts=shard)
         local = model.model.layers[0].mlp.experts.w13
         ids, routing = _inputs(rank, skew)
         exchanges, a2a = [], dist.all_to_all_single
@@ -86,11 +90,21 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
             assert len(exchanges) == 2 + 2 * len(SMALL.moe_layer_ids), len(exchanges)
             loss.backward()
         grads = _grads(model)
+        if shard:  # one AdamW step on the shards, then the whole experts out of the stream and a DCP checkpoint
+            import torch.distributed.checkpoint as dcp
+            from t1core.distributed import model_state
+            torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, foreach=False).step()
+            dcp.save(model_state(model), checkpoint_id=out_path + ".dcp")
+            # Loaded from a HF checkpoint already sharded: each rank reads only its experts' rows and columns.
+            from t1core.distributed import sharded_from_pretrained
+            loaded = sharded_from_pretrained(Path(out_path + ".hf"), DataParallel(rank=rank, world_size=world),
+                                             dtype=torch.float32, expert_parallel=ep, shard_experts=True)
+            loaded_hf = dict(iter_hf_tensors(loaded))
         hf = dict(iter_hf_tensors(model))
         parts: list = [None] * world
         dist.all_gather_object(parts, (loss.detach(), logits.detach(), tuple(local.shape)))
         if rank == 0:
-            torch.save({"ranks": parts, "grads": grads, "hf": hf}, out_path)
+            torch.save({"ranks": parts, "grads": grads, "hf": hf, "loaded": loaded_hf if shard else None}, out_path)
     finally:
         dist.destroy_process_group()
 
@@ -101,8 +115,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _reference(world: int, skew: bool) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
-    model = MoEModel(SMALL, seed=0)
+def _reference(world: int, skew: bool,
+               model: MoEModel | None = None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
+    model = model or MoEModel(SMALL, seed=0)
     outs, total = [], 0.0
     with batch_invariant_mode(cache_weights=False):
         for r in range(world):
@@ -219,3 +234,50 @@ def test_expert_parallel_run_equals_one_process_and_resumes_under_ep1(tmp_path) 
     assert all(torch.equal(v, got[k]) for k, v in hf_state_dict(whole).items())
     assert train.main(["--resume", str(ep), "--run.steps=4", "--parallel.expert_parallel=1"]) == 0
     assert json.loads((ep / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+@pytest.mark.torchrun
+def test_shard_experts_equals_one_process(tmp_path) -> None:
+    """parallel.shard_experts on 4 gloo ranks, EP 2 x dp 2: each rank holds half the columns of its 4 experts,
+    all-gathered over dp around their use and their gradients reduce-scattered. Logits and losses bitwise the
+    single process's, every gradient to fp32 round-off, one AdamW step the same update; the streamed HF export and
+    the DCP checkpoint hold the whole experts."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from t1model.hf_io import hf_state_dict
+    world, ep = 4, 2
+    from t1model.hf_io import save_pretrained
+    out = tmp_path / "rank0.pt"
+    save_pretrained(MoEModel(SMALL, seed=0), str(out) + ".hf")
+    mp.spawn(_worker, args=(world, ep, _free_port(), str(out), False, True), nprocs=world, join=True)
+    got = torch.load(out, weights_only=False)
+    whole = MoEModel(SMALL, seed=0)
+    want, want_grads = _reference(world, False, whole)
+    E, F2, D = SMALL.num_experts, 2 * SMALL.moe_intermediate_size, SMALL.hidden_size
+    for (loss, logits, local_shape), (w_loss, w_logits) in zip(got["ranks"], want):
+        assert local_shape == (E // ep, F2 // (world // ep), D)  # E/N experts, half their columns
+        assert torch.equal(logits, w_logits) and torch.equal(loss, w_loss)
+    assert got["grads"].keys() == want_grads.keys()
+    for name, g in want_grads.items():
+        assert g.abs().max() > 0, name
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-7, msg=name)
+    before = {k: v.clone() for k, v in hf_state_dict(whole).items()}
+    assert got["loaded"].keys() == before.keys() and all(torch.equal(got["loaded"][k], v) for k, v in before.items())
+    torch.optim.AdamW(whole.parameters(), lr=LR, eps=EPS, foreach=False).step()
+    want_hf = hf_state_dict(whole)
+    assert got["hf"].keys() == want_hf.keys()
+    moved = max(float((want_hf[k] - before[k]).abs().max()) for k in want_hf if ".experts." in k)
+    assert moved > 1e-3  # the step moved the experts (AdamW's first step: about lr)
+    for k, v in want_hf.items():
+        torch.testing.assert_close(got["hf"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    dcp_to_torch_save(str(out) + ".dcp", tmp_path / "dcp.pt")
+    saved = torch.load(tmp_path / "dcp.pt", weights_only=False)
+    for name, p in whole.named_parameters():
+        assert saved[name].shape == p.shape, name  # the whole [E, ., .] experts
+        torch.testing.assert_close(saved[name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_shard_experts_without_expert_parallel_is_one_line_exit_2(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "t1core.train", "--parallel.shard_experts=true",
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "parallel.shard_experts" in r.stderr.strip().splitlines()[-1], r.stderr

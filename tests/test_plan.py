@@ -69,14 +69,15 @@ def _storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1) -> None:
+def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1, shard: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         from t1core.distributed import DataParallel, shard_
         from t1model.model import MoEModel
         from t1core.builders import make_optimizer
-        model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world), expert_parallel=ep)
+        model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world), expert_parallel=ep,
+                       shard_experts=shard)
         opt, _ = make_optimizer(model, lr=1e-3, cfg=load_config(None, []))
         ids = torch.arange(40) % SMALL.vocab_size
         model.compute_logits(ids).square().mean().backward()
@@ -91,16 +92,18 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1)
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize(("world", "ep"), [(2, 1), (4, 1), (4, 2)])
-def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, world: int, ep: int) -> None:
-    """ep > 1: each rank holds E/N whole experts (E=6 over 2) and FSDP2 shards of the rest."""
-    mp.spawn(_measure_worker, args=(world, _free_port(), str(tmp_path), ep), nprocs=world, join=True)
+@pytest.mark.parametrize(("world", "ep", "shard"), [(2, 1, False), (4, 1, False), (4, 2, False), (4, 2, True)])
+def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, world: int, ep: int, shard: bool) -> None:
+    """ep > 1: each rank holds E/N whole experts (E=6 over 2) and FSDP2 shards of the rest; shard: half of their
+    columns (dp = 2)."""
+    mp.spawn(_measure_worker, args=(world, _free_port(), str(tmp_path), ep, shard), nprocs=world, join=True)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     # The planner reads the shape from a checkpoint's config.json (no weights there).
     ckpt = tmp_path / "small"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps(config_to_hf(SMALL, dtype=torch.float32)))
-    run = load_config(None, [f"--model.name={ckpt}", f"--parallel.expert_parallel={ep}"])
+    run = load_config(None, [f"--model.name={ckpt}", f"--parallel.expert_parallel={ep}",
+                             f"--parallel.shard_experts={str(shard).lower()}"])
     rows = {r.name: r.bytes for r in plan(run, Hardware(gpus_per_node=world)).rows}
     planned = {"params": rows["policy parameters (sharded, fp32)"], "grads": rows["policy gradients (sharded)"],
                "optimizer": rows["policy optimizer state (AdamW moments, fp32)"]}
@@ -115,7 +118,8 @@ def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, worl
                 for i in range(SMALL.num_hidden_layers))
     # With EP the experts are not sharded over W but split over N (whole experts, replicated over dp = W / N).
     experts = sum(4 * torch.Size(s).numel() for n, s in shapes.items() if ".experts." in n) if ep > 1 else 0
-    assert all(g["params"] + g["optimizer"] <= 3 * (whole - experts) / world + 3 * experts / ep + layer for g in got)
+    per = ep * (world // ep if shard else 1)  # with shard_experts split over all W ranks
+    assert all(g["params"] + g["optimizer"] <= 3 * (whole - experts) / world + 3 * experts / per + layer for g in got)
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:
@@ -194,7 +198,9 @@ def test_hardware_comes_from_the_plan_table_then_the_flags(tmp_path: Path) -> No
 
 def test_communication_with_and_without_expert_parallelism() -> None:
     """The 122B preset's bytes per optimizer step with EP off and with the fastest valid EP, by a hand count of the
-    FSDP2 collectives (ring: (W - 1) / W of the whole through each rank), and the lower bound at the stated links."""
+    FSDP2 collectives (ring: (W - 1) / W of the whole through each rank), and the lower bound at the stated links.
+    The preset runs EP 8 with its experts sharded over dp = 3: the planner says it is faster and fits, EP 8 with
+    whole experts does not fit."""
     from t1core.plan import format_comm, step_comm
     preset = str(REPO / "t1core/configs/moe_122b_harbor.toml")
     cfg, hw = load_config(preset, []), hardware_from(preset)
@@ -213,8 +219,20 @@ def test_communication_with_and_without_expert_parallelism() -> None:
     a2a = next(r for n, r in on.items() if n.startswith("EP all-to-all"))
     # 6 passes (activation checkpointing recomputes the forward), 48 layers, 65536 x 8 rows of 4096 bf16, 7/8 away
     assert a2a.bytes == int(6 * 48 * 65536 * 8 * 4096 * 2 * 7 / 8) and a2a.link == "nvlink"
+    # shard_experts: the 32 local experts' dp shards all-gathered twice (forward and recompute, bf16) and their fp32
+    # gradients reduce-scattered, 2/3 of each through every rank, instead of the all-reduce of whole experts
+    assert on["EP expert shards all-gathered over dp=3 (2 per layer, compute dtype)"].bytes == int(
+        2 * (2 / 3) * 2 * experts / 8)
+    assert on["EP expert gradients reduce-scattered over dp=3 (fp32)"].bytes == int((2 / 3) * 4 * experts / 8)
+    whole = {r.name: r for r in step_comm(cfg, hw, 8, False)}
+    assert whole["EP expert gradients all-reduced over dp=3 (fp32)"].bytes == int(2 * (2 / 3) * 4 * experts / 8)
     text = "\n".join(format_comm(cfg, hw))
-    assert "EP off (this run)" in text and "EP 8" in text and "lower bound (the busiest link)" in text
-    assert "expert parallelism: EP 8 is faster than EP off" in text
+    assert "EP 8 sharded (this run)" in text and "EP off" in text and "lower bound (the busiest link)" in text
+    assert ("expert parallelism: EP 8 is faster than EP off by the lower bound (3.20 s vs 18.46 s per step) and its "
+            "memory plan does not fit") in text
+    assert ("expert parallelism: EP 8 sharded over dp is faster than EP off by the lower bound (2.41 s vs 18.46 s "
+            "per step) and its memory plan fits\n") in text + "\n"
+    p = plan(cfg, hw)
+    assert p.fits and p.host_bytes_per_node < p.host_limit
     slow_ib = "\n".join(format_comm(cfg, Hardware(nodes=3, gpus_per_node=8, ib_gbs=5.0)))
     assert slow_ib != text  # the link speeds enter the bounds
