@@ -15,7 +15,6 @@ import datetime
 import inspect
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from t1model.model import ModelConfig, MoEModel
+from tests.machine import free_port
 
 CFG = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=16,
@@ -139,17 +139,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.torchrun
 def test_bench_expert_parallel_bytes_and_time(tmp_path: Path) -> None:
     from t1core.plan import policy_shapes
     from t1core.plan_comm import comm_rows
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     for r in got:  # correctness: EP trains the same model
         assert r["1"]["losses"] == pytest.approx(r["2"]["losses"], rel=1e-5)

@@ -16,6 +16,7 @@ from rollout.agent import EpisodeSpec
 from rollout.trajectory import Trajectory, Turn, load_trajectories
 from t1core import train
 from t1core.async_collect import AsyncCollector, fresh_part, oldest_version
+from tests.machine import needs_docker
 
 
 def _episode(versions: list[int], *, name: str = "t") -> Trajectory:
@@ -133,17 +134,9 @@ def test_bad_staleness_settings_are_one_line_and_exit_2(tmp_path: Path, capsys) 
 docker = pytest.importorskip("docker")
 
 
-def _daemon_ok() -> bool:
-    try:
-        docker.from_env().ping()
-        return True
-    except docker.errors.DockerException:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.docker
-@pytest.mark.skipif(not _daemon_ok(), reason="no Docker daemon answers")
+@needs_docker
 def test_tiny_async_run_stays_within_the_bound_with_drift_0(tmp_path: Path) -> None:
     from sandbox.families import SHORT_FAMILIES
     from sandbox.suite import family_tasks

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -26,6 +25,7 @@ from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import policy_logprobs, score, sft_update
 from t1core.builders import make_optimizer
 from tests.step_objects import actor_critic, plan, step_batch
+from tests.machine import free_port, needs_docker
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -82,12 +82,6 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rounds_give_each_rank_its_minibatch_and_weight() -> None:
     assert DataParallel.single().rounds(3) == [(0, 1.0), (1, 1.0), (2, 1.0)]
     assert DataParallel(rank=0, world_size=2).rounds(3) == [(0, 1.0), (2, 2.0)]
@@ -100,7 +94,7 @@ def test_rounds_give_each_rank_its_minibatch_and_weight() -> None:
 @pytest.mark.torchrun
 def test_two_sharded_ranks_take_the_single_process_step(tmp_path) -> None:
     out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
     got = torch.load(out, weights_only=False)
 
     # Reference, one process, no sharding: scoring as it always ran ...
@@ -209,20 +203,8 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
     assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
 
 
-def _docker_ok() -> bool:
-    try:
-        import docker
-    except ImportError:
-        return False
-    try:
-        docker.from_env().ping()
-        return True
-    except docker.errors.DockerException:
-        return False
-
-
 @pytest.mark.docker
-@pytest.mark.skipif(not _docker_ok(), reason="no Docker daemon answers")
+@needs_docker
 def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None:
     """The trainer in one process with model.dtype=bfloat16 (fp32 masters on a one-rank FSDP2 group: DCP checkpoints,
     streamed sync and exports, a sharded KL anchor) and per-layer activation checkpointing: 2 steps straight and

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 
 from t1kernels.rows import batch_invariant_mode
 from t1model.model import ModelConfig, MoEModel
+from tests.machine import free_port, needs_docker
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -109,12 +109,6 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _reference(world: int, skew: bool,
                model: MoEModel | None = None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
     model = model or MoEModel(SMALL, seed=0)
@@ -132,7 +126,7 @@ def _reference(world: int, skew: bool,
 @pytest.mark.parametrize(("world", "ep", "skew"), [(2, 2, False), (2, 2, True), (4, 4, False), (4, 2, True)])
 def test_expert_parallel_equals_one_process(tmp_path, world: int, ep: int, skew: bool) -> None:
     out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(world, ep, _free_port(), str(out), skew), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, ep, free_port(), str(out), skew), nprocs=world, join=True)
     got = torch.load(out, weights_only=False)
     want, want_grads = _reference(world, skew)
     E, F2, D = SMALL.num_experts, 2 * SMALL.moe_intermediate_size, SMALL.hidden_size
@@ -166,21 +160,9 @@ def test_bad_expert_parallel_is_one_line_exit_2(tmp_path) -> None:
         check_expert_parallel(2, num_experts=0, world=2)
 
 
-def _docker_ok() -> bool:
-    try:
-        import docker
-    except ImportError:
-        return False
-    try:
-        docker.from_env().ping()
-        return True
-    except docker.errors.DockerException:
-        return False
-
-
 @pytest.mark.torchrun
 @pytest.mark.docker
-@pytest.mark.skipif(not _docker_ok(), reason="no Docker daemon answers")
+@needs_docker
 def test_expert_parallel_run_equals_one_process_and_resumes_under_ep1(tmp_path) -> None:
     """`torchrun --nproc_per_node=2 -m t1core.train --parallel.expert_parallel=2` against one process: the same
     losses step by step (rounding aside), TITO drift 0, the same final weights; its DCP checkpoint (written by the
@@ -248,7 +230,7 @@ def test_shard_experts_equals_one_process(tmp_path) -> None:
     from t1model.hf_io import save_pretrained
     out = tmp_path / "rank0.pt"
     save_pretrained(MoEModel(SMALL, seed=0), str(out) + ".hf")
-    mp.spawn(_worker, args=(world, ep, _free_port(), str(out), False, True), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, ep, free_port(), str(out), False, True), nprocs=world, join=True)
     got = torch.load(out, weights_only=False)
     whole = MoEModel(SMALL, seed=0)
     want, want_grads = _reference(world, False, whole)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from t1model.hf_io import config_from_hf, config_to_hf
 from t1model.model import ModelConfig
 from t1core.plan import Hardware, count_params, hardware_from, plan, policy_shapes
 from t1core.config_toml import load_config
+from tests.machine import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,12 +52,6 @@ def test_qwen3_30b_a3b_counts_are_the_real_ones() -> None:
     assert (got.total, got.active) == (total, active)
     # Qwen's model card: 30.5B total, 3.3B activated (3.35B: the card truncates).
     assert round(got.total / 1e9, 1) == 30.5 and 3.3e9 <= got.active < 3.4e9
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _storage_bytes(tensors) -> int:
@@ -96,7 +90,7 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1,
 def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, world: int, ep: int, shard: bool) -> None:
     """ep > 1: each rank holds E/N whole experts (E=6 over 2) and FSDP2 shards of the rest; shard: half of their
     columns (dp = 2)."""
-    mp.spawn(_measure_worker, args=(world, _free_port(), str(tmp_path), ep, shard), nprocs=world, join=True)
+    mp.spawn(_measure_worker, args=(world, free_port(), str(tmp_path), ep, shard), nprocs=world, join=True)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     # The planner reads the shape from a checkpoint's config.json (no weights there).
     ckpt = tmp_path / "small"

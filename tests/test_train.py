@@ -23,19 +23,10 @@ from t1core import train
 from t1core.checkpointing import load_checkpoint
 from t1core.config_toml import config_to_toml, load_config
 from t1core.update import _step
+from tests.machine import needs_docker
 
 docker = pytest.importorskip("docker")
 
-
-def _daemon_ok() -> bool:
-    try:
-        docker.from_env().ping()
-        return True
-    except docker.errors.DockerException:
-        return False
-
-
-needs_docker = pytest.mark.skipif(not _daemon_ok(), reason="no Docker daemon answers")
 
 TINY = ["--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=1",
         "--rollout.max_turns=2",

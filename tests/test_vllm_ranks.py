@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from rollout import vllm_api
 from t1core.distributed import DataParallel
 from t1core.rollout_ranks import RolloutRanks
+from tests.machine import free_port, needs_docker
 
 WORLD = 2
 
@@ -166,12 +166,6 @@ def _rank(rank: int, port: int, args: list[str], out: str) -> None:
     assert train.main(args) == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train_on_two_ranks(tmp_path: Path, tasks: Path, placement: str) -> Path:
     import torch.multiprocessing as mp
 
@@ -183,23 +177,14 @@ def _train_on_two_ranks(tmp_path: Path, tasks: Path, placement: str) -> Path:
             "--warmstart.sft_epochs=0", "--warmstart.critic_steps=0", "--run.checkpoint_every=0",
             "--algo.actor_push=center", "--optim.lr_actor=1e-3"]
     out.mkdir(parents=True)
-    mp.spawn(_rank, args=(_free_port(), args, str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(free_port(), args, str(out)), nprocs=WORLD, join=True)
     return out
-
-
-def _docker_ok() -> bool:
-    try:
-        import docker
-        docker.from_env().ping()
-        return True
-    except Exception:  # no client library or no daemon: the test skips with the reason below
-        return False
 
 
 @pytest.mark.torchrun
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.skipif(not _docker_ok(), reason="no Docker daemon answers")
+@needs_docker
 def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -> None:
     """2 steps on 2 FSDP2 ranks with each placement: zero drift; every engine ends holding exactly the trainer's
     weights; a sync never held more than about one layer; both layouts sample the same trajectories."""
