@@ -85,8 +85,8 @@ class ReplayTrainer(train.Trainer):
         return load_trajectories(self.recording / call["dir"]), list(call["drift"])
 
 
-def run(trainer_cls: type[train.Trainer], argv: list[str], recording: Path) -> Path:
-    """One run of `python -m t1core.train argv` with `trainer_cls`; returns the run directory."""
+def run(trainer_cls: type[train.Trainer], argv: list[str], recording: Path) -> train.Trainer:
+    """One run of `python -m t1core.train argv` with `trainer_cls`; returns the finished trainer."""
     cfg, run_dir = cli.parse_args(argv)
     builders.check_config(cfg)
     cli.start(cfg, run_dir, DataParallel.single())  # one process: the device check runs one GPU
@@ -95,7 +95,7 @@ def run(trainer_cls: type[train.Trainer], argv: list[str], recording: Path) -> P
         trainer.run()
     finally:
         trainer.close()
-    return run_dir
+    return trainer
 
 
 def record(argv: list[str], recording: Path) -> Path:
@@ -103,17 +103,10 @@ def record(argv: list[str], recording: Path) -> Path:
     if recording.exists():
         shutil.rmtree(recording)
     recording.mkdir(parents=True)
-    trainer_box: list[RecordingTrainer] = []
-
-    class _Recorder(RecordingTrainer):
-        def __init__(self, *a) -> None:
-            super().__init__(*a)
-            trainer_box.append(self)
-
-    run_dir = run(_Recorder, argv, recording)
-    index = {"argv": argv, "calls": trainer_box[0].calls, "final_sha256": weights_sha256(run_dir)}
+    trainer = run(RecordingTrainer, argv, recording)
+    index = {"argv": argv, "calls": trainer.calls, "final_sha256": weights_sha256(trainer.run_dir)}
     (recording / INDEX).write_text(json.dumps(index, indent=1) + "\n")
-    return run_dir
+    return trainer.run_dir
 
 
 def main(args: list[str]) -> int:
@@ -122,7 +115,7 @@ def main(args: list[str]) -> int:
               file=sys.stderr)
         return 2
     mode, recording, argv = args[0], Path(args[1]), args[3:]
-    run_dir = record(argv, recording) if mode == "record" else run(ReplayTrainer, argv, recording)
+    run_dir = record(argv, recording) if mode == "record" else run(ReplayTrainer, argv, recording).run_dir
     print(f"{mode}: {run_dir.resolve()} final sha256 {weights_sha256(run_dir)}")
     return 0
 

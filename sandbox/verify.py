@@ -415,19 +415,25 @@ class _ImageFiles:
             return None
         return cls(lowers, data["UpperDir"])
 
+    def image_entry(self, path: str) -> str | None:
+        """Where the image's `path` lies on this host (the top layer first, as LowerDir lists them), None if absent."""
+        return next((full for d in self.lowers if os.path.lexists(full := os.path.join(d, path.lstrip("/")))), None)
+
     def has(self, path: str) -> bool:
-        return any(os.path.lexists(os.path.join(d, path.lstrip("/"))) for d in self.lowers)
+        return self.image_entry(path) is not None
+
+    def container_entry(self, path: str) -> str:
+        return os.path.join(self.upper, path.lstrip("/"))
 
     def read(self, path: str, *, upper: bool) -> bytes | None:
-        for d in (self.upper,) if upper else self.lowers:
-            full = os.path.join(d, path.lstrip("/"))
-            if os.path.isfile(full) and not os.path.islink(full):
-                with open(full, "rb") as f:
-                    return f.read()
-        return None
+        full = self.container_entry(path) if upper else self.image_entry(path)
+        if full is None or not os.path.isfile(full) or os.path.islink(full):
+            return None
+        with open(full, "rb") as f:
+            return f.read()
 
     def is_new_dir(self, path: str) -> bool:
-        full = os.path.join(self.upper, path.lstrip("/"))
+        full = self.container_entry(path)
         return os.path.isdir(full) and not os.path.islink(full)
 
     def keeps_contents(self, path: str, *, limit: int = 5000) -> bool:
@@ -476,12 +482,9 @@ class _ImageFiles:
         rest = path[len(lib_dir) + 1:]
         if rest.split("/", 1)[0] in _LOADER_SUBDIRS:
             return False
-        if self.has(path):  # the image's own entry: benign only unchanged (copied up), or a directory made anew
-            if kind == "replaced":
-                return self.keeps_contents(path)
-            image = next(os.path.join(d, path.lstrip("/")) for d in self.lowers
-                         if os.path.lexists(os.path.join(d, path.lstrip("/"))))  # LowerDir lists the top layer first
-            return _same_entry(image, os.path.join(self.upper, path.lstrip("/")))
+        image = self.image_entry(path)
+        if image is not None:  # the image's own entry: benign only unchanged (copied up), or a directory made anew
+            return self.keeps_contents(path) if kind == "replaced" else _same_entry(image, self.container_entry(path))
         if "/" in rest or self.is_new_dir(path):
             return True
         return not any(self.has(f"{d}/{rest}") for d in _LIB_DIRS)

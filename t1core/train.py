@@ -19,8 +19,7 @@ from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
 from sandbox.tasks import Task
-from t1core import builders, cli, distributed
-from t1core import async_collect
+from t1core import async_collect, builders, cli, distributed
 from t1core.async_collect import AsyncCollector
 from t1core.cli import parse_args, precision_notice  # noqa: F401  (the command line, as `train.parse_args`)
 from t1core.config import RunConfig, resolved
