@@ -2,7 +2,7 @@
 full, and does doing nothing score less?
 
     python -m sandbox.check_tasks DIR [--parallel N] [--json] [--sample K --seed S] [--trust-host-ca]
-                                      [--network asked|harness]
+                                      [--network asked|harness] [--agent-processes kill|keep]
                                       [--base-image PATTERN=IMAGE]
 
 DIR holds task directories (Harbor or Terminal-Bench 1 layout), or is one. For each task, with at most N tasks
@@ -35,7 +35,7 @@ from sandbox.task_images import TaskImageError, build_task_image, default_base_i
 from sandbox.run_task import ScriptRun, run_task_report
 from sandbox.signals import exit_on_signals
 from sandbox.tasks import NETWORK_MODES, NetworkMode, TaskFormatError, load_task, reference_solution
-from sandbox.verify import VerifierResult
+from sandbox.verify import AGENT_PROCESSES, VerifierResult
 
 _REASON_CHARS = 400
 # Warnings are process-wide; `check_tasks` routes each to the task its thread is checking (catch_warnings is not
@@ -79,9 +79,9 @@ def find_tasks(root: Path) -> list[Path]:
 
 
 def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: str | None = None,
-               network: NetworkMode = "asked") -> TaskCheck:
+               network: NetworkMode = "asked", agent_processes: str = "kill") -> TaskCheck:
     """Build, run the reference solution, run nothing; never raises for a task's own failure. `network`: see
-    `sandbox.tasks.sandbox_network`."""
+    `sandbox.tasks.sandbox_network`; `agent_processes`: see `sandbox.verify.run_verifiers`."""
     t0 = time.monotonic()
     _SINK.messages = caught = []
     try:
@@ -103,9 +103,10 @@ def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: s
             reasons.append("no reference solution")
         else:
             sol, ran = run_task_report(task, script=script, base_image_overrides=base_image_overrides,
-                                       run_id=run_id, upload_solution=True, network=network)
+                                       run_id=run_id, upload_solution=True, network=network,
+                                       agent_processes=agent_processes)
         nothing, _ = run_task_report(task, base_image_overrides=base_image_overrides, run_id=run_id,
-                                     network=network)
+                                     network=network, agent_processes=agent_processes)
     except (TaskFormatError, TaskImageError, SandboxError, OSError, ValueError) as e:
         return TaskCheck(task=task.name, builds=True, build_s=built_s, reason=_short(f"run failed: {e}"),
                          warnings=notes, solution=_score(sol), solution_exit=ran.exit_code if ran else None)
@@ -163,13 +164,14 @@ def _short(text: str) -> str:
 
 
 def check_tasks(paths: list[Path], *, base_image_overrides: Mapping[str, str], parallel: int = 2,
-                run_id: str | None = None, network: NetworkMode = "asked",
+                run_id: str | None = None, network: NetworkMode = "asked", agent_processes: str = "kill",
                 on_row: Callable[[TaskCheck], None] | None = None) -> list[TaskCheck]:
     """`check_task` over `paths` with `parallel` tasks at a time, in the order of `paths`; `on_row` is called
     with each row as it finishes (a long run shows its failures as they come)."""
 
     def one(path: Path) -> TaskCheck:
-        row = check_task(path, base_image_overrides=base_image_overrides, run_id=run_id, network=network)
+        row = check_task(path, base_image_overrides=base_image_overrides, run_id=run_id, network=network,
+                         agent_processes=agent_processes)
         if on_row is not None:
             on_row(row)
         return row
@@ -224,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network", choices=NETWORK_MODES, default="asked",
                         help="asked (default): a network only when the task asks; harness: as the task's own "
                              "harness gives it (TB1 always, Harbor unless allow_internet = false)")
+    parser.add_argument("--agent-processes", choices=AGENT_PROCESSES, default="kill",
+                        help="kill (default): every process the agent (here the solution) left dies before the "
+                             "tests; keep: they run through the tests, as Terminal-Bench's and Harbor's harnesses "
+                             "leave them (servers the tests talk to); for trusted agents only (sandbox.verify)")
     parser.add_argument("--sample", type=int, default=None, help="check a random sample of this many tasks")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample")
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
@@ -245,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides.setdefault(pattern, image)
         done = iter(range(1, len(paths) + 1))
         rows = check_tasks(paths, base_image_overrides=overrides, parallel=args.parallel, network=args.network,
+                           agent_processes=args.agent_processes,
                            on_row=lambda r: print(_progress_line(r, next(done), len(paths)), file=sys.stderr,
                                                   flush=True))
     except (ValueError, SandboxError, OSError) as e:

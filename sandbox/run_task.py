@@ -1,7 +1,8 @@
 """Run one task end to end: build its image, start a sandbox, act, verify.
 
     python -m sandbox.run_task TASK_DIR [--solution | --script FILE | --shell] [--base-image PATTERN=IMAGE]
-                               [--trust-host-ca] [--json]
+                               [--trust-host-ca] [--network asked|harness] [--agent-processes kill|keep]
+                               [--json]
 
 `--solution` runs the task's reference solution (Harbor: solution/ is uploaded to /solution and solve.sh runs
 from there; TB1: solution.sh, or the commands of solution.yaml), `--script FILE` a given bash script, `--shell`
@@ -40,7 +41,7 @@ from sandbox.task_images import TaskImageError, build_task_image, default_base_i
 from sandbox.signals import exit_on_signals
 from sandbox.tasks import (NETWORK_MODES, NetworkMode, Task, TaskFormatError, load_task, reference_solution,
                            sandbox_network)
-from sandbox.verify import VerifierResult, run_verifiers
+from sandbox.verify import AGENT_PROCESSES, VerifierResult, run_verifiers
 
 SOLUTION_DIR = "/solution"  # where Harbor puts a task's solution/ folder
 
@@ -73,9 +74,10 @@ def run_task(task: Task, *, script: str | None = None, base_image_overrides: Map
 def run_task_report(task: Task, *, script: str | None = None, base_image_overrides: Mapping[str, str] | None = None,
                     run_id: str | None = None, interactive: bool = False,
                     upload_solution: bool = False,
-                    network: NetworkMode = "asked") -> tuple[VerifierResult, ScriptRun | None]:
+                    network: NetworkMode = "asked",
+                    agent_processes: str = "kill") -> tuple[VerifierResult, ScriptRun | None]:
     """`run_task`, also returning what the script did (None when no script ran). `network`: see
-    `sandbox.tasks.sandbox_network`."""
+    `sandbox.tasks.sandbox_network`; `agent_processes`: see `sandbox.verify.run_verifiers`."""
     overrides = default_base_image_overrides() if base_image_overrides is None else base_image_overrides
     image = build_task_image(task, base_image_overrides=overrides)
     ran = None
@@ -93,7 +95,7 @@ def run_task_report(task: Task, *, script: str | None = None, base_image_overrid
                                   env=dict(task.solution_env) if solution else None)
             ran = ScriptRun(exit_code=r.exit_code, output=r.output, timed_out=r.timed_out,
                             duration_s=time.monotonic() - t0)
-        return run_verifiers(sb, task), ran
+        return run_verifiers(sb, task, agent_processes=agent_processes), ran
 
 
 def _interactive_shell(sb: DockerSandbox, workdir: str) -> None:
@@ -171,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network", choices=NETWORK_MODES, default="asked",
                         help="asked (default): a network only when the task asks; harness: as the task's own "
                              "harness gives it (TB1 always, Harbor unless allow_internet = false)")
+    parser.add_argument("--agent-processes", choices=AGENT_PROCESSES, default="kill",
+                        help="kill (default): every process the agent (here the solution) left dies before the "
+                             "tests; keep: they run through the tests, as Terminal-Bench's and Harbor's harnesses "
+                             "leave them (servers the tests talk to); for trusted agents only (sandbox.verify)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     exit_on_signals()
@@ -188,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.script is not None:
             script = args.script.read_text()
         result, ran = run_task_report(task, script=script, base_image_overrides=overrides, interactive=args.shell,
-                                      upload_solution=args.solution, network=args.network)
+                                      upload_solution=args.solution, network=args.network,
+                                      agent_processes=args.agent_processes)
     except (TaskFormatError, TaskImageError, SandboxError, ValueError, OSError) as e:
         if args.json:
             print(json.dumps(report_json(args.task_dir.name, None, None, str(e))), flush=True)

@@ -4,7 +4,11 @@ Dense reward = number of verifiers passed; outcome = all passed (and there is at
 
 Each step closes a way for the agent to influence its own score:
 1. Kill every process the agent left, its persistent shell included, from a fresh `docker exec` (that shell
-   holds functions and traps the agent wrote; nothing of ours runs in it).
+   holds functions and traps the agent wrote; nothing of ours runs in it). `agent_processes='keep'` stops them
+   instead (SIGSTOP) and lets them run again (SIGCONT) only once the tests start, as Terminal-Bench's and
+   Harbor's harnesses leave them running: tasks whose tests talk to a server the agent started need that. It
+   is for trusted agents (reference solutions, evaluation): a process running through the tests could change
+   what they read or the results, so training keeps the default.
 2. Tamper check, computed outside the container: its changes (read from its overlay2 upper directory on
    this host, else from the daemon's `docker diff`) must not touch the interpreter, the standard library,
    pytest and what it imports, .pth files, the shells and tools the verifier calls, shared libraries or the
@@ -88,6 +92,12 @@ VERIFIER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", 
                               "exceptiongroup", "tomli", "_distutils_hack", "sitecustomize", "usercustomize"})
 
 
+def _is_site_dir(path: str) -> bool:
+    """A site-packages or dist-packages directory itself (an apt-installed Python package can create one)."""
+    site = _SITE_DIR_RE.match(path)
+    return site is not None and site.group(1) is None and site.end() == len(path.rstrip("/"))
+
+
 # The interpreters themselves (python, python3, python3.11), not every script whose name starts with "python"
 # (pip writes /usr/local/bin/python-grpc-tools-protoc).
 _INTERPRETER_RE = re.compile(r"^/usr(?:/local)?/bin/python[0-9.]*$")
@@ -108,8 +118,8 @@ def is_protected(path: str) -> bool:
 # child of docker-init that started first) and the calling script, the agent's persistent shell included
 # (its traps would run agent code when its children die). Zombies are skipped: only their parent reaps.
 _SWEEP = r'''
-sweep() {
-  local keepalive= best= init_comm p st pid f=() pids=() keep deadline=$((SECONDS + 30))
+keeper() {  # keep=" 1 <keepalive> <this shell> ": the processes none of the functions below touch
+  local best= init_comm p st f=() keepalive=
   read -r init_comm < /proc/1/comm
   for p in /proc/[1-9]*; do
     read -r st 2>/dev/null < "$p/stat" || continue  # 2> first: it also silences a failed open (pid gone)
@@ -119,6 +129,10 @@ sweep() {
     fi
   done
   keep=" 1 $keepalive $$ "
+}
+sweep() {
+  local p st pid pids=() deadline=$((SECONDS + 30))
+  keeper
   while (( SECONDS < deadline )); do
     pids=()
     for p in /proc/[1-9]*; do
@@ -138,6 +152,30 @@ sweep() {
   echo "sweep: processes still alive after 30 s: ${pids[*]}"
   for pid in "${pids[@]}"; do read -r st 2>/dev/null < "/proc/$pid/stat" && echo "sweep: $st"; done
   return 1
+}
+freeze() {  # stop (not kill) what sweep would kill, until none of it runs: agent_processes='keep'
+  local p st pid pids=() deadline=$((SECONDS + 30))
+  keeper
+  while (( SECONDS < deadline )); do
+    pids=()
+    for p in /proc/[1-9]*; do
+      pid=${p#/proc/}
+      [[ $keep == *" $pid "* ]] && continue
+      read -r st 2>/dev/null < "$p/stat" || continue
+      st=${st##*') '}
+      [[ ${st:0:1} == [ZXTt] ]] && continue
+      pids+=("$pid"); kill -STOP "$pid" 2>/dev/null
+    done
+    (( ${#pids[@]} )) || return 0
+    read -r -t 0.02 _ 2>/dev/null <>/dev/ptmx
+  done
+  echo "freeze: processes still running after 30 s: ${pids[*]}"
+  return 1
+}
+thaw() {
+  local p
+  keeper
+  for p in /proc/[1-9]*; do [[ $keep == *" ${p#/proc/} "* ]] || kill -CONT "${p#/proc/}" 2>/dev/null; done
 }
 '''
 
@@ -187,8 +225,13 @@ class VerifierResult:
         return d
 
 
-def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
+AGENT_PROCESSES = ("kill", "keep")
+
+
+def run_verifiers(sandbox: DockerSandbox, task: Task, *, agent_processes: str = "kill") -> VerifierResult:
     """Verify the state the agent left in `sandbox` (a DockerSandbox running the task's image).
+    `agent_processes`: 'kill' (every process the agent left dies before the checks) or 'keep' (they are frozen
+    through the tamper check and run again with the tests; see the module docstring, step 1).
 
     Verifier commands run in fresh `docker exec`s, never in the agent's persistent shell (whose functions
     and traps the agent controls: even the runtime's `kill_all_processes` runs there, so it is not used).
@@ -196,13 +239,17 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
     too large for one argument, after a `put_archive`), runs them and returns the JUnit XML. The agent's
     shell is killed with everything else; the sandbox starts a fresh one if it is used again.
     """
+    if agent_processes not in AGENT_PROCESSES:
+        raise ValueError(f"agent_processes must be one of {AGENT_PROCESSES}, got {agent_processes!r}")
+    keep = agent_processes == "keep"
     start = time.monotonic()
     work = f"/.t1-verify-{secrets.token_hex(16)}"
     tests = f"{work}/tests"
-    # Kill every process the agent left, then clear planted results.
-    prep = f"sweep || exit 1; rm -rf /tests /logs/verifier && mkdir -p /logs/verifier && ln -s {tests} /tests"
+    # Kill (or freeze) every process the agent left, then clear planted results.
+    prep = f"{'freeze' if keep else 'sweep'} || exit 1; rm -rf /tests /logs/verifier && mkdir -p /logs/verifier && ln -s {tests} /tests"
     code, prep_out = _exec(sandbox, prep, env={"PATH": _PATH})
-    # After the sweep: no agent process is left to change files between this check and the tests.
+    # After the sweep: no agent process is left (or, kept, none runs) to change files between this check and
+    # the tests.
     with docker_errors("inspecting the sandbox"):
         info = docker_client().inspect_container(sandbox.id)
     tampered, pyc_changed = _inspect_changes(sandbox, info)
@@ -219,7 +266,8 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
     if setup is None:  # too large for one bash argument: through the daemon's archive API
         _upload_work_dir(sandbox, task, work)
     env = {**dict(task.verifier_env), **_clean_env(info, tests, work, pyc_changed=pyc_changed)}
-    code, out, junit_xml = _run_tests(sandbox, task, work, env, setup=setup or "", pyc_changed=pyc_changed)
+    code, out, junit_xml = _run_tests(sandbox, task, work, env, setup=setup or "", pyc_changed=pyc_changed,
+                                      thaw=keep)
     timed_out = code in (124, 137)
     error = None
     if task.verifier_kind == "script" and task.layout == "tb1":
@@ -242,8 +290,9 @@ def run_verifiers(sandbox: DockerSandbox, task: Task) -> VerifierResult:
 
 
 def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str], *, setup: str,
-               pyc_changed: bool) -> tuple[int, str, bytes | None]:
-    """Run the verifier in one exec: `setup` (bash that writes the work directory, or ""), the tests under
+               pyc_changed: bool, thaw: bool = False) -> tuple[int, str, bytes | None]:
+    """Run the verifier in one exec: `setup` (bash that writes the work directory, or ""), with `thaw` the
+    agent's frozen processes continued, the tests under
     `timeout -k`, then a sweep (tests may have started agent code that forked), then the log tail, a line
     `t1-exit RC N` and, as the last N bytes, the JUnit XML (N = 0: none was written).
     Returns (the tests' exit status, the log tail, the JUnit XML or None).
@@ -271,7 +320,7 @@ def _run_tests(sandbox: DockerSandbox, task: Task, work: str, env: dict[str, str
         cmd = f"/bin/bash {script}"
     # $(< file) is bash reading the file itself (no tool to trust); LC_ALL=C makes ${#j} count bytes.
     # From the container's working directory, as Terminal-Bench and Harbor run them: tests use relative paths.
-    run = (f"cd {shlex.quote(task.workdir)} 2>/dev/null || cd / || exit 1; "
+    run = (f"{'thaw; ' if thaw else ''}cd {shlex.quote(task.workdir)} 2>/dev/null || cd / || exit 1; "
            f"/usr/bin/timeout -k {_KILL_GRACE_S} {math.ceil(task.verifier_timeout_s)} {cmd} "
            f"> {work}/out/log 2>&1 < /dev/null; rc=$?; sweep || exit 1; "
            f"/usr/bin/tail -c {_OUTPUT_TAIL} {work}/out/log; echo; "
@@ -385,6 +434,8 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list
     for path, kind in changes:
         if kind == "modified" and path in parents:
             continue
+        if kind in ("added", "modified") and _is_site_dir(path):
+            continue  # a site directory made (or its mode changed): what lands in it is judged entry by entry
         protected = is_protected(path) or (kind in ("deleted", "replaced") and _holds_protected(path))
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)

@@ -226,6 +226,10 @@ _CHANGE_SCRIPTS = {
                     f"touch {_SITE}/__pycache__/six.cpython-311.pyc /usr/lib/python3/dist-packages/mylib2.py "
                     "/usr/local/bin/python-grpc-tools-protoc",
     "site_pth": f"mkdir -p {_SITE} && echo 'import os' > {_SITE}/zzz.pth",
+    # A new site directory (an apt-installed python3-* package makes /usr/lib/python3.11/dist-packages) is not
+    # tampering; deleting the one that holds Debian's pytest is.
+    "new_site_dir": "mkdir /usr/lib/python3.11/dist-packages && touch /usr/lib/python3.11/dist-packages/m.py",
+    "deleted_site_dir": "rm -rf /usr/lib/python3/dist-packages",
     "site_pytest_shadow": f"mkdir -p {_SITE}/pytest && touch {_SITE}/pytest/__init__.py",
     "site_verifier_bytecode": f"mkdir -p {_SITE}/__pycache__ && touch {_SITE}/__pycache__/py.cpython-311.pyc",
     # Shared libraries: what an apt install does (new files, a new directory, ldconfig rewriting the loader cache)
@@ -270,6 +274,8 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
     assert results["app"][0] == ([], False) and results["pyc"][0] == ([], True)
     assert results["site_package"][0] == ([], False) and results["site_verifier_bytecode"][0] == ([], True)
     assert results["site_pth"][0][0] == [f"{_SITE}/zzz.pth"]
+    assert results["new_site_dir"][0] == ([], False)
+    assert results["deleted_site_dir"][0][0] == ["/usr/lib/python3/dist-packages"]
     assert results["site_pytest_shadow"][0][0] == [f"{_SITE}/pytest/__init__.py"]
     assert results["deleted_tools"][0][0] == ["/usr/bin/env", "/usr/bin/python3.11"]
     assert results["deleted_lib_dir"][0][0] == ["/usr/lib/x86_64-linux-gnu/gconv"]
@@ -333,6 +339,64 @@ def _harbor_task(root: Path, name: str, *, tests: dict[str, str], verifier_timeo
         (d / "tests" / rel).write_text(textwrap.dedent(text))
     return load_task(d)
 
+
+
+_SERVER = ("import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+           "s.bind(('127.0.0.1', 8765))\ns.listen()\nwhile True:\n    c, _ = s.accept()\n    c.sendall(b'hello')\n"
+           "    c.close()\n")
+
+
+@pytest.mark.docker
+def test_kept_agent_processes_serve_the_tests_then_die(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """agent_processes='keep' (Terminal-Bench's and Harbor's harnesses): a server the agent left answers the
+    tests, and no agent process outlives the verification; 'kill' (the default): the same server is gone."""
+    task = _harbor_task(tmp_path, "server", tests={"test_server.py": """
+        import socket
+
+        def test_server_answers():
+            with socket.create_connection(("127.0.0.1", 8765), timeout=5) as s:
+                assert s.recv(5) == b"hello"
+        """})
+    image = build_task_image(task, base_image_overrides=overrides)
+    scores, left = {}, {}
+    for mode in ("keep", "kill"):
+        with DockerSandbox(image, SandboxSettings(workdir=task.workdir), run_id=RUN_ID) as sb:
+            sb.write_file("/srv.py", _SERVER.encode())
+            assert sb.run("nohup python3 /srv.py >/dev/null 2>&1 & for i in $(seq 50); do "
+                          "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8765))' "
+                          "2>/dev/null && exit 0; sleep 0.1; done; exit 1", timeout=30).exit_code == 0
+            scores[mode] = run_verifiers(sb, task, agent_processes=mode).per_test
+            left[mode] = [p[-1] for p in docker_client().top(sb.id)["Processes"]]
+    assert scores == {"keep": {"test_server.py::test_server_answers": True},
+                      "kill": {"test_server.py::test_server_answers": False}}, scores
+    for mode, procs in left.items():
+        assert not [c for c in procs if "docker-init" not in c and c != "sleep infinity"], (mode, procs)
+    with pytest.raises(ValueError, match="agent_processes"):
+        run_verifiers(None, task, agent_processes="spare")  # type: ignore[arg-type]
+
+
+@pytest.mark.docker
+def test_freeze_stops_every_agent_process_and_thaw_resumes_them(overrides: dict[str, str]) -> None:
+    """What 'keep' does around the tamper check: the agent's processes (a child, a shell and its child) are
+    stopped, not killed, and run again afterwards; init and the container's keepalive are never stopped."""
+    from sandbox.verify import _PATH, _exec
+
+    def states(script: str) -> dict[str, str]:
+        """command line -> state letter of every process but this exec's own."""
+        code, out = _exec(sb, script + '; for p in /proc/[1-9]*; do [[ ${p#/proc/} == $$ ]] && continue; '
+                          'read -r st 2>/dev/null < "$p/stat" || continue; st=${st##*") "}; '
+                          'echo "${st:0:1} $(tr "\\\\0" " " < "$p/cmdline")"; done', env={"PATH": _PATH})
+        assert code == 0, out
+        return {line[2:].strip(): line[0] for line in out.decode().splitlines() if line[1:2] == " "}
+
+    with DockerSandbox(overrides["debian:*"], run_id=RUN_ID) as sb:
+        assert sb.run("sleep 301 & bash -c 'sleep 302 & wait' &", timeout=10).exit_code == 0
+        frozen = states("freeze")
+        thawed = states("thaw")
+    agent = {c for c in frozen if c.startswith(("sleep 30", "bash -c sleep 302"))}
+    assert agent == {"sleep 301", "sleep 302", "bash -c sleep 302 & wait"}, frozen
+    assert {frozen[c] for c in agent} == {"T"} and {thawed[c] for c in agent} == {"S"}, (frozen, thawed)
+    assert frozen["sleep infinity"] != "T" and thawed["sleep infinity"] != "T", frozen
 
 @pytest.mark.docker
 def test_hanging_verifier_is_cut_and_unfinished_tests_fail(tmp_path: Path, overrides: dict[str, str]) -> None:
