@@ -19,7 +19,8 @@ N versions old is dropped ('drop', counted; its slot goes to a new group), or ('
 its episodes keeps only the replies of fresh enough weights as trained turns: the older replies stay in the sequence as
 context with loss mask 0, as observations do, and the turns the episode went on with under newer weights train.
 Episodes never pause for a weight update: the engine drains only the replies in flight, swaps weights, and serves
-every later reply with the new version (`rollout.torch_engine.TorchEngine.update_weights`).
+every later reply with the new version (`rollout.torch_engine.TorchEngine.update_weights`; a disaggregated
+`rollout.vllm_engine.VLLMEngine` the same way, through vLLM's pause_generation / resume_generation).
 """
 
 from __future__ import annotations

@@ -173,7 +173,8 @@ class RolloutSection:
         "torch", "rollout engine: 'torch' (the built-in TorchEngine, any device) or 'vllm' (vLLM's AsyncLLM on "
         "CUDA with routed-experts capture; settings in [vllm]; needs pip install -e '.[gpu]')")
     max_staleness: int = _field(
-        0, "asynchronous RL (t1core.async_collect): episodes of the next steps run while a step trains, and a step "
+        0, "asynchronous RL (t1core.async_collect; torch engine, or vLLM disaggregated): episodes of the next steps "
+        "run while a step trains, and a step "
         "trains an episode only if the weights that sampled its oldest trained token are at most this many versions "
         "behind the policy being updated; 0 = the synchronous loop (collect, then update, then sync)")
     stale_episodes: Literal["drop", "continue"] = _field(
@@ -193,9 +194,6 @@ class RolloutSection:
         _check(self.temperature > 0, "rollout.temperature", "> 0", self.temperature)
         _check(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
         _check(self.max_staleness >= 0, "rollout.max_staleness", ">= 0", self.max_staleness)
-        _check(self.engine == "torch" or self.max_staleness == 0, "rollout.max_staleness",
-               "0 with rollout.engine='vllm' (asynchronous collection is built on the TorchEngine only)",
-               self.max_staleness)
         _check(self.engine != "vllm" or self.top_p == 1, "rollout.top_p",
                "1.0 with rollout.engine='vllm' (vLLM's log-prob of a top-p sample is renormalised, T1's is not)",
                self.top_p)
@@ -481,6 +479,11 @@ class RunConfig:
         _check(not self.algo.actor_push.startswith("group") or self.rollout.group_size >= 2, "algo.actor_push",
                "a rule without the group baseline when rollout.group_size is 1 (a lone episode would be its own "
                "baseline)", self.algo.actor_push)
+        # A colocated vLLM sleeps through every update (it gives the GPU back): nothing would sample meanwhile.
+        _check(self.rollout.max_staleness == 0 or self.rollout.engine == "torch"
+               or self.vllm.placement == "disaggregated", "rollout.max_staleness",
+               "0 with vllm.placement='colocated' (the engine sleeps while the trainer updates; asynchronous RL needs "
+               "vllm.placement='disaggregated')", self.rollout.max_staleness)
         if self.algo.bitwise == "on":
             for name, (got, want) in _bitwise_needs(self).items():
                 _check(got == want, name, f"{want!r} with algo.bitwise='on' (bit-equal log-probs are built for the "

@@ -119,8 +119,8 @@ def test_a_late_episode_is_dropped_or_trimmed_and_its_slot_refilled(stale: str) 
 
 def test_bad_staleness_settings_are_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     for args, said in ((["--rollout.max_staleness=-1"], "rollout.max_staleness: expected >= 0, got -1"),
-                       (["--rollout.max_staleness=1", "--rollout.engine=vllm"],
-                        "rollout.max_staleness: expected 0 with rollout.engine='vllm'"),
+                       (["--rollout.max_staleness=1", "--rollout.engine=vllm", "--vllm.placement=colocated"],
+                        "rollout.max_staleness: expected 0 with vllm.placement='colocated'"),
                        (["--rollout.max_staleness=1", "--algo.bitwise=on"],
                         "rollout.max_staleness: expected 0 with algo.bitwise='on'")):
         with pytest.raises(SystemExit) as e:

@@ -351,17 +351,15 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`rollout.engine=vllm` through the trainer (builders.make_engine) on the fake: zero drift in both steps, and the
-    routing of every saved trajectory equals what TorchEngine records for those tokens on that step's weights."""
+def _train_on_the_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                       extra: list[str]) -> tuple[Path, dict[int, dict[str, torch.Tensor]]]:
+    """A tiny `rollout.engine=vllm` run through the trainer (builders.make_engine) on the fake; returns its directory
+    and the fake's weights at every version it served."""
     docker = pytest.importorskip("docker")
     try:
         docker.from_env().ping()
     except docker.errors.DockerException:
         pytest.skip("no Docker daemon answers")
-    import json
-
-    from rollout.trajectory import load_trajectories
     from sandbox.families import SHORT_FAMILIES
     from sandbox.suite import family_tasks
     from t1core import train
@@ -387,13 +385,32 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
     out = tmp_path / "run"
-    args = ["--out", str(out), f"--tasks.source={tasks}", "--rollout.engine=vllm", "--run.steps=2",
+    args = ["--out", str(out), f"--tasks.source={tasks}", "--rollout.engine=vllm",
             "--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=2",
             "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640",
             "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0",
             "--warmstart.critic_steps=0", "--run.checkpoint_every=0", "--algo.actor_push=center",
-             "--optim.lr_actor=1e-3", "--vllm.dtype=float32"]
+            "--optim.lr_actor=1e-3", "--vllm.dtype=float32", *extra]
     assert train.main(args) == 0
+    return out, weights
+
+
+def _routing_as_torch_engine_records(traj: object, weights: dict[str, torch.Tensor]) -> None:
+    model = MoEModel(ModelConfig.tiny(), seed=None)
+    model.load_state_dict(weights)
+    with TorchEngine(model, EngineConfig(max_seq_len=1024, batch_invariant=True)) as ref:
+        comp = ref.submit(traj.token_ids.tolist(), SamplingParams(max_new_tokens=1, temperature=0.0)).result()
+    assert traj.routing is not None and torch.equal(traj.routing, comp.prompt_routing)
+
+
+def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rollout.engine=vllm` through the trainer (builders.make_engine) on the fake: zero drift in both steps, and the
+    routing of every saved trajectory equals what TorchEngine records for those tokens on that step's weights."""
+    import json
+
+    from rollout.trajectory import load_trajectories
+
+    out, weights = _train_on_the_fake(tmp_path, monkeypatch, ["--run.steps=2"])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     drift = [r["tito/drift_tokens"] for r in rows if "tito/drift_tokens" in r]
     assert drift == [0.0, 0.0]
@@ -401,13 +418,38 @@ def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch:
     versions = []
     for step in (0, 1):
         for traj in load_trajectories(out / "trajectories" / f"step_{step:04d}"):
-            model = MoEModel(ModelConfig.tiny(), seed=None)
-            model.load_state_dict(weights[traj.policy_version])
-            with TorchEngine(model, EngineConfig(max_seq_len=1024, batch_invariant=True)) as ref:
-                comp = ref.submit(traj.token_ids.tolist(), SamplingParams(max_new_tokens=1, temperature=0.0)).result()
-            assert traj.routing is not None and torch.equal(traj.routing, comp.prompt_routing)
+            _routing_as_torch_engine_records(traj, weights[traj.policy_version])
             versions.append(traj.policy_version)
     assert len(versions) == 4 and versions[0] == versions[1] < versions[2] == versions[3]  # synced between steps
+
+
+@pytest.mark.slow
+def test_asynchronous_run_with_a_disaggregated_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rollout.max_staleness=1` on the vLLM engine (disaggregated): episodes sample while the trainer updates, each
+    reply carries the vLLM weight version that sampled it (one per request, `VLLMEngine._check_versions`), every step
+    stays within the bound with drift 0, and a trajectory sampled by one version has that version's routing."""
+    import json
+
+    from rollout.trajectory import load_trajectories
+
+    out, weights = _train_on_the_fake(tmp_path, monkeypatch, ["--run.steps=3", "--rollout.max_staleness=1",
+                                                               "--vllm.placement=disaggregated"])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if 0 <= r["step"] < 3]
+    assert len(steps) == 3
+    for r in steps:
+        assert r["async/staleness_max"] <= 1 and r["tito/drift_tokens"] == 0, r
+    assert [r["async/policy_version"] for r in steps] == [0, 1, 2]
+    assert any(r["async/staleness_max"] == 1 for r in steps[1:])  # episodes sampled while the step before trained
+    single = 0
+    for step in range(3):
+        for traj in load_trajectories(out / "trajectories" / f"step_{step:04d}"):
+            versions = {turn.policy_version for turn in traj.turns}
+            assert versions and all(step - 1 <= v <= step for v in versions), (step, versions)
+            if len(versions) == 1:
+                _routing_as_torch_engine_records(traj, weights[versions.pop()])
+                single += 1
+    assert single >= 3
 
 
 @pytest.mark.slow
