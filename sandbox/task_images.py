@@ -42,6 +42,7 @@ import docker
 import docker.errors
 
 from sandbox.docker_build import BuildFailed, docker_build
+from sandbox.dockerfile_compat import DockerfileFormError, classic_builder_form
 from sandbox.daemon import default_run_id, owner_labels
 from sandbox.image_cache import (IMAGE_REPO, TaskImage, cache_size, prune_task_images,
                                  task_image_labels as _labels, touch_image)
@@ -443,7 +444,13 @@ def _build(client: docker.DockerClient, task: Task, dockerfile_text: str, ref: s
         ctx = Path(tmp) / "ctx"
         shutil.copytree(task.dockerfile_dir, ctx, symlinks=True)
         rel = task.dockerfile.relative_to(task.dockerfile_dir).as_posix()  # compose may name docker/Dockerfile
-        (ctx / rel).write_text(dockerfile_text)
+        try:
+            classic, files = classic_builder_form(dockerfile_text, ctx)  # BuildKit forms, as the harnesses build
+        except DockerfileFormError as e:
+            raise TaskImageError(f"{task.dockerfile}: {e}") from None
+        for name, data in files.items():
+            (ctx / name).write_bytes(data)
+        (ctx / rel).write_text(classic)
         try:
             docker_build(ctx, dockerfile=rel, tag=ref, labels=_labels(task, "task-image"),
                          timeout_s=task.build_timeout_s, what=f"task {task.name} ({task.dockerfile})")
