@@ -3,6 +3,7 @@ full, and does doing nothing score less?
 
     python -m sandbox.check_tasks DIR [--parallel N] [--json] [--sample K --seed S] [--trust-host-ca]
                                       [--network asked|harness] [--agent-processes kill|keep]
+                                      [--timeout-multiplier K]
                                       [--base-image PATTERN=IMAGE]
 
 DIR holds task directories (Harbor or Terminal-Bench 1 layout), or is one. For each task, with at most N tasks
@@ -32,10 +33,10 @@ from sandbox.docker_build import tls_failure
 from sandbox.errors import SandboxError
 from sandbox.cli import Parser
 from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
-from sandbox.run_task import ScriptRun, run_task_report
+from sandbox.run_task import Harness, ScriptRun, run_task_report
 from sandbox.signals import exit_on_signals
-from sandbox.tasks import NETWORK_MODES, NetworkMode, TaskFormatError, load_task, reference_solution
-from sandbox.verify import AGENT_PROCESSES, VerifierResult
+from sandbox.tasks import TaskFormatError, load_task, reference_solution
+from sandbox.verify import VerifierResult
 
 _REASON_CHARS = 400
 # Warnings are process-wide; `check_tasks` routes each to the task its thread is checking (catch_warnings is not
@@ -79,13 +80,13 @@ def find_tasks(root: Path) -> list[Path]:
 
 
 def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: str | None = None,
-               network: NetworkMode = "asked", agent_processes: str = "kill") -> TaskCheck:
-    """Build, run the reference solution, run nothing; never raises for a task's own failure. `network`: see
-    `sandbox.tasks.sandbox_network`; `agent_processes`: see `sandbox.verify.run_verifiers`."""
+               harness: Harness = Harness()) -> TaskCheck:
+    """Build, run the reference solution, run nothing (each as `harness` says); never raises for a task's own
+    failure."""
     t0 = time.monotonic()
     _SINK.messages = caught = []
     try:
-        task = load_task(path)
+        task = harness.apply(load_task(path))
         build_task_image(task, base_image_overrides=base_image_overrides)
     except (TaskFormatError, TaskImageError, SandboxError, OSError, ValueError) as e:
         return TaskCheck(task=path.name, builds=False, build_s=time.monotonic() - t0, reason=_short(str(e)),
@@ -103,10 +104,9 @@ def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: s
             reasons.append("no reference solution")
         else:
             sol, ran = run_task_report(task, script=script, base_image_overrides=base_image_overrides,
-                                       run_id=run_id, upload_solution=True, network=network,
-                                       agent_processes=agent_processes)
+                                       run_id=run_id, upload_solution=True, harness=harness)
         nothing, _ = run_task_report(task, base_image_overrides=base_image_overrides, run_id=run_id,
-                                     network=network, agent_processes=agent_processes)
+                                     harness=harness)
     except (TaskFormatError, TaskImageError, SandboxError, OSError, ValueError) as e:
         return TaskCheck(task=task.name, builds=True, build_s=built_s, reason=_short(f"run failed: {e}"),
                          warnings=notes, solution=_score(sol), solution_exit=ran.exit_code if ran else None)
@@ -164,14 +164,13 @@ def _short(text: str) -> str:
 
 
 def check_tasks(paths: list[Path], *, base_image_overrides: Mapping[str, str], parallel: int = 2,
-                run_id: str | None = None, network: NetworkMode = "asked", agent_processes: str = "kill",
+                run_id: str | None = None, harness: Harness = Harness(),
                 on_row: Callable[[TaskCheck], None] | None = None) -> list[TaskCheck]:
     """`check_task` over `paths` with `parallel` tasks at a time, in the order of `paths`; `on_row` is called
     with each row as it finishes (a long run shows its failures as they come)."""
 
     def one(path: Path) -> TaskCheck:
-        row = check_task(path, base_image_overrides=base_image_overrides, run_id=run_id, network=network,
-                         agent_processes=agent_processes)
+        row = check_task(path, base_image_overrides=base_image_overrides, run_id=run_id, harness=harness)
         if on_row is not None:
             on_row(row)
         return row
@@ -223,13 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path, help="a directory of tasks (or one task)")
     parser.add_argument("--parallel", type=int, default=2, help="tasks checked at a time (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--network", choices=NETWORK_MODES, default="asked",
-                        help="asked (default): a network only when the task asks; harness: as the task's own "
-                             "harness gives it (TB1 always, Harbor unless allow_internet = false)")
-    parser.add_argument("--agent-processes", choices=AGENT_PROCESSES, default="kill",
-                        help="kill (default): every process the agent (here the solution) left dies before the "
-                             "tests; keep: they run through the tests, as Terminal-Bench's and Harbor's harnesses "
-                             "leave them (servers the tests talk to); for trusted agents only (sandbox.verify)")
+    Harness.add_arguments(parser)
     parser.add_argument("--sample", type=int, default=None, help="check a random sample of this many tasks")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample")
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
@@ -239,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parallel < 1 or (args.sample is not None and args.sample < 1):
         parser.error(f"--parallel and --sample must be >= 1, got {args.parallel}, {args.sample}")
+    try:
+        harness = Harness.from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     exit_on_signals()
     try:
         paths = find_tasks(args.dir)
@@ -250,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         for pattern, image in default_base_image_overrides(trust_host_ca=args.trust_host_ca).items():
             overrides.setdefault(pattern, image)
         done = iter(range(1, len(paths) + 1))
-        rows = check_tasks(paths, base_image_overrides=overrides, parallel=args.parallel, network=args.network,
-                           agent_processes=args.agent_processes,
+        rows = check_tasks(paths, base_image_overrides=overrides, parallel=args.parallel, harness=harness,
                            on_row=lambda r: print(_progress_line(r, next(done), len(paths)), file=sys.stderr,
                                                   flush=True))
     except (ValueError, SandboxError, OSError) as e:

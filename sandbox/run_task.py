@@ -2,7 +2,7 @@
 
     python -m sandbox.run_task TASK_DIR [--solution | --script FILE | --shell] [--base-image PATTERN=IMAGE]
                                [--trust-host-ca] [--network asked|harness] [--agent-processes kill|keep]
-                               [--json]
+                               [--timeout-multiplier K] [--json]
 
 `--solution` runs the task's reference solution (Harbor: solution/ is uploaded to /solution and solve.sh runs
 from there; TB1: solution.sh, or the commands of solution.yaml), `--script FILE` a given bash script, `--shell`
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import secrets
 import shlex
 import signal
@@ -44,6 +45,56 @@ from sandbox.tasks import (NETWORK_MODES, NetworkMode, Task, TaskFormatError, lo
 from sandbox.verify import AGENT_PROCESSES, VerifierResult, run_verifiers
 
 SOLUTION_DIR = "/solution"  # where Harbor puts a task's solution/ folder
+
+
+@dataclasses.dataclass(frozen=True)
+class Harness:
+    """Where a run follows the task's own harness (Terminal-Bench's, Harbor's) instead of T1's stricter defaults.
+    The trainer always runs with the defaults; these are for checking and evaluating tasks."""
+
+    network: NetworkMode = "asked"
+    """'asked': a network only when the task asks; 'harness': as its harness gives it (`sandbox_network`)."""
+    agent_processes: str = "kill"
+    """'kill': every process the agent left dies before the tests; 'keep': they run through them, as the harnesses
+    leave them (`sandbox.verify.run_verifiers`: for trusted agents only)."""
+    timeout_multiplier: float = 1.0
+    """Scales the task's build, agent and verifier time limits, as Harbor's `timeout_multiplier` does: on a slow or
+    loaded machine a task's limits, set on the author's, cut runs that would finish."""
+
+    def __post_init__(self) -> None:
+        if self.network not in NETWORK_MODES:
+            raise ValueError(f"network: expected one of {NETWORK_MODES}, got {self.network!r}")
+        if self.agent_processes not in AGENT_PROCESSES:
+            raise ValueError(f"agent_processes: expected one of {AGENT_PROCESSES}, got {self.agent_processes!r}")
+        if not (self.timeout_multiplier > 0 and math.isfinite(self.timeout_multiplier)):
+            raise ValueError(f"timeout_multiplier: expected a finite number > 0, got {self.timeout_multiplier}")
+
+    def apply(self, task: Task) -> Task:
+        """`task` with its time limits scaled."""
+        k = self.timeout_multiplier
+        if k == 1.0:
+            return task
+        return dataclasses.replace(task, agent_timeout_s=task.agent_timeout_s * k,
+                                   verifier_timeout_s=task.verifier_timeout_s * k,
+                                   build_timeout_s=task.build_timeout_s * k)
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--network", choices=NETWORK_MODES, default="asked",
+                            help="asked (default): a network only when the task asks; harness: as the task's own "
+                                 "harness gives it (TB1 always, Harbor unless allow_internet = false)")
+        parser.add_argument("--agent-processes", choices=AGENT_PROCESSES, default="kill",
+                            help="kill (default): every process the agent (here the solution) left dies before the "
+                                 "tests; keep: they run through the tests, as Terminal-Bench's and Harbor's harnesses "
+                                 "leave them (servers the tests talk to); for trusted agents only (sandbox.verify)")
+        parser.add_argument("--timeout-multiplier", type=float, default=1.0, metavar="K",
+                            help="scale every task's build, agent and verifier time limits by K (> 0; as Harbor's "
+                                 "timeout_multiplier), for machines slower than the task author's")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Harness:
+        return cls(network=args.network, agent_processes=args.agent_processes,
+                   timeout_multiplier=args.timeout_multiplier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +125,13 @@ def run_task(task: Task, *, script: str | None = None, base_image_overrides: Map
 def run_task_report(task: Task, *, script: str | None = None, base_image_overrides: Mapping[str, str] | None = None,
                     run_id: str | None = None, interactive: bool = False,
                     upload_solution: bool = False,
-                    network: NetworkMode = "asked",
-                    agent_processes: str = "kill") -> tuple[VerifierResult, ScriptRun | None]:
-    """`run_task`, also returning what the script did (None when no script ran). `network`: see
-    `sandbox.tasks.sandbox_network`; `agent_processes`: see `sandbox.verify.run_verifiers`."""
+                    harness: Harness = Harness()) -> tuple[VerifierResult, ScriptRun | None]:
+    """`run_task`, also returning what the script did (None when no script ran), as `harness` says."""
+    task = harness.apply(task)
     overrides = default_base_image_overrides() if base_image_overrides is None else base_image_overrides
     image = build_task_image(task, base_image_overrides=overrides)
     ran = None
-    with DockerSandbox(image, SandboxSettings.for_task(task, network=sandbox_network(task, network)),
+    with DockerSandbox(image, SandboxSettings.for_task(task, network=sandbox_network(task, harness.network)),
                        run_id=run_id) as sb:
         if upload_solution and task.solution_dir is not None:
             sb.upload_dir(task.solution_dir, SOLUTION_DIR)
@@ -95,7 +145,7 @@ def run_task_report(task: Task, *, script: str | None = None, base_image_overrid
                                   env=dict(task.solution_env) if solution else None)
             ran = ScriptRun(exit_code=r.exit_code, output=r.output, timed_out=r.timed_out,
                             duration_s=time.monotonic() - t0)
-        return run_verifiers(sb, task, agent_processes=agent_processes), ran
+        return run_verifiers(sb, task, agent_processes=harness.agent_processes), ran
 
 
 def _interactive_shell(sb: DockerSandbox, workdir: str) -> None:
@@ -170,15 +220,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="map FROM images matching the glob PATTERN to a local IMAGE (repeatable)")
     parser.add_argument("--trust-host-ca", action="store_true",
                         help="map onto the base image that trusts this host's CA bundle (sandbox.base_image)")
-    parser.add_argument("--network", choices=NETWORK_MODES, default="asked",
-                        help="asked (default): a network only when the task asks; harness: as the task's own "
-                             "harness gives it (TB1 always, Harbor unless allow_internet = false)")
-    parser.add_argument("--agent-processes", choices=AGENT_PROCESSES, default="kill",
-                        help="kill (default): every process the agent (here the solution) left dies before the "
-                             "tests; keep: they run through the tests, as Terminal-Bench's and Harbor's harnesses "
-                             "leave them (servers the tests talk to); for trusted agents only (sandbox.verify)")
+    Harness.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
+    try:
+        harness = Harness.from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     exit_on_signals()
     try:
         task = load_task(args.task_dir)
@@ -194,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.script is not None:
             script = args.script.read_text()
         result, ran = run_task_report(task, script=script, base_image_overrides=overrides, interactive=args.shell,
-                                      upload_solution=args.solution, network=args.network,
-                                      agent_processes=args.agent_processes)
+                                      upload_solution=args.solution, harness=harness)
     except (TaskFormatError, TaskImageError, SandboxError, ValueError, OSError) as e:
         if args.json:
             print(json.dumps(report_json(args.task_dir.name, None, None, str(e))), flush=True)

@@ -375,6 +375,22 @@ def test_kept_agent_processes_serve_the_tests_then_die(tmp_path: Path, overrides
         run_verifiers(None, task, agent_processes="spare")  # type: ignore[arg-type]
 
 
+
+def test_harness_options_scale_the_time_limits_and_name_bad_values(tmp_path: Path) -> None:
+    from sandbox.run_task import Harness
+
+    task = _harbor_task(tmp_path, "limits", verifier_timeout=30, tests={"test_a.py": "def test_a():\n    pass\n"})
+    slow = Harness(timeout_multiplier=2.5).apply(task)
+    assert (slow.agent_timeout_s, slow.verifier_timeout_s, slow.build_timeout_s) == (
+        task.agent_timeout_s * 2.5, 75.0, task.build_timeout_s * 2.5)
+    assert Harness().apply(task) is task
+    for bad, said in (({"timeout_multiplier": 0.0}, "timeout_multiplier: expected a finite number > 0, got 0.0"),
+                      ({"timeout_multiplier": float("inf")}, "timeout_multiplier"),
+                      ({"agent_processes": "spare"}, "agent_processes: expected one of ('kill', 'keep')"),
+                      ({"network": "open"}, "network: expected one of ('asked', 'harness')")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            Harness(**bad)
+
 @pytest.mark.docker
 def test_freeze_stops_every_agent_process_and_thaw_resumes_them(overrides: dict[str, str]) -> None:
     """What 'keep' does around the tamper check: the agent's processes (a child, a shell and its child) are
