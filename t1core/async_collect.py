@@ -42,6 +42,7 @@ from t1core import builders
 from t1core.builders import TaskSets
 from t1core.config import RunConfig
 from t1core.drift import CompletionLog
+from t1core.rollout_ranks import RolloutRanks
 from t1core.step import Stream, seed_for, step_draws
 from t1model.tokenizer import ChatTokenizer
 
@@ -221,9 +222,11 @@ class AsyncCollector:
 
 
 def for_run(cfg: RunConfig, tasks: TaskSets, log: CompletionLog, tok: ChatTokenizer, *,
-            first_step: int) -> AsyncCollector:
+            first_step: int, ranks: RolloutRanks) -> AsyncCollector:
     """The collector of a run (rollout.max_staleness >= 1) from `first_step` to its last step: the synchronous loop's
-    instances and sampling seeds, each episode run on `log`'s engine and its drift checked against what it returned."""
+    instances and sampling seeds, each episode run on `log`'s engine and its drift checked against what it returned.
+    Under torchrun only one engine serves every rank (`ranks.single_engine`, rank 0's), with the episode threads of
+    all ranks (as the synchronous loop runs them there); the trainer broadcasts what each step takes."""
     r, agent = cfg.rollout, builders.agent_config(cfg)
     num_groups = r.episodes_per_step // r.group_size
 
@@ -243,4 +246,4 @@ def for_run(cfg: RunConfig, tasks: TaskSets, log: CompletionLog, tok: ChatTokeni
 
     return AsyncCollector(plan=groups_of, run_one=run_one, version=lambda: log.policy_version,
                           groups_per_step=num_groups, max_staleness=r.max_staleness, stale=r.stale_episodes,
-                          concurrency=r.concurrency, first_step=first_step, last_step=cfg.run.steps)
+                          concurrency=ranks.parallel(r.concurrency), first_step=first_step, last_step=cfg.run.steps)

@@ -193,9 +193,11 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.rollout.engine == "vllm":
         check_temperature(cfg.rollout.temperature, key="rollout.temperature")
         vllm_api.require_vllm()
-    if cfg.rollout.max_staleness and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(f"rollout.max_staleness: expected 0 under torchrun (asynchronous collection runs on one "
-                         f"process), got {cfg.rollout.max_staleness}")
+    if (cfg.rollout.max_staleness and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and not (cfg.rollout.engine == "vllm" and cfg.vllm.placement == "disaggregated")):
+        raise ValueError(f"rollout.max_staleness: expected 0 under torchrun unless one engine serves every rank "
+                         f"(rollout.engine='vllm', vllm.placement='disaggregated': the collector runs on rank 0), got "
+                         f"{cfg.rollout.max_staleness}")
     if cfg.tasks.decontaminate_against:
         check_decontaminated(cfg)
 

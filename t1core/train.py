@@ -140,7 +140,7 @@ class Trainer:
     def _update_and_sync(self, step: int, batch: StepBatch, gen: torch.Generator) -> dict[str, float]:
         cfg, k = self.cfg, self.cfg.rollout.group_size
         if not batch.trajs:
-            if self.collector is not None:  # the engine's version counts the steps the staleness bound counts
+            if cfg.rollout.max_staleness:  # the engine's version counts the steps the staleness bound counts
                 self.sync_engine()
             return {**batch.metrics, "skipped/no_sampled_tokens": 1.0}
         plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k,
@@ -173,11 +173,13 @@ class Trainer:
     def take_step(self, step: int) -> StepBatch:
         """The asynchronous `collect_step`: the groups the collector has ready for this step (t1core.async_collect),
         as the synchronous loop would hand them on (the episodes saved as sampled, the fresh part trained)."""
-        taken = self.collector.take()
+        taken = self.collector.take() if self.collector is not None else None
+        version = self.engine.policy_version if self.engine is not None else None
+        if self.ranks.single_engine:  # rank 0's engine sampled every rank's episodes: each rank trains on them
+            taken, version = self.dp.broadcast((taken, version))
         eps = taken.episodes
         return self.step_batch(step, [e.sampled for e in eps], [e.drift for e in eps], [e.group for e in eps],
-                               trained=[e.trained for e in eps], metrics=taken.metrics,
-                               version=self.engine.policy_version)
+                               trained=[e.trained for e in eps], metrics=taken.metrics, version=version)
 
     def step_batch(self, step: int, sampled: list[Trajectory], drift: list[int], groups: list[int], *,
                    trained: list[Trajectory] | None = None, metrics: dict[str, float] | None = None,
@@ -231,9 +233,9 @@ class Trainer:
                 self.ref_policy = frozen_copy(self.policy, dp)
             self.state.warm_started = True
         builders.freeze(self.policy, self.actor_frozen)  # RL leaves these as pretraining and SFT made them
-        if cfg.rollout.max_staleness and self.state.step < cfg.run.steps:
+        if cfg.rollout.max_staleness and self.state.step < cfg.run.steps and self.ranks.owns_engine:
             self.collector = async_collect.for_run(self.cfg, self.tasks, self.sampled, self.tok,
-                                                   first_step=self.state.step)
+                                                   first_step=self.state.step, ranks=self.ranks)
         for step in tqdm(range(self.state.step, cfg.run.steps), desc="rl", file=sys.stdout, disable=None):
             t0 = time.perf_counter()
             m = self.train_step(step)

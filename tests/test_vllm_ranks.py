@@ -166,16 +166,16 @@ def _rank(rank: int, port: int, args: list[str], out: str) -> None:
     assert train.main(args) == 0
 
 
-def _train_on_two_ranks(tmp_path: Path, tasks: Path, placement: str) -> Path:
+def _train_on_two_ranks(tmp_path: Path, tasks: Path, placement: str, extra: tuple[str, ...] = ()) -> Path:
     import torch.multiprocessing as mp
 
-    out = tmp_path / placement
+    out = tmp_path / (placement + "".join(extra))
     args = ["--out", str(out), f"--tasks.source={tasks}", "--rollout.engine=vllm", f"--vllm.placement={placement}",
             "--vllm.dtype=float32", "--run.steps=2", "--rollout.episodes_per_step=4", "--rollout.group_size=2",
             "--rollout.concurrency=2", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
             "--rollout.max_tokens=640", "--algo.minibatch_tokens=700", "--warmstart.pretrain_steps=0",
             "--warmstart.sft_epochs=0", "--warmstart.critic_steps=0", "--run.checkpoint_every=0",
-            "--algo.actor_push=center", "--optim.lr_actor=1e-3"]
+            "--algo.actor_push=center", "--optim.lr_actor=1e-3", *extra]
     out.mkdir(parents=True)
     mp.spawn(_rank, args=(free_port(), args, str(out)), nprocs=WORLD, join=True)
     return out
@@ -228,3 +228,43 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
             assert a.task_name == b.task_name and torch.equal(a.token_ids, b.token_ids)
             assert torch.equal(a.rollout_logprobs, b.rollout_logprobs) and torch.equal(a.routing, b.routing)
             assert a.policy_version == b.policy_version
+
+
+def test_async_under_torchrun_needs_one_engine_for_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from t1core.builders import check_config
+    from t1core.config import RunConfig, RolloutSection, VllmSection
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(vllm_api, "require_vllm", lambda: None)
+    with pytest.raises(ValueError, match="rollout.max_staleness: expected 0 under torchrun unless one engine"):
+        check_config(RunConfig(rollout=RolloutSection(max_staleness=1)))  # a TorchEngine on every rank
+    check_config(RunConfig(rollout=RolloutSection(max_staleness=1, engine="vllm"),
+                           vllm=VllmSection(placement="disaggregated")))
+
+
+@pytest.mark.torchrun
+@pytest.mark.docker
+@pytest.mark.slow
+@needs_docker
+def test_two_ranks_train_asynchronously_on_one_disaggregated_engine(tmp_path: Path) -> None:
+    """rollout.max_staleness=1 on 2 FSDP2 ranks, rank 0's vLLM (the fake) sampling for both while they train: every
+    step within the bound with drift 0 (rank 1 trains what rank 0 took, by broadcast), and the engine ends on the
+    last version holding exactly the trainer's weights."""
+    from sandbox.families import SHORT_FAMILIES
+    from sandbox.suite import family_tasks
+    from t1core.checkpointing import load_checkpoint
+
+    tasks = tmp_path / "tasks"
+    family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
+    out = _train_on_two_ranks(tmp_path, tasks, "disaggregated", ("--rollout.max_staleness=1", "--run.steps=3"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if 0 <= r["step"] < 3]
+    assert len(steps) == 3
+    for r in steps:
+        assert r["async/staleness_max"] <= 1 and r["tito/drift_tokens"] == 0, r
+    assert [r["async/policy_version"] for r in steps] == [0, 1, 2]
+    trainer = load_checkpoint(out / "checkpoints", restore_rng=False)["policy"]
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+    (owner,) = [r for r in ranks if r["engine"] is not None]
+    assert owner["engine"]["version"] == 3 and owner["engine"]["requests"] > 0
+    assert all(torch.equal(owner["engine"]["weights"][k], trainer[k]) for k in trainer)
