@@ -7,6 +7,7 @@ The bottom of the sandbox package: it imports nothing of the project but `sandbo
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import threading
@@ -41,6 +42,13 @@ def docker_client() -> docker.APIClient:
                 raise DaemonUnreachable(f"no Docker daemon answers ({e}); start one (scripts/ensure_docker.sh) "
                                         "or set DOCKER_HOST") from e
         return _client
+
+
+@functools.cache
+def daemon_cpus() -> int:
+    """CPUs of the Docker host (its daemon's `NCPU`: a remote daemon's, not this machine's)."""
+    with docker_errors("asking the daemon for its CPU count"):
+        return int(docker_client().info()["NCPU"])
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import shlex
 import tarfile
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ import docker.errors
 
 from sandbox.errors import (CommandTooLong, ContainerDied, FileTooLarge, SandboxError, ShellUnresponsive)
 import sandbox.preload as preload
-from sandbox.daemon import default_run_id, docker_client, docker_errors, owner_labels
+from sandbox.daemon import daemon_cpus, default_run_id, docker_client, docker_errors, owner_labels
 from sandbox.image_cache import IMAGE_REPO, TaskImage, touch_image
 from sandbox.tarball import RootOwned
 from sandbox.settings import SandboxSettings
@@ -77,6 +78,16 @@ def _absolute(path: str) -> str:
     return posixpath.normpath(path)
 
 
+def _cpus_on_host(cpus: float) -> float:
+    """`cpus`, or the Docker host's CPU count when it has fewer: the daemon refuses a limit above it, and a task's
+    [environment] cpus is set on its author's machine (Terminal-Bench 2 asks for 4)."""
+    host = daemon_cpus()
+    if cpus <= host:
+        return cpus
+    warnings.warn(f"a sandbox asks for {cpus:g} CPUs and the Docker host has {host}: limited to {host}", stacklevel=4)
+    return float(host)
+
+
 class DockerSandbox:
     """A container with one persistent shell. Use as a context manager; `close()` always removes it."""
 
@@ -117,7 +128,7 @@ class DockerSandbox:
         limits, labels = self.settings, owner_labels(self.run_id)
         host_config = self._api.create_host_config(
             init=True, network_mode="bridge" if limits.network else "none", mem_limit=limits.memory_bytes,
-            memswap_limit=limits.memory_bytes, nano_cpus=int(limits.cpus * 1e9), pids_limit=limits.pids,
+            memswap_limit=limits.memory_bytes, nano_cpus=int(_cpus_on_host(limits.cpus) * 1e9), pids_limit=limits.pids,
             cap_drop=["ALL"], cap_add=list(CAPABILITIES), security_opt=["no-new-privileges"], privileged=False)
         name = f"t1-{re.sub(r'[^a-zA-Z0-9_.-]', '-', self.run_id)[:40]}-{secrets.token_hex(4)}"
         if self.image.startswith(f"{IMAGE_REPO}:"):

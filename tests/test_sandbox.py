@@ -231,6 +231,17 @@ def test_no_network_by_default_and_locked_down(sb, api):
     assert sb.run("mknod /tmp/dev c 1 3").exit_code != 0  # CAP_MKNOD dropped
 
 
+
+@pytest.mark.docker
+def test_more_cpus_than_the_host_has_are_the_hosts_with_a_warning(image, api):
+    from sandbox.daemon import daemon_cpus
+
+    host = daemon_cpus()
+    with pytest.warns(UserWarning, match=f"asks for {host + 2} CPUs and the Docker host has {host}: limited to"):
+        with DockerSandbox(image, SandboxSettings(cpus=host + 2.0), run_id=RUN_ID) as sb:
+            assert api.inspect_container(sb.id)["HostConfig"]["NanoCpus"] == host * 10**9
+            assert sb.run("echo ok").output.strip() == "ok"
+
 @pytest.mark.docker
 def test_sixteen_sandboxes_in_parallel(image):
     def episode(i: int) -> list[str]:
