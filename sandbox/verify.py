@@ -130,19 +130,23 @@ keeper() {  # keep=" 1 <keepalive> <this shell> ": the processes none of the fun
   done
   keep=" 1 $keepalive $$ "
 }
+stop_pass() {  # SIGSTOP every process but $keep whose state letter is not in $1; their pids into the caller's pids
+  local p st pid
+  pids=()
+  for p in /proc/[1-9]*; do
+    pid=${p#/proc/}
+    [[ $keep == *" $pid "* ]] && continue
+    read -r st 2>/dev/null < "$p/stat" || continue
+    st=${st##*') '}
+    [[ ${st:0:1} == [$1] ]] && continue
+    pids+=("$pid"); kill -STOP "$pid" 2>/dev/null
+  done
+}
 sweep() {
-  local p st pid pids=() deadline=$((SECONDS + 30))
+  local pid st pids=() deadline=$((SECONDS + 30))
   keeper
   while (( SECONDS < deadline )); do
-    pids=()
-    for p in /proc/[1-9]*; do
-      pid=${p#/proc/}
-      [[ $keep == *" $pid "* ]] && continue
-      read -r st 2>/dev/null < "$p/stat" || continue
-      st=${st##*') '}
-      [[ ${st:0:1} == [ZX] ]] && continue
-      pids+=("$pid"); kill -STOP "$pid" 2>/dev/null
-    done
+    stop_pass ZX  # zombies: only their parent reaps
     (( ${#pids[@]} )) || return 0
     kill -KILL "${pids[@]}" 2>/dev/null
     # A SIGKILLed process stays visible (R or D) until it gets a CPU to run its exit: wait 20 ms between
@@ -154,18 +158,10 @@ sweep() {
   return 1
 }
 freeze() {  # stop (not kill) what sweep would kill, until none of it runs: agent_processes='keep'
-  local p st pid pids=() deadline=$((SECONDS + 30))
+  local pids=() deadline=$((SECONDS + 30))
   keeper
   while (( SECONDS < deadline )); do
-    pids=()
-    for p in /proc/[1-9]*; do
-      pid=${p#/proc/}
-      [[ $keep == *" $pid "* ]] && continue
-      read -r st 2>/dev/null < "$p/stat" || continue
-      st=${st##*') '}
-      [[ ${st:0:1} == [ZXTt] ]] && continue
-      pids+=("$pid"); kill -STOP "$pid" 2>/dev/null
-    done
+    stop_pass ZXTt  # T, t: stopped already
     (( ${#pids[@]} )) || return 0
     read -r -t 0.02 _ 2>/dev/null <>/dev/ptmx
   done

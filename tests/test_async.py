@@ -4,7 +4,6 @@ fresh part, the bad inputs, and a tiny real run (sandboxes, model, engine) that 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from rollout.agent import EpisodeSpec
 from rollout.trajectory import Trajectory, Turn, load_trajectories
 from t1core import train
 from t1core.async_collect import AsyncCollector, fresh_part, oldest_version
+from tests.async_checks import async_steps
 from tests.machine import needs_docker
 
 
@@ -151,16 +151,11 @@ def test_tiny_async_run_stays_within_the_bound_with_drift_0(tmp_path: Path) -> N
                        "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--warmstart.critic_steps=1",
                        "--run.checkpoint_every=0", "--optim.lr_actor=1e-3", "--algo.actor_push=center",
                        "--run.steps=3", "--rollout.max_staleness=1"]) == 0
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if 0 <= r["step"] < 3]
-    assert len(steps) == 3
-    for r in steps:
-        assert r["async/staleness_max"] <= 1 and r["tito/drift_tokens"] == 0, r
+    for r in (steps := async_steps(out, 3)):
         assert 0 <= r["rollout/engine_idle_frac"] <= 1 and 0 <= r["train/trainer_idle_frac"] <= 1
         assert any(k.startswith("fidelity/gap_lag") for k in r)
     # Later steps train episodes sampled while the step before them trained, by the weights before its update: the
     # overlap is real (step 1's group starts as soon as step 0's ends and the update takes seconds).
-    assert [r["async/policy_version"] for r in steps] == [0, 1, 2]
     assert any(r["async/staleness_max"] == 1 for r in steps[1:])
     for step in range(3):  # every sampled reply carries its weight version, within the bound of its step
         for t in load_trajectories(out / "trajectories" / f"step_{step:04d}"):

@@ -428,18 +428,12 @@ def test_asynchronous_run_with_a_disaggregated_vllm_engine(tmp_path: Path, monke
     """`rollout.max_staleness=1` on the vLLM engine (disaggregated): episodes sample while the trainer updates, each
     reply carries the vLLM weight version that sampled it (one per request, `VLLMEngine._check_versions`), every step
     stays within the bound with drift 0, and a trajectory sampled by one version has that version's routing."""
-    import json
-
     from rollout.trajectory import load_trajectories
+    from tests.async_checks import async_steps
 
     out, weights = _train_on_the_fake(tmp_path, monkeypatch, ["--run.steps=3", "--rollout.max_staleness=1",
                                                                "--vllm.placement=disaggregated"])
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if 0 <= r["step"] < 3]
-    assert len(steps) == 3
-    for r in steps:
-        assert r["async/staleness_max"] <= 1 and r["tito/drift_tokens"] == 0, r
-    assert [r["async/policy_version"] for r in steps] == [0, 1, 2]
+    steps = async_steps(out, 3)
     assert any(r["async/staleness_max"] == 1 for r in steps[1:])  # episodes sampled while the step before trained
     single = 0
     for step in range(3):
