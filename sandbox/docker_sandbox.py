@@ -40,10 +40,11 @@ from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_lin
                            killer_script)
 
 # What a root shell doing a task needs: own/chmod files, bypass file modes, signal its processes, switch users
-# (su, apt's _apt sandbox, postgres), bind low ports, write audit records (sudo/PAM). Dropped from Docker's
-# default set: MKNOD, NET_RAW (raw sockets, ping spoofing), SETFCAP, SETPCAP, SYS_CHROOT.
+# (su, apt's _apt sandbox, postgres), bind low ports, write audit records (sudo/PAM), chroot (sshd's privilege
+# separation chroots its pre-auth child to /run/sshd: Terminal-Bench's git-over-ssh tasks log in that way). Dropped
+# from Docker's default set: MKNOD, NET_RAW (raw sockets, ping spoofing), SETFCAP, SETPCAP.
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE",
-                "AUDIT_WRITE")
+                "AUDIT_WRITE", "SYS_CHROOT")
 SHELL_ENV = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "MANPAGER": "cat", "SYSTEMD_PAGER": "",
              "DEBIAN_FRONTEND": "noninteractive"}
 TIMEOUT_EXIT_CODE = 124  # what `timeout(1)` returns; the partial output comes with it

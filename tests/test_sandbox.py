@@ -17,6 +17,7 @@ import pytest
 
 from sandbox import (CommandTooLong, ContainerDied, DaemonUnreachable, DockerSandbox, FileTooLarge, ImageNotFound,
                      SandboxError, SandboxPool, ensure_base_image)
+from sandbox.docker_sandbox import CAPABILITIES
 from sandbox.reap import reap
 from sandbox.settings import SandboxSettings
 from sandbox.daemon import LABEL_RUN, docker_client
@@ -229,6 +230,8 @@ def test_no_network_by_default_and_locked_down(sb, api):
     assert host["PidsLimit"] == 256 and host["Memory"] == 1 << 30 and host["NanoCpus"] == 10**9
     assert info["Mounts"] == [] and info["Config"]["Labels"][LABEL_RUN] == RUN_ID
     assert sb.run("mknod /tmp/dev c 1 3").exit_code != 0  # CAP_MKNOD dropped
+    assert sorted(host["CapAdd"]) == sorted(CAPABILITIES) and "NET_RAW" not in host["CapAdd"]
+    assert sb.run("python3 -c \"import os; os.chroot('/tmp'); print('chrooted')\"").output == "chrooted\n"  # sshd
 
 
 
