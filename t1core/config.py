@@ -282,9 +282,9 @@ class AlgoSection:
     turn_penalty: float = _field(0.0, "reward subtracted per assistant turn (>= 0); 0 = off")
     format_penalty: float = _field(0.0, "reward subtracted per reply without a parsable tool call (>= 0); 0 = off")
     cut_episodes: Literal["bootstrap", "terminal", "mask"] = _field(
-        "terminal", "how an episode cut by rollout.max_turns, the token budget or the wall clock trains: 'terminal' "
-        "(scored by its verifiers where it stopped, as finished ones), 'bootstrap' (no outcome yet: its return is the "
-        "critic's value at the cut; the long-horizon presets), 'mask' (left out of the update)")
+        "bootstrap", "how an episode cut by rollout.max_turns, the token budget or the wall clock trains: 'bootstrap' "
+        "(no outcome yet: its return is the critic's value at the cut, the actor-critic way), 'terminal' (scored by "
+        "its verifiers where it stopped, as finished ones), 'mask' (left out of the update)")
     bitwise: Literal["auto", "on", "off"] = _field(
         "auto", "'on': the trainer's policy forward runs the batch-invariant engine's products, attention and "
         "log-softmax (t1kernels.rows), so its log-probs and routing equal the rollout's bit for bit; every step checks "

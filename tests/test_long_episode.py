@@ -157,6 +157,9 @@ def test_training_run_with_compaction_is_exact_in_every_segment(tmp_path: Path) 
     assert train.main([
         "--out", str(run), f"--tasks.source={tmp_path / 'tasks'}", "--eval.source=[]", "--run.steps=2",
         "--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.concurrency=1",
+        # Every episode of the untrained model is cut at max_turns: scored where it stopped ('terminal'), its
+        # verifier count moves the actor; bootstrapped, its return is the critic's and may move it nowhere.
+        "--algo.cut_episodes=terminal",
         "--rollout.max_turns=8", "--rollout.max_new_tokens_per_turn=16", "--rollout.max_tokens=640",
         "--context.compaction=extractive", "--context.keep_turns=1", "--context.observation_max_tokens=32",
         "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0", "--warmstart.critic_steps=0",
