@@ -260,10 +260,11 @@ def _build(client: docker.APIClient, ref: str, suite: Suite, *, log: bool) -> No
         for marker in root.glob(_PEP668_MARKERS):
             marker.unlink()
         (root / _PYTHON_LINK[0]).symlink_to(_PYTHON_LINK[1])
-        if suite.python_local:
-            _install_local_pip(root)
         if suite.sources:
             (root / "etc/apt/sources.list").write_text(suite.sources)
+            _upgrade(root, log=log)
+        if suite.python_local:
+            _install_local_pip(root)
         for rel in _TRIM:
             target = root / rel
             if target.is_dir():
@@ -288,6 +289,32 @@ def _ubuntu_script(debootstrap: str, codename: str) -> list[str]:
     if not (scripts / "gutsy").is_file():
         raise SandboxError(f"debootstrap has no script for {codename} nor gutsy's in {scripts}")
     return [str(scripts / "gutsy")]
+
+
+def _upgrade(root: Path, *, log: bool) -> None:
+    """Bring the tree up to date from the -updates and -security pockets its sources name, as the release's
+    official image is. debootstrap installs from the release pocket only; a base left there would have a task's
+    `apt-get install` (which sees those pockets) upgrade the shared libraries under the verifier's Python, and the
+    tamper check (sandbox.verify) then rejects the run. apt checks the pockets' signatures with the keyring
+    debootstrap installed in the tree."""
+    t0 = time.monotonic()
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive", "LANG": "C.UTF-8"}
+    proc_dir = root / "proc"
+    mounted = subprocess.run(["mount", "-t", "proc", "proc", str(proc_dir)], capture_output=True).returncode == 0
+    try:
+        for args in (["apt-get", "-q", "update"],
+                     ["apt-get", "-q", "-y", "-o", "Dpkg::Options::=--force-confold", "dist-upgrade"],
+                     ["apt-get", "clean"]):
+            proc = subprocess.run([chroot, str(root), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=env)
+            if proc.returncode != 0:
+                why = " | ".join(proc.stdout.strip().splitlines()[-3:])
+                raise SandboxError(f"{' '.join(args[:3])} in the new tree failed (exit {proc.returncode}): {why}")
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(proc_dir)], capture_output=True)
+    _say(log, f"upgraded from the -updates/-security pockets in {time.monotonic() - t0:.0f} s")
 
 
 def _install_local_pip(root: Path) -> None:

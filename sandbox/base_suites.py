@@ -43,7 +43,8 @@ class Suite:
     distro: str  # "debian" or "ubuntu": decides the mirror, the keyring and the debootstrap script
     packages: tuple[str, ...]
     components: tuple[str, ...] = ("main",)
-    # The apt sources the image carries (as the release's official image has them; "" keeps debootstrap's).
+    # The apt sources the image carries (as the release's official image has them; "" keeps debootstrap's). The
+    # tree is upgraded from them after debootstrap, as the official image is current with its pockets.
     sources: str = ""
     python_local: bool = False  # pip/setuptools/wheel in /usr/local/lib/python3.X/site-packages (python:* layout)
 
@@ -55,7 +56,8 @@ class Suite:
         """What decides the image beyond bookworm's recipe fields ('' for bookworm, whose hash must not move)."""
         if self.name == DEFAULT_SUITE:
             return ""
-        return f"|{self.distro}|{','.join(self.components)}|{self.sources}|python_local={self.python_local}"
+        return (f"|{self.distro}|{','.join(self.components)}|{self.sources}|upgraded|"
+                f"python_local={self.python_local}")
 
 
 def _debian_sources(codename: str) -> str:
