@@ -255,7 +255,7 @@ def _build(client: docker.APIClient, ref: str, suite: Suite, *, log: bool) -> No
         if proc.returncode != 0:
             lines = proc.stdout.splitlines()
             why = next((ln for ln in reversed(lines) if ln.startswith("E:")), lines[-1] if lines else "no output")
-            raise SandboxError(f"debootstrap {suite.name} failed (exit {proc.returncode}): {why}; last output:\n"
+            raise SandboxError(f"debootstrap {suite.name} failed (exit {proc.returncode}): {why}\nlast output:\n"
                                + "\n".join(lines[-25:]))
         for marker in root.glob(_PEP668_MARKERS):
             marker.unlink()
