@@ -14,6 +14,10 @@ and the bundle) and takes seconds; the base stays as it is.
 
 `T1_SANDBOX_IMAGE=<ref>` (or `ensure_base_image(override=...)`) points at any other image instead (pulled when
 it is not present locally); nothing is built then.
+
+`--suite trixie|noble|jammy` builds the base of another release instead (sandbox.base_suites; tagged
+`t1-sandbox-base-<suite>:<hash>` and `:latest`), the same way; sandbox.base_mapping builds one when a task's FROM
+image needs it.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from sandbox.base_suites import DEFAULT_SUITE, PACKAGES, SUITES, Suite, get_suite
 from sandbox.errors import ImageNotFound, SandboxError
 from sandbox.cli import Parser
 from sandbox.daemon import docker_client
+from sandbox.ubuntu_keyring import ubuntu_keyring
 
 REPOSITORY = "t1-sandbox-base"
-SUITE = "bookworm"
+SUITE = DEFAULT_SUITE
 # Bump when the build steps below change in a way that changes the image.
 RECIPE_VERSION = 2
 CA_REPOSITORY = "t1-sandbox-base-ca"
@@ -47,16 +53,9 @@ CONTENT_LABEL = "t1.image.content"
 ENV_IMAGE = "T1_SANDBOX_IMAGE"
 ENV_MIRROR = "T1_DEBIAN_MIRROR"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-
-# What a terminal task commonly needs, kept near 300 MB: shell + core tools, Python with pytest (verifiers run
-# offline), archive and text tools, git, build basics without a compiler, and tmux (Terminal-Bench's harness
-# drives its agents through tmux, so its images have it and some reference solutions start sessions).
-PACKAGES: tuple[str, ...] = (
-    "bash", "bc", "bzip2", "ca-certificates", "coreutils", "curl", "diffutils", "file", "findutils", "gawk",
-    "git", "grep", "gzip", "jq", "less", "make", "patch", "procps", "psmisc", "python3", "python3-pip",
-    "python3-pytest", "python3-venv", "sed", "sqlite3", "tar", "tmux", "tree", "unzip", "util-linux", "xz-utils",
-    "zip",
-)
+ENV_UBUNTU_MIRROR = "T1_UBUNTU_MIRROR"
+DEFAULT_UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
+# The packages are sandbox.base_suites.PACKAGES (bookworm's; each suite has its list).
 # Trimmed after debootstrap: caches and docs nobody in a task reads (apt lists are fetched again by
 # `apt-get update` where a task has network).
 _TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info")
@@ -73,15 +72,21 @@ _CHANGES = (
 )
 
 
-def content_hash() -> str:
+def content_hash(suite: str = DEFAULT_SUITE) -> str:
     """Hash of everything that decides the image's content (not the mirror: it serves the same packages)."""
-    recipe = (f"v{RECIPE_VERSION}|{SUITE}|minbase|{','.join(sorted(PACKAGES))}|{'|'.join(_TRIM)}|{_PEP668_MARKERS}|"
-              f"{_PYTHON_LINK}|{'|'.join(_CHANGES)}")
+    s = get_suite(suite)
+    recipe = (f"v{RECIPE_VERSION}|{s.name}|minbase|{','.join(sorted(s.packages))}|{'|'.join(_TRIM)}|"
+              f"{_PEP668_MARKERS}|{_PYTHON_LINK}|{'|'.join(_CHANGES)}{s.recipe_extra()}")
     return hashlib.sha256(recipe.encode()).hexdigest()
 
 
-def base_image_ref() -> str:
-    return f"{REPOSITORY}:{content_hash()[:12]}"
+def base_image_ref(suite: str = DEFAULT_SUITE) -> str:
+    return f"{get_suite(suite).repository}:{content_hash(suite)[:12]}"
+
+
+def base_repositories() -> set[str]:
+    """The repositories of every suite's base image (t1-sandbox-base, t1-sandbox-base-trixie, ...)."""
+    return {s.repository for s in SUITES.values()}
 
 
 def _find_local(client: docker.APIClient, ref: str) -> dict | None:
@@ -110,35 +115,37 @@ def trust_host_ca_default() -> bool:
     return raw in ("1", "true")
 
 
-def ensure_base_image(*, override: str | None = None, log: bool = False, trust_host_ca: bool | None = None) -> str:
+def ensure_base_image(*, override: str | None = None, log: bool = False, trust_host_ca: bool | None = None,
+                      suite: str = DEFAULT_SUITE) -> str:
     """Return a usable sandbox image reference, building the default base image only when it is missing.
 
     `override` (else `$T1_SANDBOX_IMAGE`) names any image instead; it is pulled if absent. Building takes about a
     minute (debootstrap from Debian's mirror) and happens at most once per content hash; concurrent callers on
     this machine wait for one build through a file lock. `trust_host_ca` (None: $T1_TRUST_HOST_CA) returns the
-    layer on the base that trusts this host's CA bundle instead (built in seconds when missing).
+    layer on the base that trusts this host's CA bundle instead (built in seconds when missing). `suite`: the
+    release (sandbox.base_suites; another than bookworm takes a few minutes to build the first time).
     """
     client = docker_client()
     user_ref = override or os.environ.get(ENV_IMAGE, "").strip()
     if user_ref:
         return _use_override(client, user_ref)
-    ref = _ensure_plain_base(client, log=log)
+    ref = _ensure_plain_base(client, get_suite(suite), log=log)
     if trust_host_ca if trust_host_ca is not None else trust_host_ca_default():
         return _ensure_ca_layer(client, ref, log=log)
     return ref
 
 
-def _ensure_plain_base(client: docker.APIClient, *, log: bool) -> str:
-    ref = base_image_ref()
+def _ensure_plain_base(client: docker.APIClient, suite: Suite, *, log: bool) -> str:
+    ref = base_image_ref(suite.name)
     if _find_local(client, ref) is None:
         lock_path = Path(tempfile.gettempdir()) / "t1-sandbox-base-image.lock"
         with open(lock_path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same image right now
             if _find_local(client, ref) is None:
-                _build(client, ref, log=log)
-    latest = f"{REPOSITORY}:latest"
+                _build(client, ref, suite, log=log)
+    latest = f"{suite.repository}:latest"
     if (_find_local(client, latest) or {}).get("Id") != client.inspect_image(ref)["Id"]:
-        client.tag(ref, REPOSITORY, "latest")
+        client.tag(ref, suite.repository, "latest")
     return ref
 
 
@@ -163,7 +170,7 @@ def tls_advice(failed_line: str, froms: list[str] | None) -> str:
         return (f"{said} although the image trusts this host's CA bundle: the intercepting proxy's CA is not in "
                 f"that bundle (set {ENV_HOST_CA_BUNDLE} to a file that holds it), or the failing tool keeps a "
                 "store of its own")
-    if any(f.startswith(f"{REPOSITORY}:") for f in froms):
+    if any(f.partition(":")[0] in base_repositories() for f in froms):
         return (f"{said}: {proxy}; rerun with --trust-host-ca (or {ENV_TRUST_HOST_CA}=1): the base image then "
                 "trusts this host's CA bundle")
     return (f"{said}: {proxy}, and its FROM image ({', '.join(froms)}) is not mapped onto T1's base, so "
@@ -217,7 +224,7 @@ def _say(log: bool, msg: str) -> None:
         print(f"sandbox.base_image: {msg}", file=sys.stderr, flush=True)
 
 
-def _build(client: docker.APIClient, ref: str, *, log: bool) -> None:
+def _build(client: docker.APIClient, ref: str, suite: Suite, *, log: bool) -> None:
     debootstrap = shutil.which("debootstrap")
     if debootstrap is None:
         raise SandboxError("building the sandbox base image needs debootstrap (apt-get install debootstrap), "
@@ -225,22 +232,39 @@ def _build(client: docker.APIClient, ref: str, *, log: bool) -> None:
     if os.geteuid() != 0:
         raise SandboxError(f"debootstrap needs root to build the base image; run as root or set {ENV_IMAGE}")
     mirror = os.environ.get(ENV_MIRROR, DEFAULT_MIRROR)
-    cache_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "t1" / "debootstrap"
+    cache_root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "t1"
+    # One .deb cache per release: Debian's and Ubuntu's archives may hold one file name with different bytes.
+    cache_dir = cache_root / ("debootstrap" if suite.name == DEFAULT_SUITE else f"debootstrap-{suite.name}")
     cache_dir.mkdir(parents=True, exist_ok=True)
+    extra: list[str] = []
+    script: list[str] = []
+    if suite.distro == "ubuntu":
+        extra.append(f"--keyring={ubuntu_keyring(cache_root / 'keyrings', debian_mirror=mirror)}")
+        mirror = os.environ.get(ENV_UBUNTU_MIRROR, DEFAULT_UBUNTU_MIRROR)
+        script = _ubuntu_script(debootstrap, suite.name)
+    if suite.components != ("main",):
+        extra.append(f"--components={','.join(suite.components)}")
     work = Path(tempfile.mkdtemp(prefix="t1-rootfs-", dir="/var/tmp"))
     try:
         root = work / "root"
         t0 = time.monotonic()
-        _say(log, f"debootstrap {SUITE} from {mirror} into {root} ({len(PACKAGES)} packages)")
-        cmd = [debootstrap, "--variant=minbase", f"--include={','.join(PACKAGES)}",
-               f"--cache-dir={cache_dir}", SUITE, str(root), mirror]
+        _say(log, f"debootstrap {suite.name} from {mirror} into {root} ({len(suite.packages)} packages)")
+        cmd = [debootstrap, "--variant=minbase", *extra, f"--include={','.join(suite.packages)}",
+               f"--cache-dir={cache_dir}", suite.name, str(root), mirror, *script]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0:
-            raise SandboxError(f"debootstrap failed (exit {proc.returncode}); last output:\n"
-                               + "\n".join(proc.stdout.splitlines()[-25:]))
+            lines = proc.stdout.splitlines()
+            why = next((ln for ln in reversed(lines) if ln.startswith("E:")), lines[-1] if lines else "no output")
+            raise SandboxError(f"debootstrap {suite.name} failed (exit {proc.returncode}): {why}\nlast output:\n"
+                               + "\n".join(lines[-25:]))
         for marker in root.glob(_PEP668_MARKERS):
             marker.unlink()
         (root / _PYTHON_LINK[0]).symlink_to(_PYTHON_LINK[1])
+        if suite.sources:
+            (root / "etc/apt/sources.list").write_text(suite.sources)
+            _upgrade(root, log=log)
+        if suite.python_local:
+            _install_local_pip(root)
         for rel in _TRIM:
             target = root / rel
             if target.is_dir():
@@ -250,15 +274,73 @@ def _build(client: docker.APIClient, ref: str, *, log: bool) -> None:
                     elif child.name != "lock":
                         child.unlink()
         _say(log, f"debootstrap done in {time.monotonic() - t0:.0f} s; importing")
-        _import(client, root, ref)
+        _import(client, root, ref, suite.name)
         _say(log, f"imported {ref} in {time.monotonic() - t0:.0f} s total")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _import(client: docker.APIClient, root: Path, ref: str) -> None:
+def _ubuntu_script(debootstrap: str, codename: str) -> list[str]:
+    """debootstrap's script for an Ubuntu release: its own when it knows the codename, else gutsy's (which every
+    Ubuntu script since gutsy is a link to: jammy -> gutsy), passed as the SCRIPT argument."""
+    scripts = Path(os.environ.get("DEBOOTSTRAP_DIR", "/usr/share/debootstrap")) / "scripts"
+    if (scripts / codename).exists():
+        return []
+    if not (scripts / "gutsy").is_file():
+        raise SandboxError(f"debootstrap has no script for {codename} nor gutsy's in {scripts}")
+    return [str(scripts / "gutsy")]
+
+
+def _upgrade(root: Path, *, log: bool) -> None:
+    """Bring the tree up to date from the -updates and -security pockets its sources name, as the release's
+    official image is. debootstrap installs from the release pocket only; a base left there would have a task's
+    `apt-get install` (which sees those pockets) upgrade the shared libraries under the verifier's Python, and the
+    tamper check (sandbox.verify) then rejects the run. apt checks the pockets' signatures with the keyring
+    debootstrap installed in the tree."""
+    t0 = time.monotonic()
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive", "LANG": "C.UTF-8"}
+    proc_dir = root / "proc"
+    mounted = subprocess.run(["mount", "-t", "proc", "proc", str(proc_dir)], capture_output=True).returncode == 0
+    try:
+        for args in (["apt-get", "-q", "update"],
+                     ["apt-get", "-q", "-y", "-o", "Dpkg::Options::=--force-confold", "dist-upgrade"],
+                     ["apt-get", "clean"]):
+            proc = subprocess.run([chroot, str(root), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=env)
+            if proc.returncode != 0:
+                why = " | ".join(proc.stdout.strip().splitlines()[-3:])
+                raise SandboxError(f"{' '.join(args[:3])} in the new tree failed (exit {proc.returncode}): {why}")
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(proc_dir)], capture_output=True)
+    _say(log, f"upgraded from the -updates/-security pockets in {time.monotonic() - t0:.0f} s")
+
+
+def _install_local_pip(root: Path) -> None:
+    """pip, setuptools and wheel into /usr/local as in the python:* images, from the release's own wheels
+    (offline), with /usr/local/lib/python3.X/site-packages a link to the dist-packages where they land."""
+    wheels = root / "usr/share/python-wheels"
+    pips = sorted(wheels.glob("pip-*.whl"))
+    if not pips:
+        raise SandboxError(f"{wheels}: no pip wheel (package python3-pip-whl)")
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    cmd = [chroot, str(root), "/usr/bin/python3", f"/usr/share/python-wheels/{pips[-1].name}/pip", "install",
+           "--no-index", "--find-links", "/usr/share/python-wheels", "--no-cache-dir", "--root-user-action=ignore",
+           "--disable-pip-version-check", "pip", "setuptools", "wheel"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={"PATH": "/usr/bin:/bin"})
+    if proc.returncode != 0:
+        raise SandboxError(f"installing pip into /usr/local failed (exit {proc.returncode}): "
+                           + " | ".join(proc.stdout.strip().splitlines()[-3:]))
+    installed = sorted(root.glob("usr/local/lib/python3.*/dist-packages/pip"))
+    if not installed:
+        raise SandboxError("pip installed into /usr/local but not under usr/local/lib/python3.*/dist-packages")
+    (installed[-1].parent.parent / "site-packages").symlink_to("dist-packages")
+
+
+def _import(client: docker.APIClient, root: Path, ref: str, suite: str) -> None:
     repository, tag = ref.rsplit(":", 1)
-    changes = [*_CHANGES, f"LABEL {CONTENT_LABEL}={content_hash()}"]
+    changes = [*_CHANGES, f"LABEL {CONTENT_LABEL}={content_hash(suite)}"]
     # GNU tar keeps owners, modes, device nodes and hard links exactly; stream it so memory stays flat.
     tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-cf", "-", "."], stdout=subprocess.PIPE)
 
@@ -283,14 +365,24 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     build = sub.add_parser("build", help="build the base image if missing; print its reference last")
     build.add_argument("--image", default=None, help=f"use this image instead (default: ${ENV_IMAGE})")
+    build.add_argument("--suite", default=DEFAULT_SUITE, choices=sorted(SUITES),
+                       help=f"the distribution release (default: {DEFAULT_SUITE}); see sandbox.base_suites")
     build.add_argument("--trust-host-ca", action="store_true", default=None,
                        help=f"also build the layer that trusts this host's CA bundle (default: ${ENV_TRUST_HOST_CA})")
-    sub.add_parser("ref", help="print the default base image's reference without building")
+    ref = sub.add_parser("ref", help="print the default base image's reference without building")
+    ref.add_argument("--suite", default=DEFAULT_SUITE, choices=sorted(SUITES), help="the distribution release")
     args = parser.parse_args(argv)
     if args.cmd == "ref":
-        print(base_image_ref())
+        print(base_image_ref(args.suite))
         return 0
-    print(ensure_base_image(override=args.image, log=True, trust_host_ca=args.trust_host_ca), flush=True)
+    try:
+        image = ensure_base_image(override=args.image, log=True, trust_host_ca=args.trust_host_ca, suite=args.suite)
+    except SandboxError as e:  # the details (debootstrap's last output) above, the one line that says why last
+        detail = str(e).splitlines()
+        if len(detail) > 1:
+            print("\n".join(detail[1:]), file=sys.stderr)
+        parser.error(f"cannot build the {args.suite} base: {detail[0] if detail else type(e).__name__}")
+    print(image, flush=True)
     return 0
 
 

@@ -42,6 +42,7 @@ import docker
 import docker.errors
 
 from sandbox.docker_build import BuildFailed, docker_build
+from sandbox.base_mapping import SUITE_PATTERNS, image_names, lazy_ref, parse_lazy_ref
 from sandbox.dockerfile_compat import DockerfileFormError, classic_builder_form
 from sandbox.daemon import default_run_id, owner_labels
 from sandbox.image_cache import (IMAGE_REPO, TaskImage, cache_size, prune_task_images,
@@ -52,10 +53,6 @@ from sandbox.test_deps import TestDeps
 from sandbox.verify import is_protected
 
 DirStat = tuple[int, int, int, float]  # mode, uid, gid, mtime
-# Terminal-Bench 1's generic base images (Ubuntu, or Debian with Python; WORKDIR /app) map onto the base as well;
-# its task-specific ones (t-bench/deveval, ...) hold toolchains the base lacks, so they must be loaded.
-DEFAULT_OVERRIDE_PATTERNS = ("debian:*", "ubuntu:*", "python:*", "ghcr.io/laude-institute/t-bench/python-3-*",
-                             "ghcr.io/laude-institute/t-bench/ubuntu-*")
 _FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 _COPY_FROM_RE = re.compile(r"^\s*COPY\s+(?:--\S+\s+)*?--from=(\S+)", re.IGNORECASE)
 _BUILD_LOCKS: dict[str, threading.Lock] = {}
@@ -69,12 +66,32 @@ class TaskImageError(RuntimeError):
 
 
 def default_base_image_overrides(*, trust_host_ca: bool | None = None) -> dict[str, str]:
-    """debian:*, ubuntu:*, python:* and Terminal-Bench's base images -> the local sandbox base image (built if
-    missing); `trust_host_ca` (None: $T1_TRUST_HOST_CA): its layer that trusts this host's CA bundle."""
-    from sandbox.base_image import ensure_base_image  # the runtime's base image (Debian bookworm minbase)
+    """debian:*, ubuntu:*, python:* and Terminal-Bench's base images -> the local sandbox base of the same
+    release (sandbox.base_mapping); `trust_host_ca` (None: $T1_TRUST_HOST_CA): its layer that trusts this host's
+    CA bundle. The bookworm base is built here if missing; another release's only when a task's FROM needs it
+    (its target is a placeholder that build_task_image resolves)."""
+    from sandbox.base_image import ensure_base_image, trust_host_ca_default
 
-    base = ensure_base_image(trust_host_ca=trust_host_ca)
-    return {pattern: base for pattern in DEFAULT_OVERRIDE_PATTERNS}
+    trust = trust_host_ca_default() if trust_host_ca is None else trust_host_ca
+    base = ensure_base_image(trust_host_ca=trust)
+    return {pattern: base if suite == "bookworm" else lazy_ref(suite, trust_host_ca=trust)
+            for pattern, suite in SUITE_PATTERNS}
+
+
+def resolve_base(ref: str) -> str:
+    """`ref`, or the base image a sandbox.base_mapping placeholder stands for (built now when missing)."""
+    lazy = parse_lazy_ref(ref)
+    if lazy is None:
+        return ref
+    from sandbox.base_image import ensure_base_image
+    from sandbox.errors import SandboxError
+
+    suite, trust = lazy
+    try:
+        with _lock_for(ref):  # one build per process; the build itself holds a file lock across processes
+            return ensure_base_image(suite=suite, trust_host_ca=trust, log=True)
+    except (SandboxError, ValueError) as e:
+        raise TaskImageError(f"the {suite} base image cannot be built: {str(e).splitlines()[0]}") from None
 
 
 def parse_override(spec: str) -> tuple[str, str]:
@@ -234,13 +251,10 @@ def _rewrite_from_lines(text: str, overrides: Mapping[str, str],
 
 
 def _resolve_override(image: str, overrides: Mapping[str, str]) -> str:
-    candidates = [image]
-    for prefix in ("docker.io/library/", "docker.io/", "library/"):
-        if image.startswith(prefix):
-            candidates.append(image[len(prefix):])
+    candidates = image_names(image)
     for pattern, target in overrides.items():
         if any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
-            return target
+            return resolve_base(target)
     return image
 
 
