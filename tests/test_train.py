@@ -35,7 +35,10 @@ TINY = ["--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.co
         "--run.checkpoint_every=2",
         "--optim.lr_actor=1e-3",
         "--algo.kl_coef=0.1",  # KL on: resume must reload the anchor policy too
-        "--algo.actor_push=center"]  # two episodes often score alike; the test needs actor updates
+        "--algo.actor_push=center",  # two episodes often score alike; the test needs actor updates
+        # The untrained model uses every turn, so every episode is cut at max_turns=2: scored where it stopped, its
+        # (forced or real) reward reaches the update; bootstrapped (the default), the critic's value would replace it.
+        "--algo.cut_episodes=terminal"]
 
 
 @pytest.fixture(scope="module")
