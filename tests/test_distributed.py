@@ -43,7 +43,8 @@ def _trajectories() -> list[SimpleNamespace]:
         mask[n // 2:] = True
         out.append(SimpleNamespace(token_ids=torch.randint(0, 301, (n,), generator=g).tolist(), loss_mask=mask,
                                    rollout_logprobs=torch.where(mask, -1.0, 0.0), routing=None, reward=reward,
-                                   num_tokens=n, turns=[SimpleNamespace(start=n // 2, end=n, tool_error=None)]))
+                                   num_tokens=n, turns=[SimpleNamespace(start=n // 2, end=n, tool_error=None)],
+                                   finish_reason="done"))
     return out
 
 

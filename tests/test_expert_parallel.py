@@ -183,7 +183,8 @@ def test_expert_parallel_run_equals_one_process_and_resumes_under_ep1(tmp_path) 
               "--rollout.max_tokens=640", "--algo.minibatch_tokens=700", "--warmstart.pretrain_steps=0",
               "--warmstart.sft_epochs=0", "--warmstart.critic_steps=1", "--run.checkpoint_every=2",
               "--optim.lr_actor=1e-3", "--algo.kl_coef=0.1", "--algo.actor_push=center",
-              "--rollout.batch_invariant=true", "--run.steps=3"]
+              "--rollout.batch_invariant=true", "--run.steps=3",
+              "--algo.cut_episodes=terminal"]  # every episode is cut at max_turns=2: its verifier count must train
     single, ep = tmp_path / "single", tmp_path / "ep2"
     assert train.main(["--out", str(single), *common]) == 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "t1core.train",
