@@ -291,6 +291,10 @@ def _ubuntu_script(debootstrap: str, codename: str) -> list[str]:
     return [str(scripts / "gutsy")]
 
 
+def _chroot() -> str:
+    return shutil.which("chroot") or "/usr/sbin/chroot"
+
+
 def _upgrade(root: Path, *, log: bool) -> None:
     """Bring the tree up to date from the -updates and -security pockets its sources name, as the release's
     official image is. debootstrap installs from the release pocket only; a base left there would have a task's
@@ -298,7 +302,7 @@ def _upgrade(root: Path, *, log: bool) -> None:
     tamper check (sandbox.verify) then rejects the run. apt checks the pockets' signatures with the keyring
     debootstrap installed in the tree."""
     t0 = time.monotonic()
-    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    chroot = _chroot()
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive", "LANG": "C.UTF-8"}
     proc_dir = root / "proc"
     mounted = subprocess.run(["mount", "-t", "proc", "proc", str(proc_dir)], capture_output=True).returncode == 0
@@ -324,7 +328,7 @@ def _install_local_pip(root: Path) -> None:
     pips = sorted(wheels.glob("pip-*.whl"))
     if not pips:
         raise SandboxError(f"{wheels}: no pip wheel (package python3-pip-whl)")
-    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    chroot = _chroot()
     cmd = [chroot, str(root), "/usr/bin/python3", f"/usr/share/python-wheels/{pips[-1].name}/pip", "install",
            "--no-index", "--find-links", "/usr/share/python-wheels", "--no-cache-dir", "--root-user-action=ignore",
            "--disable-pip-version-check", "pip", "setuptools", "wheel"]

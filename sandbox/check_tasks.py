@@ -232,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parallel < 1 or (args.sample is not None and args.sample < 1):
         parser.error(f"--parallel and --sample must be >= 1, got {args.parallel}, {args.sample}")
-    try:
-        harness = Harness.from_args(args)
-    except ValueError as e:
-        parser.error(str(e))
+    harness = Harness.from_args(args, parser)
     exit_on_signals()
     try:
         paths = find_tasks(args.dir)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 HEREDOC_PREFIX = ".t1-heredoc-"
 _HEREDOC_RE = re.compile(r"^(\s*(?:COPY|ADD)\s+(?:--\S+\s+)*)<<(-?)([\"']?)(\w+)\3\s+(\S+)\s*$", re.IGNORECASE)
+_RUN_HEREDOC_RE = re.compile(r"(?<!<)<<(?!<)-?([\"']?)([A-Za-z_]\w*)\1")
 _COPY_RE = re.compile(r"^(\s*(?:COPY|ADD)\s+)((?:--\S+\s+)*)(.+?)\s*$", re.IGNORECASE)
 
 
@@ -45,12 +46,24 @@ def classic_builder_form(text: str, context: Path) -> tuple[str, dict[str, bytes
             files[name] = "".join(f"{b}\n" for b in body).encode()
             out.append(f"{head}{name} {dest}")
             continue
-        if "<<" in line and line.lstrip().upper().startswith(("COPY", "ADD", "RUN")):
+        if _unhandled_heredoc(line, lines[i + 1:]):
             raise DockerfileFormError(f"a here-document in {line.strip()[:60]!r}: only `COPY <<DELIM dest` with one "
                                       "here-document is rewritten for the classic builder")
         out.append(_directory_destination(line, context))
         i += 1
     return "\n".join(out) + "\n", files
+
+
+def _unhandled_heredoc(line: str, later: list[str]) -> bool:
+    """A here-document the rewrite above did not take: any `<<` in a COPY/ADD line; in a RUN line, an opener whose
+    delimiter closes on a later line (a RUN's `$((1 << n))` or `<<<` here-string is the shell's, valid as it is)."""
+    word = line.lstrip().split(None, 1)[0].upper() if line.strip() else ""
+    if word in ("COPY", "ADD"):
+        return "<<" in line
+    if word != "RUN":
+        return False
+    opener = _RUN_HEREDOC_RE.search(line)
+    return opener is not None and any(other.strip() == opener.group(2) for other in later)
 
 
 def _heredoc_body(lines: list[str], start: int, delim: str, *, strip_tabs: bool) -> tuple[list[str], int]:

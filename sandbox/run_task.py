@@ -92,9 +92,13 @@ class Harness:
                                  "timeout_multiplier), for machines slower than the task author's")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Harness:
-        return cls(network=args.network, agent_processes=args.agent_processes,
-                   timeout_multiplier=args.timeout_multiplier)
+    def from_args(cls, args: argparse.Namespace, parser: argparse.ArgumentParser) -> Harness:
+        """The value `add_arguments` parsed; a bad one ends the CLI through `parser.error` (one line, exit 2)."""
+        try:
+            return cls(network=args.network, agent_processes=args.agent_processes,
+                       timeout_multiplier=args.timeout_multiplier)
+        except ValueError as e:
+            parser.error(str(e))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,10 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     Harness.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
-    try:
-        harness = Harness.from_args(args)
-    except ValueError as e:
-        parser.error(str(e))
+    harness = Harness.from_args(args, parser)
     exit_on_signals()
     try:
         task = load_task(args.task_dir)

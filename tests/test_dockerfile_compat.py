@@ -53,6 +53,9 @@ def test_forms_it_cannot_rewrite_are_named() -> None:
         classic_builder_form("FROM x\nCOPY <<EOT /a\nbody\n", Path("."))
     with pytest.raises(DockerfileFormError, match="only `COPY <<DELIM dest`"):
         classic_builder_form("FROM x\nRUN <<EOF\necho hi\nEOF\n", Path("."))
+    # The shell's own `<<` in a one-line RUN (a shift, a here-string) is not a here-document: left as written.
+    shell = "FROM x\nRUN echo $((1 << 3)) && cat <<< hi\nRUN echo $((1<<n))\n"
+    assert classic_builder_form(shell, Path(".")) == (shell, {})
 
 
 @pytest.mark.docker
