@@ -3,7 +3,7 @@ full, and does doing nothing score less?
 
     python -m sandbox.check_tasks DIR [--parallel N] [--json] [--sample K --seed S] [--trust-host-ca]
                                       [--network asked|harness] [--agent-processes kill|keep]
-                                      [--timeout-multiplier K]
+                                      [--pth-files tamper|allow] [--timeout-multiplier K]
                                       [--base-image PATTERN=IMAGE]
 
 DIR holds task directories (Harbor or Terminal-Bench 1 layout), or is one. For each task, with at most N tasks

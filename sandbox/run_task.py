@@ -42,7 +42,7 @@ from sandbox.task_images import TaskImageError, build_task_image, default_base_i
 from sandbox.signals import exit_on_signals
 from sandbox.tasks import (NETWORK_MODES, NetworkMode, Task, TaskFormatError, load_task, reference_solution,
                            sandbox_network)
-from sandbox.verify import AGENT_PROCESSES, VerifierResult, run_verifiers
+from sandbox.verify import AGENT_PROCESSES, PTH_FILES, VerifierResult, run_verifiers
 
 SOLUTION_DIR = "/solution"  # where Harbor puts a task's solution/ folder
 
@@ -57,6 +57,9 @@ class Harness:
     agent_processes: str = "kill"
     """'kill': every process the agent left dies before the tests; 'keep': they run through them, as the harnesses
     leave them (`sandbox.verify.run_verifiers`: for trusted agents only)."""
+    pth_files: str = "tamper"
+    """'tamper': a new or changed .pth in site-packages counts as tampering; 'allow': it does not, as the harnesses
+    (which check nothing) (`sandbox.verify.run_verifiers`: for trusted agents only)."""
     timeout_multiplier: float = 1.0
     """Scales the task's build, agent and verifier time limits, as Harbor's `timeout_multiplier` does: on a slow or
     loaded machine a task's limits, set on the author's, cut runs that would finish."""
@@ -66,6 +69,8 @@ class Harness:
             raise ValueError(f"network: expected one of {NETWORK_MODES}, got {self.network!r}")
         if self.agent_processes not in AGENT_PROCESSES:
             raise ValueError(f"agent_processes: expected one of {AGENT_PROCESSES}, got {self.agent_processes!r}")
+        if self.pth_files not in PTH_FILES:
+            raise ValueError(f"pth_files: expected one of {PTH_FILES}, got {self.pth_files!r}")
         if not (self.timeout_multiplier > 0 and math.isfinite(self.timeout_multiplier)):
             raise ValueError(f"timeout_multiplier: expected a finite number > 0, got {self.timeout_multiplier}")
 
@@ -87,6 +92,10 @@ class Harness:
                             help="kill (default): every process the agent (here the solution) left dies before the "
                                  "tests; keep: they run through the tests, as Terminal-Bench's and Harbor's harnesses "
                                  "leave them (servers the tests talk to); for trusted agents only (sandbox.verify)")
+        parser.add_argument("--pth-files", choices=PTH_FILES, default="tamper",
+                            help="tamper (default): a .pth file the agent adds or changes in site-packages counts as "
+                                 "tampering (its import lines run in the verifier's interpreter); allow: it does not, "
+                                 "for solutions whose package installs add one; for trusted agents only")
         parser.add_argument("--timeout-multiplier", type=float, default=1.0, metavar="K",
                             help="scale every task's build, agent and verifier time limits by K (> 0; as Harbor's "
                                  "timeout_multiplier), for machines slower than the task author's")
@@ -96,7 +105,7 @@ class Harness:
         """The value `add_arguments` parsed; a bad one ends the CLI through `parser.error` (one line, exit 2)."""
         try:
             return cls(network=args.network, agent_processes=args.agent_processes,
-                       timeout_multiplier=args.timeout_multiplier)
+                       pth_files=args.pth_files, timeout_multiplier=args.timeout_multiplier)
         except ValueError as e:
             parser.error(str(e))
 
@@ -149,7 +158,7 @@ def run_task_report(task: Task, *, script: str | None = None, base_image_overrid
                                   env=dict(task.solution_env) if solution else None)
             ran = ScriptRun(exit_code=r.exit_code, output=r.output, timed_out=r.timed_out,
                             duration_s=time.monotonic() - t0)
-        return run_verifiers(sb, task, agent_processes=harness.agent_processes), ran
+        return run_verifiers(sb, task, agent_processes=harness.agent_processes, pth_files=harness.pth_files), ran
 
 
 def _interactive_shell(sb: DockerSandbox, workdir: str) -> None:

@@ -14,7 +14,8 @@ Each step closes a way for the agent to influence its own score:
    pytest and what it imports, .pth files, the shells and tools the verifier calls, shared libraries or the
    ld.so configuration (other packages in site-packages may change: tasks have the agent install them; so may
    a package install's new libraries and the loader cache it rewrites, as long as every library the image had
-   still resolves to the same file: `_ImageFiles.installed_alongside`, `sandbox.ldcache`). A
+   still resolves to the same file: `_ImageFiles.installed_alongside`, `sandbox.ldcache`; `pth_files='allow'`
+   accepts .pth files, for trusted agents). A
    tampered sandbox scores 0 of the static test count, with the paths reported. Changed .pyc files there do not
    count as tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never
    reads them.
@@ -103,14 +104,23 @@ def _is_site_dir(path: str) -> bool:
 _INTERPRETER_RE = re.compile(r"^/usr(?:/local)?/bin/python[0-9.]*$")
 
 
-def is_protected(path: str) -> bool:
-    """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery."""
+# What `pth_files='allow'` accepts in site-packages: .pth files and the module setuptools' own .pth imports.
+_PTH_MODULES = frozenset({"_distutils_hack"})
+PTH_FILES = ("tamper", "allow")
+
+
+def is_protected(path: str, *, pth_files: str = "tamper") -> bool:
+    """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery. `pth_files='allow'`
+    lets .pth files in site-packages change (see `run_verifiers`)."""
     if _INTERPRETER_RE.match(path):
         return True
     site = _SITE_DIR_RE.match(path)
     if site is not None and site.group(1) is not None:
         top = site.group(1)
-        return top.endswith(".pth") or top.split(".", 1)[0].split("-", 1)[0] in VERIFIER_MODULES
+        module = top.split(".", 1)[0].split("-", 1)[0]
+        if pth_files == "allow" and (top.endswith(".pth") or module in _PTH_MODULES):
+            return False
+        return top.endswith(".pth") or module in VERIFIER_MODULES
     return path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
 
 
@@ -224,10 +234,15 @@ class VerifierResult:
 AGENT_PROCESSES = ("kill", "keep")
 
 
-def run_verifiers(sandbox: DockerSandbox, task: Task, *, agent_processes: str = "kill") -> VerifierResult:
+def run_verifiers(sandbox: DockerSandbox, task: Task, *, agent_processes: str = "kill",
+                  pth_files: str = "tamper") -> VerifierResult:
     """Verify the state the agent left in `sandbox` (a DockerSandbox running the task's image).
     `agent_processes`: 'kill' (every process the agent left dies before the checks) or 'keep' (they are frozen
     through the tamper check and run again with the tests; see the module docstring, step 1).
+    `pth_files`: 'tamper' (a new or changed .pth in site-packages counts as tampering) or 'allow' (it does not).
+    A package install can add one (setuptools' distutils-precedence.pth, an editable install's finder, cmeel.pth),
+    and its import lines run at the start of the verifier's interpreter, before pytest: agent code in the pytest
+    process. 'allow' is for trusted agents only (reference solutions, evaluation), as 'keep' is.
 
     Verifier commands run in fresh `docker exec`s, never in the agent's persistent shell (whose functions
     and traps the agent controls: even the runtime's `kill_all_processes` runs there, so it is not used).
@@ -237,6 +252,8 @@ def run_verifiers(sandbox: DockerSandbox, task: Task, *, agent_processes: str = 
     """
     if agent_processes not in AGENT_PROCESSES:
         raise ValueError(f"agent_processes must be one of {AGENT_PROCESSES}, got {agent_processes!r}")
+    if pth_files not in PTH_FILES:
+        raise ValueError(f"pth_files must be one of {PTH_FILES}, got {pth_files!r}")
     keep = agent_processes == "keep"
     start = time.monotonic()
     work = f"/.t1-verify-{secrets.token_hex(16)}"
@@ -248,7 +265,7 @@ def run_verifiers(sandbox: DockerSandbox, task: Task, *, agent_processes: str = 
     # the tests.
     with docker_errors("inspecting the sandbox"):
         info = docker_client().inspect_container(sandbox.id)
-    tampered, pyc_changed = _inspect_changes(sandbox, info)
+    tampered, pyc_changed = _inspect_changes(sandbox, info, pth_files=pth_files)
     if tampered:  # checked before `code`: deleting bash or env also makes the sweep itself fail
         return _all_failed(task, start, error="tampered: the verifier's interpreter, shells or libraries were "
                            f"modified ({len(tampered)} paths)", tampered=tuple(tampered))
@@ -415,7 +432,8 @@ def tampered_paths(sandbox: DockerSandbox) -> list[str]:
     return _inspect_changes(sandbox, info)[0]
 
 
-def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list[str], bool]:
+def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any], *,
+                     pth_files: str = "tamper") -> tuple[list[str], bool]:
     """(tampered paths, whether any .pyc under the protected prefixes changed), judged from the container's
     changes: read from its overlay2 upper directory when the daemon's storage is visible here, else from
     `docker diff`. Both are computed outside the container."""
@@ -432,7 +450,7 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any]) -> tuple[list
             continue
         if kind in ("added", "modified") and _is_site_dir(path):
             continue  # a site directory made (or its mode changed): what lands in it is judged entry by entry
-        protected = is_protected(path) or (kind in ("deleted", "replaced") and _holds_protected(path))
+        protected = is_protected(path, pth_files=pth_files) or (kind in ("deleted", "replaced") and _holds_protected(path))
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
         elif protected and not (image is not None and image.installed_alongside(path, kind)):

@@ -225,7 +225,8 @@ _CHANGE_SCRIPTS = {
     "site_package": f"mkdir -p {_SITE}/mylib {_SITE}/__pycache__ && echo X=1 > {_SITE}/mylib/__init__.py && "
                     f"touch {_SITE}/__pycache__/six.cpython-311.pyc /usr/lib/python3/dist-packages/mylib2.py "
                     "/usr/local/bin/python-grpc-tools-protoc",
-    "site_pth": f"mkdir -p {_SITE} && echo 'import os' > {_SITE}/zzz.pth",
+    "site_pth": f"mkdir -p {_SITE}/_distutils_hack && echo 'import os' > {_SITE}/zzz.pth && "
+                f"touch {_SITE}/_distutils_hack/__init__.py",
     # A new site directory (an apt-installed python3-* package makes /usr/lib/python3.11/dist-packages) is not
     # tampering; deleting the one that holds Debian's pytest is.
     "new_site_dir": "mkdir /usr/lib/python3.11/dist-packages && touch /usr/lib/python3.11/dist-packages/m.py",
@@ -252,15 +253,21 @@ _CHANGE_SCRIPTS = {
 def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]) -> None:
     from sandbox.verify import _inspect_changes, _upper_dir_changes
 
-    def judge(script: str) -> tuple[tuple[list[str], bool], tuple[list[str], bool]]:
+    def judge(script: str) -> tuple[tuple[list[str], bool], tuple[list[str], bool], list[str]]:
         with DockerSandbox(overrides["debian:*"], run_id=RUN_ID) as sb:
             assert sb.run(script, timeout=30).exit_code == 0, script
             info = docker_client().inspect_container(sb.id)
             assert _upper_dir_changes(info) is not None  # the fast path is the one under test here
-            return _inspect_changes(sb, info), _inspect_changes(sb, {**info, "GraphDriver": {}})
+            return (_inspect_changes(sb, info), _inspect_changes(sb, {**info, "GraphDriver": {}}),
+                    _inspect_changes(sb, info, pth_files="allow")[0])
 
     with ThreadPoolExecutor(NUM_WORKERS) as pool:
         results = dict(zip(_CHANGE_SCRIPTS, pool.map(judge, _CHANGE_SCRIPTS.values())))
+    allowing_pth = {name: allowed for name, (_, _, allowed) in results.items()}
+    results = {name: (upper, diff) for name, (upper, diff, _) in results.items()}
+    # pth_files='allow' accepts the .pth and the module setuptools' .pth imports, and nothing else.
+    assert allowing_pth.pop("site_pth") == []
+    assert allowing_pth == {name: upper[0] for name, (upper, _) in results.items() if name != "site_pth"}
     for name, (upper, diff) in results.items():
         if name == "renamed_back":  # the same tree again: docker diff compares equal, the upper dir holds a copy
             assert "/usr/lib/python3.11/json/__init__.py" in upper[0], (upper, diff)  # stricter, never laxer
@@ -273,7 +280,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
         assert bool(upper[0]) == bool(diff[0]) and upper[1] == diff[1], (name, upper, diff)
     assert results["app"][0] == ([], False) and results["pyc"][0] == ([], True)
     assert results["site_package"][0] == ([], False) and results["site_verifier_bytecode"][0] == ([], True)
-    assert results["site_pth"][0][0] == [f"{_SITE}/zzz.pth"]
+    assert results["site_pth"][0][0] == [f"{_SITE}/_distutils_hack/__init__.py", f"{_SITE}/zzz.pth"]
     assert results["new_site_dir"][0] == ([], False)
     assert results["deleted_site_dir"][0][0] == ["/usr/lib/python3/dist-packages"]
     assert results["site_pytest_shadow"][0][0] == [f"{_SITE}/pytest/__init__.py"]
@@ -387,9 +394,12 @@ def test_harness_options_scale_the_time_limits_and_name_bad_values(tmp_path: Pat
     for bad, said in (({"timeout_multiplier": 0.0}, "timeout_multiplier: expected a finite number > 0, got 0.0"),
                       ({"timeout_multiplier": float("inf")}, "timeout_multiplier"),
                       ({"agent_processes": "spare"}, "agent_processes: expected one of ('kill', 'keep')"),
-                      ({"network": "open"}, "network: expected one of ('asked', 'harness')")):
+                      ({"network": "open"}, "network: expected one of ('asked', 'harness')"),
+                      ({"pth_files": "ignore"}, "pth_files: expected one of ('tamper', 'allow')")):
         with pytest.raises(ValueError, match=re.escape(said)):
             Harness(**bad)
+    with pytest.raises(ValueError, match="pth_files"):
+        run_verifiers(None, task, pth_files="ignore")  # type: ignore[arg-type]
 
 @pytest.mark.docker
 def test_freeze_stops_every_agent_process_and_thaw_resumes_them(overrides: dict[str, str]) -> None:
