@@ -2,7 +2,7 @@
 
     python -m sandbox.run_task TASK_DIR [--solution | --script FILE | --shell] [--base-image PATTERN=IMAGE]
                                [--trust-host-ca] [--network asked|harness] [--agent-processes kill|keep]
-                               [--timeout-multiplier K] [--json]
+                               [--pth-files tamper|allow] [--timeout-multiplier K] [--json]
 
 `--solution` runs the task's reference solution (Harbor: solution/ is uploaded to /solution and solve.sh runs
 from there; TB1: solution.sh, or the commands of solution.yaml), `--script FILE` a given bash script, `--shell`
@@ -58,8 +58,8 @@ class Harness:
     """'kill': every process the agent left dies before the tests; 'keep': they run through them, as the harnesses
     leave them (`sandbox.verify.run_verifiers`: for trusted agents only)."""
     pth_files: str = "tamper"
-    """'tamper': a new or changed .pth in site-packages counts as tampering; 'allow': it does not, as the harnesses
-    (which check nothing) (`sandbox.verify.run_verifiers`: for trusted agents only)."""
+    """'tamper': a new or changed .pth in site-packages counts as tampering; 'allow': it does not, as in the
+    harnesses, which have no tamper check (`sandbox.verify.run_verifiers`: for trusted agents only)."""
     timeout_multiplier: float = 1.0
     """Scales the task's build, agent and verifier time limits, as Harbor's `timeout_multiplier` does: on a slow or
     loaded machine a task's limits, set on the author's, cut runs that would finish."""

@@ -111,16 +111,16 @@ PTH_FILES = ("tamper", "allow")
 
 def is_protected(path: str, *, pth_files: str = "tamper") -> bool:
     """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery. `pth_files='allow'`
-    lets .pth files in site-packages change (see `run_verifiers`)."""
+    lets .pth files in site-packages, and `_PTH_MODULES`, change (see `run_verifiers`)."""
     if _INTERPRETER_RE.match(path):
         return True
     site = _SITE_DIR_RE.match(path)
     if site is not None and site.group(1) is not None:
         top = site.group(1)
-        module = top.split(".", 1)[0].split("-", 1)[0]
-        if pth_files == "allow" and (top.endswith(".pth") or module in _PTH_MODULES):
+        pth, module = top.endswith(".pth"), top.split(".", 1)[0].split("-", 1)[0]
+        if pth_files == "allow" and (pth or module in _PTH_MODULES):
             return False
-        return top.endswith(".pth") or module in VERIFIER_MODULES
+        return pth or module in VERIFIER_MODULES
     return path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
 
 
@@ -450,7 +450,8 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any], *,
             continue
         if kind in ("added", "modified") and _is_site_dir(path):
             continue  # a site directory made (or its mode changed): what lands in it is judged entry by entry
-        protected = is_protected(path, pth_files=pth_files) or (kind in ("deleted", "replaced") and _holds_protected(path))
+        protected = (is_protected(path, pth_files=pth_files)
+                     or (kind in ("deleted", "replaced") and _holds_protected(path)))
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
         elif protected and not (image is not None and image.installed_alongside(path, kind)):
