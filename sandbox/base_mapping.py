@@ -5,7 +5,7 @@ matching pattern wins; what matches none is left as it is (it must then be loade
 - debian:13 / trixie, python:3.13 and python:*-trixie -> trixie. The python:* images are about their Python:
   tasks pin pip packages for it and use its paths (/usr/local/lib/python3.13), and trixie's Python is 3.13, so
   python:3.13-slim-bookworm goes there too (the apt packages those tasks install all exist in trixie but one,
-  libgconf-2-4: docs/terminal-bench-bases.md). TB1's t-bench/python-3-13 image is python:3.13 plus tmux.
+  two, libgconf-2-4 and libgl1-mesa-glx, the latter renamed to its successors: `renamed_packages`). TB1's t-bench/python-3-13 image is python:3.13 plus tmux.
 - ubuntu:24.04 / noble and TB1's t-bench/ubuntu-24-04 -> noble; ubuntu:22.04 / jammy -> jammy.
 - every other debian:*, ubuntu:*, python:* -> bookworm, as before. python:3.8-3.12 keep bookworm (Python 3.11):
   no Debian release has their Python (bullseye's 3.9 aside), their tags mostly say -bookworm, and trading the
@@ -18,6 +18,7 @@ debootstrap, only when some task's FROM maps onto it.
 from __future__ import annotations
 
 import fnmatch
+import re
 
 # (glob on the FROM image without docker.io/library/, suite), most specific first.
 SUITE_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -67,3 +68,25 @@ def parse_lazy_ref(ref: str) -> tuple[str, bool] | None:
         return None
     suite, _, flag = ref[len(LAZY_PREFIX):].partition(",")
     return suite, flag == "ca"
+
+
+# Packages that a bookworm-named image's apt lines install and trixie dropped, with what replaced them. Only
+# transitional packages whose whole content was their dependencies are here (bookworm's libgl1-mesa-glx depends
+# on exactly libgl1 and libglx-mesa0), so the rename installs the same files. libgconf-2-4 (one TB2 task) has no
+# successor in trixie and stays as written.
+TRIXIE_SUCCESSORS: dict[str, str] = {"libgl1-mesa-glx": "libgl1 libglx-mesa0"}
+
+
+def renamed_packages(image: str, suite: str) -> dict[str, str]:
+    """Package renames for the lines after `FROM image` when it runs on `suite`'s base: TRIXIE_SUCCESSORS for a
+    bookworm-named image placed on trixie (python:3.13-slim-bookworm), else none."""
+    if suite == "trixie" and any("bookworm" in name for name in image_names(image)):
+        return TRIXIE_SUCCESSORS
+    return {}
+
+
+def rename_packages(line: str, renames: dict[str, str]) -> str:
+    """`line` with each package of `renames` named as a whole word (not pinned: `pkg=1.2` is left) replaced."""
+    for old, new in renames.items():
+        line = re.sub(rf"(?<![\w.+:/=-]){re.escape(old)}(?![\w.+:/=-])", new, line)
+    return line

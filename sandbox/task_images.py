@@ -42,7 +42,8 @@ import docker
 import docker.errors
 
 from sandbox.docker_build import BuildFailed, docker_build
-from sandbox.base_mapping import SUITE_PATTERNS, image_names, lazy_ref, parse_lazy_ref
+from sandbox.base_mapping import (SUITE_PATTERNS, image_names, lazy_ref, parse_lazy_ref, rename_packages,
+                                  renamed_packages)
 from sandbox.dockerfile_compat import DockerfileFormError, classic_builder_form
 from sandbox.daemon import default_run_id, owner_labels
 from sandbox.image_cache import (IMAGE_REPO, TaskImage, cache_size, prune_task_images,
@@ -214,11 +215,14 @@ def _rewrite_from_lines(text: str, overrides: Mapping[str, str],
     images that `COPY --from=` names (with their line numbers).
 
     A FROM mapped onto another image keeps the working directory the original image sets (INHERITED_WORKDIRS):
-    a `WORKDIR` line follows it, so `COPY x ./` and `RUN bash setup.sh` land where they would have."""
+    a `WORKDIR` line follows it, so `COPY x ./` and `RUN bash setup.sh` land where they would have. A FROM mapped
+    onto a newer release than its name says has the packages that release renamed renamed in the lines after it
+    (sandbox.base_mapping.renamed_packages)."""
     stages: list[str] = []
     bases: list[str] = []
     copy_from: list[tuple[str, int]] = []
     lines = []
+    renames: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         cm = _COPY_FROM_RE.match(line)
         if cm:
@@ -227,7 +231,7 @@ def _rewrite_from_lines(text: str, overrides: Mapping[str, str],
                 copy_from.append((source, lineno))
         m = _FROM_RE.match(line)
         if not m:
-            lines.append(line)
+            lines.append(rename_packages(line, renames) if renames else line)
             continue
         head, flags, image, tail = m.groups()
         if "$" in image:
@@ -235,9 +239,11 @@ def _rewrite_from_lines(text: str, overrides: Mapping[str, str],
                                  "supported (name the image literally)")
         alias = tail.split()
         stage_name = alias[1].lower() if len(alias) == 2 and alias[0].upper() == "AS" else f"#{len(stages)}"
-        if image.lower() in stages:  # FROM an earlier build stage: not an external image
+        if image.lower() in stages:  # FROM an earlier build stage: not an external image (its renames hold)
             lines.append(line)
         else:
+            lazy = parse_lazy_ref(_matching_override(image, overrides) or "")
+            renames = renamed_packages(image, lazy[0]) if lazy else {}
             target = _resolve_override(image, overrides)
             bases.append(target)
             lines.append(f"{head}{flags}{target}{tail}")
@@ -250,12 +256,16 @@ def _rewrite_from_lines(text: str, overrides: Mapping[str, str],
     return "\n".join(lines) + "\n", bases, copy_from
 
 
-def _resolve_override(image: str, overrides: Mapping[str, str]) -> str:
+def _matching_override(image: str, overrides: Mapping[str, str]) -> str | None:
+    """The target of the first pattern of `overrides` that `image` matches (a placeholder left unresolved)."""
     candidates = image_names(image)
-    for pattern, target in overrides.items():
-        if any(fnmatch.fnmatchcase(c, pattern) for c in candidates):
-            return resolve_base(target)
-    return image
+    return next((target for pattern, target in overrides.items()
+                 if any(fnmatch.fnmatchcase(c, pattern) for c in candidates)), None)
+
+
+def _resolve_override(image: str, overrides: Mapping[str, str]) -> str:
+    target = _matching_override(image, overrides)
+    return image if target is None else resolve_base(target)
 
 
 def _local_image_id(client: docker.DockerClient, ref: str, dockerfile: Path, *,

@@ -24,9 +24,11 @@ Each step closes a way for the agent to influence its own score:
 4. pytest kind: a fresh `docker exec` runs pytest as root with an empty environment (`env -i` plus the
    container's configured Env, without PYTHON*/LD_* variables), `python3 -I -B`, our own ini file,
    `--rootdir`/`--confcutdir` at the test directory (no conftest.py above it is loaded), no cache
-   provider, plugin autoload off, under `timeout -k`. Results come from pytest's JUnit XML at a random
-   path; a small in-process recorder also writes collection and per-test outcomes as they happen, so a run
-   cut at its timeout still knows its total and which tests finished (the rest count as failed).
+   provider, plugin autoload off, under `timeout -k`, from the container's working directory, which is
+   appended to sys.path (`python -m pytest` puts it first; last, nothing there shadows pytest). Results come
+   from pytest's JUnit XML at a random path; a small in-process recorder also writes collection and per-test
+   outcomes as they happen, so a run cut at its timeout still knows its total and which tests finished (the
+   rest count as failed).
    Printed text is never parsed: the XML comes back after the log, cut by its byte count from the end.
    script kind, Harbor: run tests/test.sh the same way, then read
    /logs/verifier/reward.json (every key is one verifier; a value >= 1 passes), else reward.txt (one
@@ -657,8 +659,8 @@ def _missing_dependency(output: str) -> str | None:
     """'verifier_error: ...' naming the module or host the tests could not reach, read from their
     output (for people: the score is never read from text). None when the output names none."""
     for regex, what in ((_MISSING_MODULE_RE, "the tests import the module {!r}, which the image does not have "
-                         "(a test dependency the task's test script installs at verification time; see "
-                         "sandbox.test_deps)"),
+                         "(a test dependency the task's test script installs at verification time, see "
+                         "sandbox.test_deps, or a module the agent was to write in the working directory)"),
                         (_MISSING_HOST_RE, "the tests need the host {!r}, which cannot be reached from the sandbox")):
         m = regex.search(output)
         if m:
@@ -770,8 +772,13 @@ def _all_failed(task: Task, start: float, *, error: str, tampered: tuple[str, ..
 
 # Runs inside the sandbox: pytest.main with a recorder plugin that appends JSON lines as results arrive.
 _RUNNER = r'''
-import json, sys
+import json, os, sys
 import pytest
+
+# `python -m pytest`, as the harnesses run it from the task's working directory, puts that directory on sys.path:
+# tests import the agent's modules by bare name (`from eigen import ...` with eigen.py in /app). -I leaves it
+# out; it goes at the end, so nothing planted there shadows pytest, the standard library or an installed package.
+sys.path.append(os.getcwd())
 
 class Recorder:
     def __init__(self, path):

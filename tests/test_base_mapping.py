@@ -86,6 +86,32 @@ def test_placeholder_is_resolved_only_when_used() -> None:
     assert bases == ["t1-sandbox-base:abc"] and text.startswith("FROM t1-sandbox-base:abc\n")
 
 
+def test_a_bookworm_named_image_on_trixie_installs_the_successors_of_dropped_packages(monkeypatch) -> None:
+    """TB2's build-cython-ext and video-processing (python:3.13-slim-bookworm, run on trixie) install
+    libgl1-mesa-glx, which trixie dropped: its successors are installed instead, in that stage only, and a pinned
+    or longer name is left as written. An image named for trixie, or mapped by the user, keeps its lines."""
+    monkeypatch.setattr("sandbox.task_images.resolve_base", lambda ref: f"resolved({ref})")  # no base build
+    table = {"python:3.13*": lazy_ref("trixie", trust_host_ca=False), "debian:*": "t1-sandbox-base:abc"}
+    dockerfile = ("FROM python:3.13-slim-bookworm AS build\n"
+                  "RUN apt-get update && apt-get install -y git libgl1-mesa-glx \\\n"
+                  "    libgl1-mesa-glx-dev libgl1-mesa-glx=22.3.6 libglib2.0-0\n"
+                  "FROM build\nRUN apt-get install -y libgl1-mesa-glx\n"
+                  "FROM debian:bookworm\nRUN apt-get install -y libgl1-mesa-glx\n")
+    text, _, _ = _rewrite_from_lines(dockerfile, table, Path("Dockerfile"))
+    assert text.splitlines()[1:] == [
+        "RUN apt-get update && apt-get install -y git libgl1 libglx-mesa0 \\",
+        "    libgl1-mesa-glx-dev libgl1-mesa-glx=22.3.6 libglib2.0-0",
+        "FROM build", "RUN apt-get install -y libgl1 libglx-mesa0",
+        "FROM resolved(t1-sandbox-base:abc)", "RUN apt-get install -y libgl1-mesa-glx"], text
+    for image in ("python:3.13-slim-trixie", "python:3.13-slim"):
+        text, _, _ = _rewrite_from_lines(f"FROM {image}\nRUN apt-get install -y libgl1-mesa-glx\n", table,
+                                         Path("Dockerfile"))
+        assert text.endswith("RUN apt-get install -y libgl1-mesa-glx\n"), text
+    text, _, _ = _rewrite_from_lines("FROM python:3.13-slim-bookworm\nRUN apt-get install -y libgl1-mesa-glx\n",
+                                     {"python:*": "my-own-image:1"}, Path("Dockerfile"))
+    assert text.endswith("RUN apt-get install -y libgl1-mesa-glx\n"), text
+
+
 def test_tls_advice_knows_every_base() -> None:
     advice = tls_advice("x", from_images("FROM t1-sandbox-base-noble:abc\n"))
     assert "rerun with --trust-host-ca" in advice

@@ -466,6 +466,37 @@ def test_parametrized_tests_count_as_their_instances(tmp_path: Path, overrides: 
 
 
 @pytest.mark.docker
+def test_tests_import_the_agents_modules_from_the_working_directory(tmp_path: Path,
+                                                                     overrides: dict[str, str]) -> None:
+    """As under `python -m pytest` from the task's working directory, the tests import a module the agent wrote
+    there by bare name; modules planted there under the names of pytest and the standard library change nothing
+    (the directory is searched last)."""
+    task = _harbor_task(tmp_path, "import-cwd", tests={"test_mod.py": """
+        import os
+        os.chdir("/app")
+        from helper import answer
+
+        def test_answer():
+            assert answer() == 42
+
+        def test_fails():
+            assert answer() == 0
+        """})
+    helper = _plant("/app/helper.py", "def answer():\n    return 42")
+    # Each would end the run before any result is written: pytest and json are imported before the directory joins
+    # sys.path, faulthandler and xml (pytest's own plugins import them) after it.
+    stop = "import os\nos._exit(0)"
+    planted = "".join(_plant(f"/app/{name}", stop) for name in ("pytest.py", "json.py", "faulthandler.py",
+                                                                 "xml/__init__.py"))
+    result = _run(task, helper + planted, overrides)
+    assert result.per_test == {"test_mod.py::test_answer": True, "test_mod.py::test_fails": False}, \
+        (result.error, result.output[-800:])
+    missing = _run(task, None, overrides)  # nothing written: the import fails and so do both tests
+    assert missing.passed == 0 and not any(missing.per_test[t] for t in result.per_test), missing.per_test
+    assert "'helper'" in (missing.error or ""), missing.error
+
+
+@pytest.mark.docker
 def test_tests_arrive_byte_for_byte_inline_or_uploaded(tmp_path: Path, overrides: dict[str, str]) -> None:
     """Small test directories are written by the verifier's own exec, large ones uploaded: the same files,
     bytes and modes either way; and nothing a test prints can pose as the verifier's status line or XML."""
