@@ -48,9 +48,16 @@ def parse_test_deps(script: str) -> TestDeps:
     pip: list[str] = []
     apt: list[str] = []
     unreadable: list[str] = []
+    variables: dict[str, str] = {}
     for words in _commands(script):
         if not words:
             continue
+        if all(_ASSIGNMENT.match(w) for w in words):  # COMMIT=34bb... names a pin used further down
+            for word in words:
+                name, _, value = word.partition("=")
+                variables[name] = _expand(value, variables)
+            continue
+        words = [_expand(w, variables) for w in words]
         kind, args = _install_args(words)
         if kind == "with":
             for value in _option_values(words, ("-w", "--with")):
@@ -64,9 +71,20 @@ def parse_test_deps(script: str) -> TestDeps:
             unreadable.append(" ".join(words))
             continue
         (apt if kind == "apt" else pip).extend(packages)
-    pip = [p for p in dict.fromkeys(pip) if not _HARNESS_PIP.match(p) and not p.startswith(("$", "/", "."))]
-    apt = [p for p in dict.fromkeys(apt) if p not in _HARNESS_APT and not p.startswith("$")]
+    # A word still holding a variable ($PKG, a pin set outside the script) names no package this reader knows.
+    unreadable += [p for p in dict.fromkeys(pip + apt) if "$" in p]
+    pip = [p for p in dict.fromkeys(pip) if not _HARNESS_PIP.match(p) and "$" not in p and not p.startswith(("/", "."))]
+    apt = [p for p in dict.fromkeys(apt) if p not in _HARNESS_APT and "$" not in p]
     return TestDeps(pip=tuple(pip), apt=tuple(apt), unreadable=tuple(unreadable), setup=setup_steps(script))
+
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+
+
+def _expand(word: str, variables: dict[str, str]) -> str:
+    """`word` with $NAME and ${NAME} replaced for the names the script assigned (others are left as written)."""
+    return _VARIABLE.sub(lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), word)
 
 
 # The harness's own steps: installing (baked in at build), fetching and activating uv, and talking.
@@ -109,7 +127,8 @@ def setup_steps(script: str) -> str:
 
 def _commands(script: str) -> list[list[str]]:
     """Simple commands of `script`: continuation lines joined, comments dropped, split at ; && || | and
-    newlines; each as its words (a segment shlex cannot split is skipped)."""
+    newlines; each as its words (a segment shlex cannot split is skipped; VAR=value prefixes and sudo dropped,
+    a command of assignments alone kept as they are)."""
     text = script.replace("\\\n", " ")
     out = []
     for line in text.splitlines():
@@ -120,6 +139,9 @@ def _commands(script: str) -> list[list[str]]:
             try:
                 words = shlex.split(segment, comments=True)
             except ValueError:
+                continue
+            if words and all(_ASSIGNMENT.match(w) for w in words):  # assignments alone: kept, they set variables
+                out.append(words)
                 continue
             while words and ("=" in words[0] and not words[0].startswith("-") or words[0] in ("sudo", "exec")):
                 words = words[1:]  # VAR=value prefixes, sudo

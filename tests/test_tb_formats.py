@@ -99,6 +99,12 @@ def test_test_dependencies_read_from_uv_uvx_pip_and_apt() -> None:
     assert deps.apt == ("jq",)
     assert deps.unreadable == ("pip install -r requirements.txt",)
     assert not parse_test_deps("pytest $TEST_DIR/test_outputs.py -rA\n")
+    # A pin assigned in the script is read into the package (TB2 sam-cell-seg's COMMIT_HASH); one set outside it
+    # leaves the package unreadable, never installed under a literal '$' name.
+    deps = parse_test_deps("COMMIT='34bb'\nuvx -w 'git+https://example.org/x.git@${COMMIT}' -w pkg==$VER "
+                           "pytest /tests\napt-get install -y $EXTRA jq\n")
+    assert deps.pip == ("git+https://example.org/x.git@34bb",) and deps.apt == ("jq",)
+    assert deps.unreadable == ("pkg==$VER", "$EXTRA")
 
 
 def test_harbor_resources_sizes_network_and_unknown_keys(tmp_path: Path) -> None:
