@@ -794,7 +794,10 @@ class Recorder:
         if report.when == "teardown":
             self.f.write(json.dumps({"id": report.nodeid, "passed": ok}) + "\n")
 
-sys.exit(int(pytest.main(sys.argv[2:], plugins=[Recorder(sys.argv[1])])))
+# Guarded: a test that starts processes with the 'spawn' method (torch.multiprocessing.spawn) has each child
+# import this file as __mp_main__, which must not run pytest again.
+if __name__ == "__main__":
+    sys.exit(int(pytest.main(sys.argv[2:], plugins=[Recorder(sys.argv[1])])))
 '''
 
 # The verifier's own files in its work directory (written by `_work_dir_script` or `_upload_work_dir`).

@@ -497,6 +497,30 @@ def test_tests_import_the_agents_modules_from_the_working_directory(tmp_path: Pa
 
 
 @pytest.mark.docker
+def test_tests_may_start_processes_with_spawn(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """A test whose workers start by 'spawn' (torch.multiprocessing.spawn in TB2's torch-*-parallelism): each
+    child imports the verifier's entry script as __mp_main__ and must find the test's function, not a second
+    pytest run."""
+    task = _harbor_task(tmp_path, "spawn", tests={"test_spawn.py": """
+        import multiprocessing as mp
+
+        def square(x):
+            return x * x
+
+        def test_pool():
+            with mp.get_context("spawn").Pool(2) as pool:
+                assert pool.map(square, [1, 2, 3]) == [1, 4, 9]
+
+        def test_wrong():
+            with mp.get_context("spawn").Pool(1) as pool:
+                assert pool.map(square, [2]) == [5]
+        """})
+    result = _run(task, None, overrides)
+    assert result.per_test == {"test_spawn.py::test_pool": True, "test_spawn.py::test_wrong": False}, \
+        (result.error, result.output[-1500:])
+
+
+@pytest.mark.docker
 def test_tests_arrive_byte_for_byte_inline_or_uploaded(tmp_path: Path, overrides: dict[str, str]) -> None:
     """Small test directories are written by the verifier's own exec, large ones uploaded: the same files,
     bytes and modes either way; and nothing a test prints can pose as the verifier's status line or XML."""
