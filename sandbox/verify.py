@@ -14,8 +14,9 @@ Each step closes a way for the agent to influence its own score:
    pytest and what it imports, .pth files, the shells and tools the verifier calls, shared libraries or the
    ld.so configuration (other packages in site-packages may change: tasks have the agent install them; so may
    a package install's new libraries and the loader cache it rewrites, as long as every library the image had
-   still resolves to the same file: `_ImageFiles.installed_alongside`, `sandbox.ldcache`; `pth_files='allow'`
-   accepts .pth files, for trusted agents). A
+   still resolves to the same file, and the image's libraries that the verifier's programs never load:
+   `_ImageFiles.installed_alongside`, `sandbox.ldcache`, `sandbox.verifier_libs`; `pth_files='allow'` accepts
+   .pth files, for trusted agents). A
    tampered sandbox scores 0 of the static test count, with the paths reported. Changed .pyc files there do not
    count as tampering: Python then runs with a fresh `pycache_prefix`, so it compiles from source and never
    reads them.
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import io
 import json
 import math
@@ -62,6 +64,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 import sandbox.ldcache as ldcache
+import sandbox.verifier_libs as verifier_libs
 from sandbox.daemon import docker_client, docker_errors
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
@@ -519,6 +522,16 @@ class _ImageFiles:
                         return False
         return True
 
+    def unused_library(self, path: str) -> bool:
+        """Whether `path` is a file (or link) of the image directly in a library directory that none of the
+        verifier's programs loads (sandbox.verifier_libs): changing or removing it cannot reach the verifier."""
+        lib_dir = next((d for d in _LIB_DIRS[:6] if path.startswith(d + "/")), None)
+        image = self.image_entry(path)
+        if lib_dir is None or "/" in path[len(lib_dir) + 1:] or image is None or os.path.isdir(image):
+            return False
+        name = path.rsplit("/", 1)[1]
+        return not verifier_libs.is_glibc(name) and name not in _verifier_library_names(self.lowers)
+
     def installed_alongside(self, path: str, kind: str) -> bool:
         """Whether a change under the protected prefixes is what a package install does without touching what
         the verifier loads: a library the image did not have, whose name shadows none it had (a shadowing name
@@ -527,7 +540,8 @@ class _ImageFiles:
         still holds the image's files; a rewritten loader cache in which every library the image's cache resolved
         still resolves to the same file (`sandbox.ldcache`), and the ld.so.conf files it is made from (the loader
         itself reads only the cache and ld.so.preload); in Python's own directories, a new entry no import
-        statement can name (python3-dev's config-3.11-x86_64-linux-gnu/)."""
+        statement can name (python3-dev's config-3.11-x86_64-linux-gnu/); a library of the image that the
+        verifier's programs do not load, changed or removed (`unused_library`: a solution that reinstalls apt)."""
         if path.startswith(_LD_CONF):
             return True
         stdlib = _STDLIB_RE.match(path)
@@ -535,7 +549,7 @@ class _ImageFiles:
             top = stdlib.group(0)
             return not self.has(top) and not _IMPORTABLE_RE.fullmatch(top.rsplit("/", 1)[1])
         if kind == "deleted":
-            return False
+            return self.unused_library(path)
         if path == _LD_CACHE:
             old, new = self.read(path, upper=False), self.read(path, upper=True)
             if old is None or new is None:
@@ -551,8 +565,11 @@ class _ImageFiles:
         if rest.split("/", 1)[0] in _LOADER_SUBDIRS:
             return False
         image = self.image_entry(path)
-        if image is not None:  # the image's own entry: benign only unchanged (copied up), or a directory made anew
-            return self.keeps_contents(path) if kind == "replaced" else _same_entry(image, self.container_entry(path))
+        if image is not None:  # the image's own entry: benign unchanged (copied up), a directory made anew with its
+            # files, or a library the verifier does not load
+            if kind == "replaced":
+                return self.keeps_contents(path)
+            return _same_entry(image, self.container_entry(path)) or self.unused_library(path)
         if "/" in rest or self.is_new_dir(path):
             return True
         return not any(self.has(f"{d}/{rest}") for d in _LIB_DIRS)
@@ -569,6 +586,12 @@ _IMPORTABLE_RE = re.compile(r"[A-Za-z_]\w*(?:\.py|\.pyc|(?:\.[\w-]+)*\.so)?")
 # names) or loads plugins from (gconv: iconv's converters): nothing in them may change.
 _LOADER_SUBDIRS = frozenset({"glibc-hwcaps", "tls", "x86_64", "haswell", "avx512_1", "i386", "i486", "i586", "i686",
                              "sse2", "gconv"})
+
+
+@functools.lru_cache(maxsize=64)
+def _verifier_library_names(lowers: tuple[str, ...]) -> frozenset[str]:
+    """sandbox.verifier_libs for one image (its layers never change; read once per process)."""
+    return verifier_libs.verifier_library_names(lowers, _LIB_DIRS, _PROTECTED_FILES)
 
 
 def _same_entry(old: str, new: str) -> bool:

@@ -243,6 +243,11 @@ _CHANGE_SCRIPTS = {
     "python_dev": "mkdir /usr/lib/python3.11/config-3.11-x86_64-linux-gnu && touch "
                   "/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/Makefile && echo /opt/l > /etc/ld.so.conf.d/l.conf",
     "stdlib_shadow": "touch /usr/lib/python3.11/pluggy.py",
+    # A library none of the verifier's programs loads may change or go (a solution reinstalling apt); one they load
+    # (python's zlib module needs libz), or glibc's (libc loads NSS modules by name), may not.
+    "unused_library": f"echo >> {_LIB}/libapt-pkg.so.6.0.0 && rm {_LIB}/libapt-private.so.0.0.0",
+    "used_library": f"echo >> {_LIB}/libz.so.1.2.13",
+    "glibc_library": f"echo >> {_LIB}/libnss_files.so.2",
     "remade_dir_same": f"cp -a {_LIB}/sasl2 /tmp/s && rm -rf {_LIB}/sasl2 && cp -a /tmp/s {_LIB}/sasl2",
     "remade_dir_short": f"cp -a {_LIB}/sasl2 /tmp/s && rm -rf {_LIB}/sasl2 && cp -a /tmp/s {_LIB}/sasl2 && "
                         f"rm -f $(ls -d {_LIB}/sasl2/* | head -1)",
@@ -272,7 +277,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
         if name == "renamed_back":  # the same tree again: docker diff compares equal, the upper dir holds a copy
             assert "/usr/lib/python3.11/json/__init__.py" in upper[0], (upper, diff)  # stricter, never laxer
             continue
-        if name in ("new_libraries", "python_dev"):  # the image's files are read only on the upper-dir route: docker diff's stays
+        if name in ("new_libraries", "python_dev", "unused_library"):  # the image's files are read only on the upper-dir route: docker diff's stays
             assert upper[0] == [] and diff[0], (upper, diff)  # strict (remote daemons), never laxer
             continue
         # The paths may differ (a replaced directory: docker diff names what it held, the upper dir the
@@ -291,6 +296,9 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
     assert results["hwcaps_library"][0][0] and results["remade_dir_short"][0][0]
     assert results["remade_dir_same"][0] == ([], False)
     assert results["stdlib_shadow"][0][0] == ["/usr/lib/python3.11/pluggy.py"]
+    assert results["unused_library"][0] == ([], False)
+    assert results["used_library"][0][0] == [f"{_LIB}/libz.so.1.2.13"]
+    assert results["glibc_library"][0][0] == [f"{_LIB}/libnss_files.so.2"]
     for name in ("sitecustomize", "replaced_dir", "renamed_dir", "chmod_tool", "symlinked_pytest", "metadata_only"):
         assert results[name][0][0], name
 
