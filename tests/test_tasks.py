@@ -492,10 +492,12 @@ def test_tests_import_the_agents_modules_from_the_working_directory(tmp_path: Pa
         """})
     helper = _plant("/app/helper.py", "def answer():\n    return 42")
     # Each would end the run before any result is written: pytest and json are imported before the directory joins
-    # sys.path, faulthandler and xml (pytest's own plugins import them) after it.
+    # sys.path, faulthandler and xml (pytest's own plugins import them) after it; org, msvcrt, nt and _winapi are
+    # the names the standard library tries and misses on Linux (measured: all while pytest is imported, before).
     stop = "import os\nos._exit(0)"
     planted = "".join(_plant(f"/app/{name}", stop) for name in ("pytest.py", "json.py", "faulthandler.py",
-                                                                 "xml/__init__.py"))
+                                                                 "xml/__init__.py", "org.py", "msvcrt.py", "nt.py",
+                                                                 "_winapi.py"))
     result = _run(task, helper + planted, overrides)
     assert result.per_test == {"test_mod.py::test_answer": True, "test_mod.py::test_fails": False}, \
         (result.error, result.output[-800:])
