@@ -281,15 +281,19 @@ def _load_tb1(root: Path) -> Task:
     context, dockerfile = _tb1_build(root)
     tests_dir = root / "tests"
     run_tests = root / "run-tests.sh"
-    if tests_dir.is_dir() and not any(p.is_file() for p in tests_dir.rglob("test_*.py")):
-        # Graded by what run-tests.sh prints. With the pytest parser, adapters print a summary line from the
-        # script's own exit status: that status is the one verifier. Other parsers read their tool's output.
+    if not _has_test_functions(tests_dir):
+        # Graded by what run-tests.sh prints. With the pytest parser that is pytest's own report of the tests the
+        # script runs (the SWE-bench tasks patch a repository's tests in and run them; their tests/ is absent or
+        # a placeholder), so the script's exit status is the one verifier. Other parsers read their tool's output.
         parser = cfg.get("parser_name", "pytest")
         if parser != "pytest" or not run_tests.is_file():
-            raise TaskFormatError(tests_dir, "tests", f"no tests/test_*.py: the task is graded by scraping what "
-                                  f"run-tests.sh prints (parser {parser!r}), which T1 does not do (its verifiers "
-                                  "are pytest's own results, a Harbor reward file, or run-tests.sh's exit status)")
-    kind, ids = _verifier_kind(tests_dir, run_tests if run_tests.is_file() else None)
+            raise TaskFormatError(tests_dir, "tests", f"no test functions in tests/test_*.py: the task is graded by "
+                                  f"scraping what run-tests.sh prints (parser {parser!r}), which T1 does not do "
+                                  "(its verifiers are pytest's own results, a Harbor reward file, or run-tests.sh's "
+                                  "exit status)")
+        kind, ids = "script", ()
+    else:
+        kind, ids = _verifier_kind(tests_dir, run_tests if run_tests.is_file() else None)
     solution = next((p for p in (root / "solution.sh", root / "solution.yaml") if p.is_file()), None)
     return Task(
         name=_task_name(root),
@@ -484,6 +488,11 @@ def _env_table(table: dict[str, Any], file: Path, field: str) -> tuple[tuple[str
     if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
         raise TaskFormatError(file, field, f"expected a table of strings, got {env!r:.80}")
     return tuple((str(k), str(v)) for k, v in env.items())
+
+
+def _has_test_functions(tests_dir: Path) -> bool:
+    return tests_dir.is_dir() and any(static_test_ids(f, tests_dir) for f in tests_dir.rglob("test_*.py")
+                                      if f.is_file())
 
 
 def _verifier_kind(tests_dir: Path, test_sh: Path | None) -> tuple[VerifierKind, tuple[str, ...]]:

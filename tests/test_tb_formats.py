@@ -372,6 +372,20 @@ def test_tb1_graded_by_run_tests_exit_status(tmp_path: Path, overrides: dict[str
     d = _tb1(tmp_path, "swebench", {**files, "task.yaml": "instruction: x\nparser_name: swebench\n"})
     with pytest.raises(TaskFormatError, match="parser 'swebench'"):
         load_task(d)
+    # TB1's SWE-bench tasks: run-tests.sh patches a test into the repository and runs pytest on it; their tests/ is
+    # absent, or holds a test_outputs.py without test functions.
+    repo = {"Dockerfile": "FROM debian:bookworm\nWORKDIR /app\nRUN mkdir -p /app/repo/pkg && "
+                          "printf 'def double(x):\\n    return x + x + 1\\n' > /app/repo/pkg/__init__.py\n",
+            "run-tests.sh": "#!/bin/bash\ncd /app/repo\nprintf 'from pkg import double\\ndef test_double():\\n"
+                            "    assert double(3) == 6\\n' > test_patch.py\npython3 -m pytest -rA test_patch.py\n",
+            "solution.sh": "sed -i 's/ + 1$//' /app/repo/pkg/__init__.py\n"}
+    for name, extra in (("no-tests-dir", {}), ("placeholder", {"tests/test_outputs.py": "# run by run-tests.sh\npass\n"})):
+        task = load_task(_tb1(tmp_path, name, {**repo, **extra}))
+        assert task.verifier_kind == "script" and task.static_test_ids == (), name
+        solved, _ = run_task_report(task, script=reference_solution(task), base_image_overrides=overrides,
+                                    run_id=RUN_ID)
+        nothing, _ = run_task_report(task, base_image_overrides=overrides, run_id=RUN_ID)
+        assert (solved.passed, solved.total, nothing.passed, nothing.total) == (1, 1, 0, 1), (name, solved, nothing)
 
 
 @pytest.mark.docker
