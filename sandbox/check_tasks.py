@@ -86,8 +86,8 @@ def check_task(path: Path, *, base_image_overrides: Mapping[str, str], run_id: s
     t0 = time.monotonic()
     _SINK.messages = caught = []
     try:
-        task = harness.apply(load_task(path))
-        build_task_image(task, base_image_overrides=base_image_overrides)
+        task = load_task(path)  # run_task_report scales its limits as `harness` says; here only the build's
+        build_task_image(harness.apply(task), base_image_overrides=base_image_overrides)
     except (TaskFormatError, TaskImageError, SandboxError, OSError, ValueError) as e:
         return TaskCheck(task=path.name, builds=False, build_s=time.monotonic() - t0, reason=_short(str(e)),
                          warnings=_messages(caught))

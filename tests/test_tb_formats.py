@@ -514,6 +514,21 @@ def test_check_tasks_reports_builds_scores_and_reasons(tmp_path: Path, overrides
 
 
 @pytest.mark.docker
+def test_check_tasks_scales_the_time_limits_once(tmp_path: Path, overrides: dict[str, str]) -> None:
+    """--timeout-multiplier 2 on a 1.5 s agent limit: a 4 s solution is cut at 3 s (it passed when check_tasks scaled
+    the limits twice, 6 s)."""
+    from sandbox.run_task import Harness
+
+    _harbor(tmp_path, "slow", "[agent]\ntimeout_sec = 1.5\n",
+            {"environment/Dockerfile": "FROM debian:bookworm\nWORKDIR /app\n",
+             "tests/test_outputs.py": "from pathlib import Path\n\ndef test_out():\n    assert Path('/app/out.txt').exists()\n",
+             "solution/solve.sh": "sleep 4; echo ok > /app/out.txt\n"})
+    (row,) = check_tasks([tmp_path / "slow"], base_image_overrides=overrides, parallel=1, run_id=RUN_ID,
+                         harness=Harness(timeout_multiplier=2.0))
+    assert row.solution == (0, 1) and "(timed out)" in row.reason, row
+
+
+@pytest.mark.docker
 def test_no_containers_left_behind() -> None:
     left = docker_client().containers(all=True, filters={"label": LABEL_RUN})
     assert not [c for c in left if (c.get("Labels") or {}).get(LABEL_RUN, "").startswith(RUN_ID)]
