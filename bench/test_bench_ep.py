@@ -135,6 +135,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 losses.append(loss.item())
             results[ep] = {"losses": losses, "step_s": min(times[1:]), "bytes": counted}
         (Path(out_dir) / f"{rank}.json").write_text(json.dumps(results))
+        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
     finally:
         dist.destroy_process_group()
 

@@ -97,6 +97,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             (out / "figures.json").write_text(json.dumps({
                 "weights_bytes": sum(t.numel() * t.element_size() for t in want.values()), "dcp_bytes": dcp_bytes,
                 "streamed_s": min(streamed), "whole_s": min(whole), "save_s": min(saves), "load_s": min(loads)}))
+        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
     finally:
         dist.destroy_process_group()
 

@@ -271,6 +271,7 @@ def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
             got = _gathered(fresh[0], fresh[1], dp)
             if rank == 0:
                 torch.save(got, out / "phase_load.pt")
+        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
     finally:
         dist.destroy_process_group()
 

@@ -79,6 +79,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         if rank == 0:
             torch.save({"state": state, "critic": critic_state, "synced": synced, "sft": m, "fidelity": fidelity,
                         "scored": [(s.old_logp_T, s.old_values_T, s.advantages_T) for s in scored]}, out_path)
+        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
     finally:
         dist.destroy_process_group()
 

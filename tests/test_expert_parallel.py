@@ -105,6 +105,7 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
         dist.all_gather_object(parts, (loss.detach(), logits.detach(), tuple(local.shape)))
         if rank == 0:
             torch.save({"ranks": parts, "grads": grads, "hf": hf, "loaded": loaded_hf if shard else None}, out_path)
+        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
     finally:
         dist.destroy_process_group()
 

@@ -81,6 +81,7 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1,
         (Path(out_dir) / f"{rank}.json").write_text(json.dumps(
             {"params": _storage_bytes(params), "grads": _storage_bytes(p.grad for p in params),
              "optimizer": _storage_bytes(state), "state_fp32": all(t.dtype == torch.float32 for t in state)}))
+        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
     finally:
         dist.destroy_process_group()
 
