@@ -4,8 +4,9 @@ No registry here, so a FROM image is replaced by a base T1 builds itself (sandbo
 matching pattern wins; what matches none is left as it is (it must then be loaded). Why each goes where:
 - debian:13 / trixie, python:3.13 and python:*-trixie -> trixie. The python:* images are about their Python:
   tasks pin pip packages for it and use its paths (/usr/local/lib/python3.13), and trixie's Python is 3.13, so
-  python:3.13-slim-bookworm goes there too (the apt packages those tasks install all exist in trixie but one,
-  two, libgconf-2-4 and libgl1-mesa-glx, the latter renamed to its successors: `renamed_packages`). TB1's t-bench/python-3-13 image is python:3.13 plus tmux.
+  python:3.13-slim-bookworm goes there too (the apt packages those tasks install all exist in trixie but two:
+  libgconf-2-4, and libgl1-mesa-glx, renamed to its successors by `renamed_packages`; docs/terminal-bench-bases.md).
+  TB1's t-bench/python-3-13 image is python:3.13 plus tmux.
 - ubuntu:24.04 / noble and TB1's t-bench/ubuntu-24-04 -> noble; ubuntu:22.04 / jammy -> jammy.
 - every other debian:*, ubuntu:*, python:* -> bookworm, as before. python:3.8-3.12 keep bookworm (Python 3.11):
   no Debian release has their Python (bullseye's 3.9 aside), their tags mostly say -bookworm, and trading the

@@ -242,9 +242,10 @@ def _rewrite_from_lines(text: str, overrides: Mapping[str, str],
         if image.lower() in stages:  # FROM an earlier build stage: not an external image (its renames hold)
             lines.append(line)
         else:
-            lazy = parse_lazy_ref(_matching_override(image, overrides) or "")
+            matched = _matching_override(image, overrides)
+            lazy = parse_lazy_ref(matched or "")
             renames = renamed_packages(image, lazy[0]) if lazy else {}
-            target = _resolve_override(image, overrides)
+            target = image if matched is None else resolve_base(matched)
             bases.append(target)
             lines.append(f"{head}{flags}{target}{tail}")
             workdir = inherited_workdir(image)

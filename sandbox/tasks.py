@@ -281,7 +281,8 @@ def _load_tb1(root: Path) -> Task:
     context, dockerfile = _tb1_build(root)
     tests_dir = root / "tests"
     run_tests = root / "run-tests.sh"
-    if not _has_test_functions(tests_dir):
+    ids = _test_ids(tests_dir)
+    if not ids:
         # Graded by what run-tests.sh prints. With the pytest parser that is pytest's own report of the tests the
         # script runs (the SWE-bench tasks patch a repository's tests in and run them; their tests/ is absent or
         # a placeholder), so the script's exit status is the one verifier. Other parsers read their tool's output.
@@ -291,9 +292,7 @@ def _load_tb1(root: Path) -> Task:
                                   f"scraping what run-tests.sh prints (parser {parser!r}), which T1 does not do "
                                   "(its verifiers are pytest's own results, a Harbor reward file, or run-tests.sh's "
                                   "exit status)")
-        kind, ids = "script", ()
-    else:
-        kind, ids = _verifier_kind(tests_dir, run_tests if run_tests.is_file() else None)
+    kind: VerifierKind = "pytest" if ids else "script"
     solution = next((p for p in (root / "solution.sh", root / "solution.yaml") if p.is_file()), None)
     return Task(
         name=_task_name(root),
@@ -490,9 +489,10 @@ def _env_table(table: dict[str, Any], file: Path, field: str) -> tuple[tuple[str
     return tuple((str(k), str(v)) for k, v in env.items())
 
 
-def _has_test_functions(tests_dir: Path) -> bool:
-    return tests_dir.is_dir() and any(static_test_ids(f, tests_dir) for f in tests_dir.rglob("test_*.py")
-                                      if f.is_file())
+def _test_ids(tests_dir: Path) -> tuple[str, ...]:
+    """The static ids of the test functions in tests_dir's test_*.py files; () when it has none or is absent."""
+    files = sorted(p for p in tests_dir.rglob("test_*.py") if p.is_file()) if tests_dir.is_dir() else []
+    return tuple(i for f in files for i in static_test_ids(f, tests_dir))
 
 
 def _verifier_kind(tests_dir: Path, test_sh: Path | None) -> tuple[VerifierKind, tuple[str, ...]]:
@@ -500,7 +500,7 @@ def _verifier_kind(tests_dir: Path, test_sh: Path | None) -> tuple[VerifierKind,
         raise TaskFormatError(tests_dir, "tests", "tests/ directory is missing")
     files = sorted(p for p in tests_dir.rglob("test_*.py") if p.is_file())
     if files:
-        ids = tuple(i for f in files for i in static_test_ids(f, tests_dir))
+        ids = _test_ids(tests_dir)
         if not ids:
             raise TaskFormatError(files[0], "tests", "no test functions (def test_*) in tests/test_*.py")
         return "pytest", ids

@@ -10,6 +10,7 @@ protected: libc loads libnss_* and libgcc_s by name at run time, which no DT_NEE
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from collections.abc import Callable, Iterable
@@ -31,10 +32,7 @@ def verifier_library_names(lowers: tuple[str, ...], lib_dirs: Iterable[str], too
     load, in the image whose overlay2 lower directories are `lowers` (the top layer first). `tools`: absolute paths
     of the other programs it runs."""
     lib_dirs = tuple(lib_dirs)
-
-    def entry(path: str) -> str | None:
-        return next((full for d in lowers if os.path.lexists(full := os.path.join(d, path.lstrip("/")))), None)
-
+    entry = functools.partial(layer_entry, lowers)
     names: set[str] = set()
     roots = {path for pattern in ROOT_PATTERNS for path in _glob_image(lowers, pattern)} | set(tools)
     todo = [host for path in sorted(roots) if (host := _resolve(path, entry, names=None)) is not None]
@@ -52,6 +50,11 @@ def verifier_library_names(lowers: tuple[str, ...], lib_dirs: Iterable[str], too
                     todo.append(found)
                     break
     return frozenset(names)
+
+
+def layer_entry(lowers: tuple[str, ...], path: str) -> str | None:
+    """Where the image's `path` lies on this host (the top layer first, as LowerDir lists them), None if absent."""
+    return next((full for d in lowers if os.path.lexists(full := os.path.join(d, path.lstrip("/")))), None)
 
 
 def is_glibc(name: str) -> bool:

@@ -496,7 +496,7 @@ class _ImageFiles:
 
     def image_entry(self, path: str) -> str | None:
         """Where the image's `path` lies on this host (the top layer first, as LowerDir lists them), None if absent."""
-        return next((full for d in self.lowers if os.path.lexists(full := os.path.join(d, path.lstrip("/")))), None)
+        return verifier_libs.layer_entry(self.lowers, path)
 
     def has(self, path: str) -> bool:
         return self.image_entry(path) is not None
@@ -533,7 +533,7 @@ class _ImageFiles:
     def unused_library(self, path: str) -> bool:
         """Whether `path` is a file (or link) of the image directly in a library directory that none of the
         verifier's programs loads (sandbox.verifier_libs): changing or removing it cannot reach the verifier."""
-        lib_dir = next((d for d in _LIB_DIRS[:6] if path.startswith(d + "/")), None)
+        lib_dir = _lib_dir_of(path)
         image = self.image_entry(path)
         if lib_dir is None or "/" in path[len(lib_dir) + 1:] or image is None or os.path.isdir(image):
             return False
@@ -566,7 +566,7 @@ class _ImageFiles:
                 return not ldcache.repointed(old, new)
             except ldcache.CacheFormatError:
                 return False
-        lib_dir = next((d for d in _LIB_DIRS[:6] if path.startswith(d + "/")), None)
+        lib_dir = _lib_dir_of(path)
         if lib_dir is None:
             return False
         rest = path[len(lib_dir) + 1:]
@@ -594,6 +594,11 @@ _IMPORTABLE_RE = re.compile(r"[A-Za-z_]\w*(?:\.py|\.pyc|(?:\.[\w-]+)*\.so)?")
 # names) or loads plugins from (gconv: iconv's converters): nothing in them may change.
 _LOADER_SUBDIRS = frozenset({"glibc-hwcaps", "tls", "x86_64", "haswell", "avx512_1", "i386", "i486", "i586", "i686",
                              "sse2", "gconv"})
+
+
+def _lib_dir_of(path: str) -> str | None:
+    """The library directory (of the multiarch and lib64 ones, `_LIB_DIRS[:6]`) that `path` lies under, or None."""
+    return next((d for d in _LIB_DIRS[:6] if path.startswith(d + "/")), None)
 
 
 @functools.lru_cache(maxsize=64)
