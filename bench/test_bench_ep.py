@@ -11,10 +11,8 @@ round-off) and the counted FSDP bytes match the planner's to 2%.
 
 from __future__ import annotations
 
-import datetime
 import inspect
 import json
-import os
 import time
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from t1model.model import ModelConfig, MoEModel
-from tests.machine import free_port
+from tests.machine import free_port, gloo_rank
 
 CFG = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=16,
@@ -98,9 +96,7 @@ def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=300))
-    try:
+    with gloo_rank(rank, WORLD, port, timeout_s=300):
         from t1core.builders import make_optimizer
         from t1core.config_toml import load_config
         from t1core.distributed import DataParallel
@@ -135,9 +131,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 losses.append(loss.item())
             results[ep] = {"losses": losses, "step_s": min(times[1:]), "bytes": counted}
         (Path(out_dir) / f"{rank}.json").write_text(json.dumps(results))
-        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.torchrun

@@ -11,9 +11,7 @@ asserts on time.
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from t1core.config_toml import load_config
 from t1core.distributed import (DataParallel, ModelOptimizer, full_state_dict, iter_hf_tensors, shard_)
 from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.builders import make_optimizer
+from tests.machine import gloo_rank
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=8)
 REPEATS = 3
@@ -65,9 +64,7 @@ def _timed(fn) -> float:
 
 
 def _worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
-    try:
+    with gloo_rank(rank, 2, port, timeout_s=300):
         dp, out = DataParallel(rank=rank, world_size=2), Path(out)
         policy, critic, opts = _parts(dp, seed=0)
         engine = TorchEngine(MoEModel(CFG, seed=9), EngineConfig(max_batch=1, num_slots=1, max_seq_len=64))
@@ -97,9 +94,6 @@ def _worker(rank: int, port: int, out: str) -> None:
             (out / "figures.json").write_text(json.dumps({
                 "weights_bytes": sum(t.numel() * t.element_size() for t in want.values()), "dcp_bytes": dcp_bytes,
                 "streamed_s": min(streamed), "whole_s": min(whole), "save_s": min(saves), "load_s": min(loads)}))
-        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
-    finally:
-        dist.destroy_process_group()
 
 
 def _load(model: MoEModel, state: dict[str, torch.Tensor]) -> MoEModel:

@@ -18,6 +18,7 @@ from t1core.checkpointing import (capture_rng_state, latest_checkpoint, load_che
                                   save_checkpoint)
 from t1core.config import RunConfig
 from t1core.config_toml import load_config
+from tests.machine import gloo_rank
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -225,13 +226,9 @@ def _gathered(policy, critic, dp) -> dict:
 
 
 def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
-    import datetime
-    import torch.distributed as dist
     from t1core.distributed import (DataParallel, ModelOptimizer, frozen_shards, save_hf, sharded_critic,
                                     sharded_from_pretrained)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=90))
-    try:
+    with gloo_rank(rank, 2, port, timeout_s=90):
         dp, out = DataParallel(rank=rank, world_size=2), Path(out)
         if phase == "save":  # 2 steps, checkpoint (DCP), 2 more; then resume a fresh copy from the checkpoint
             parts = _trainer_parts(dp, seed=0)
@@ -271,9 +268,6 @@ def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
             got = _gathered(fresh[0], fresh[1], dp)
             if rank == 0:
                 torch.save(got, out / "phase_load.pt")
-        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
-    finally:
-        dist.destroy_process_group()
 
 
 def _port() -> int:

@@ -6,13 +6,10 @@ round's minibatch losses, in a plain unsharded model. Scoring split across ranks
 
 from __future__ import annotations
 
-import datetime
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from t1core.config import AlgoSection
@@ -25,7 +22,7 @@ from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import policy_logprobs, score, sft_update
 from t1core.builders import make_optimizer
 from tests.step_objects import actor_critic, plan, step_batch
-from tests.machine import free_port, needs_docker
+from tests.machine import free_port, gloo_rank, needs_docker
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -54,10 +51,8 @@ def _optimizer(model: torch.nn.Module):
 
 
 def _worker(rank: int, port: int, out_path: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # A short collective timeout: a rank left waiting fails the test instead of hanging CI.
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
-    try:
+    with gloo_rank(rank, WORLD, port, timeout_s=120):
         dp = DataParallel(rank=rank, world_size=WORLD)
         trajs = _trajectories()
         policy = shard_(MoEModel(SMALL, seed=0), dp)
@@ -79,9 +74,6 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         if rank == 0:
             torch.save({"state": state, "critic": critic_state, "synced": synced, "sft": m, "fidelity": fidelity,
                         "scored": [(s.old_logp_T, s.old_values_T, s.advantages_T) for s in scored]}, out_path)
-        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
-    finally:
-        dist.destroy_process_group()
 
 
 def test_rounds_give_each_rank_its_minibatch_and_weight() -> None:

@@ -8,7 +8,6 @@ another order, FSDP2 sums the ranks' gradients) and agree to fp32 round-off.
 
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 
 from t1kernels.rows import batch_invariant_mode
 from t1model.model import ModelConfig, MoEModel
-from tests.machine import free_port, needs_docker
+from tests.machine import free_port, gloo_rank, needs_docker
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -69,9 +68,7 @@ LR, EPS = 1e-2, 1e-4
 
 
 def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool, shard: bool = False) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    try:
+    with gloo_rank(rank, world, port, timeout_s=120):
         from t1core.distributed import DataParallel, checkpoint_layers_, iter_hf_tensors, shard_
         model = MoEModel(SMALL, seed=0)
         if skew:  # and per-layer activation checkpointing: the backward recomputes each layer's dispatch
@@ -105,9 +102,6 @@ def _worker(rank: int, world: int, ep: int, port: int, out_path: str, skew: bool
         dist.all_gather_object(parts, (loss.detach(), logits.detach(), tuple(local.shape)))
         if rank == 0:
             torch.save({"ranks": parts, "grads": grads, "hf": hf, "loaded": loaded_hf if shard else None}, out_path)
-        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
-    finally:
-        dist.destroy_process_group()
 
 
 def _reference(world: int, skew: bool,

@@ -3,23 +3,20 @@ allocate, the command line's verdicts and its errors."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from t1model.hf_io import config_from_hf, config_to_hf
 from t1model.model import ModelConfig
 from t1core.plan import Hardware, count_params, hardware_from, plan, policy_shapes
 from t1core.config_toml import load_config
-from tests.machine import free_port
+from tests.machine import free_port, gloo_rank
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,9 +61,7 @@ def _storage_bytes(tensors) -> int:
 
 
 def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1, shard: bool = False) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    try:
+    with gloo_rank(rank, world, port, timeout_s=60):
         from t1core.distributed import DataParallel, shard_
         from t1model.model import MoEModel
         from t1core.builders import make_optimizer
@@ -81,9 +76,6 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1,
         (Path(out_dir) / f"{rank}.json").write_text(json.dumps(
             {"params": _storage_bytes(params), "grads": _storage_bytes(p.grad for p in params),
              "optimizer": _storage_bytes(state), "state_fp32": all(t.dtype == torch.float32 for t in state)}))
-        dist.barrier()  # leave together: a rank leaving while its peer still talks to it can abort
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.torchrun
