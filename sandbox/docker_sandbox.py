@@ -35,6 +35,7 @@ import sandbox.preload as preload
 from sandbox.daemon import daemon_cpus, default_run_id, docker_client, docker_errors, owner_labels
 from sandbox.image_cache import IMAGE_REPO, TaskImage, touch_image
 from sandbox.tarball import RootOwned
+from sandbox.services import ServiceGroup
 from sandbox.settings import SandboxSettings
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
@@ -98,6 +99,9 @@ class DockerSandbox:
             raise TypeError(f"settings must be a SandboxSettings, got {type(settings).__name__}")
         # A TaskImage may carry files (a COPY-only Dockerfile, not built): placed before the container starts.
         self.image, self._preload = (image.ref, image.preload) if isinstance(image, TaskImage) else (image, b"")
+        self._compose_image = image if isinstance(image, TaskImage) and image.compose is not None else None
+        self.services: ServiceGroup | None = None
+        """The task's compose services running beside this sandbox (`sandbox.services`); None without any."""
         self.settings = settings
         self.run_id = run_id or default_run_id()
         self._env = {**SHELL_ENV, **dict(settings.env)}
@@ -127,18 +131,31 @@ class DockerSandbox:
 
     def _create(self) -> None:
         limits, labels = self.settings, owner_labels(self.run_id)
-        host_config = self._api.create_host_config(
-            init=True, network_mode="bridge" if limits.network else "none", mem_limit=limits.memory_bytes,
-            memswap_limit=limits.memory_bytes, nano_cpus=int(_cpus_on_host(limits.cpus) * 1e9), pids_limit=limits.pids,
-            cap_drop=["ALL"], cap_add=list(CAPABILITIES), security_opt=["no-new-privileges"], privileged=False)
         name = f"t1-{re.sub(r'[^a-zA-Z0-9_.-]', '-', self.run_id)[:40]}-{secrets.token_hex(4)}"
-        if self.image.startswith(f"{IMAGE_REPO}:"):
-            touch_image(self.image)  # the image cache evicts the least recently used (sandbox.image_cache)
-        with docker_errors(f"creating a container from {self.image!r}"):
-            self.id = self._api.create_container(
-                self.image, entrypoint=["sleep", "infinity"], command=[], working_dir=self.settings.workdir,
-                labels=labels, host_config=host_config, hostname="sandbox", name=name, detach=True)["Id"]
+        nano_cpus = int(_cpus_on_host(limits.cpus) * 1e9)
+        network: dict = {"network_mode": "bridge" if limits.network else "none"}
+        networking_config = None
         try:
+            if self._compose_image is not None:  # the task's services first, on a network the sandbox then joins
+                compose = self._compose_image.compose
+                self.services = ServiceGroup.start(
+                    self._api, compose, self._compose_image.service_refs, run_id=self.run_id, name=name,
+                    internal=not limits.network, memory_bytes=limits.memory_bytes, nano_cpus=nano_cpus)
+                self.services.wait_for(compose.agent.depends_on, needed_by=compose.agent.name)
+                network = {"network_mode": self.services.network, "dns": list(compose.dns) or None,
+                           "extra_hosts": dict(compose.extra_hosts) or None}
+                networking_config = self.services.endpoint(compose.agent)
+            host_config = self._api.create_host_config(
+                init=True, mem_limit=limits.memory_bytes, memswap_limit=limits.memory_bytes, nano_cpus=nano_cpus,
+                pids_limit=limits.pids, cap_drop=["ALL"], cap_add=list(CAPABILITIES),
+                security_opt=["no-new-privileges"], privileged=False, **network)
+            if self.image.startswith(f"{IMAGE_REPO}:"):
+                touch_image(self.image)  # the image cache evicts the least recently used (sandbox.image_cache)
+            with docker_errors(f"creating a container from {self.image!r}"):
+                self.id = self._api.create_container(
+                    self.image, entrypoint=["sleep", "infinity"], command=[], working_dir=self.settings.workdir,
+                    labels=labels, host_config=host_config, hostname="sandbox", name=name, detach=True,
+                    networking_config=networking_config)["Id"]
             if self._preload:
                 with docker_errors(f"placing the task's files into container {name}"):
                     self.preloaded_via = preload.place(self._api, self.id, self._preload)
@@ -189,14 +206,18 @@ class DockerSandbox:
         _LIVE.discard(self)
         if self._chan is not None:
             self._chan.close()
-        if self.id:
-            try:
-                with docker_errors(f"removing container {self.id[:12]}"):
-                    self._api.remove_container(self.id, force=True)
-            except SandboxError as e:
-                # Already gone or going (reaped, removed by hand) is what close() wants; anything else is not.
-                if "No such container" not in str(e) and "already in progress" not in str(e):
-                    raise
+        try:
+            if self.id:
+                try:
+                    with docker_errors(f"removing container {self.id[:12]}"):
+                        self._api.remove_container(self.id, force=True)
+                except SandboxError as e:
+                    # Already gone or going (reaped, removed by hand) is what close() wants; anything else is not.
+                    if "No such container" not in str(e) and "already in progress" not in str(e):
+                        raise
+        finally:
+            if self.services is not None:  # after the sandbox: a network is removed once nothing is on it
+                self.services.close()
 
     def __enter__(self) -> DockerSandbox:
         return self

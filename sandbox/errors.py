@@ -6,6 +6,8 @@ the runtime itself failing: the daemon, the image, the container or the shell ma
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class SandboxError(RuntimeError):
     """Base class: the sandbox runtime could not do what was asked."""
@@ -38,3 +40,12 @@ class FileTooLarge(SandboxError):
 
 class ShellUnresponsive(SandboxError):
     """The persistent shell did not answer within its deadline and could not be recovered."""
+
+
+class TaskFormatError(ValueError):
+    """A task directory that cannot be loaded; the message names the file and the field (`sandbox.tasks`)."""
+
+    def __init__(self, file: Path, field: str, problem: str):
+        super().__init__(f"{file}: field {field!r}: {problem}")
+        self.file = file
+        self.field = field

@@ -22,6 +22,7 @@ import docker
 import docker.errors
 
 if TYPE_CHECKING:
+    from sandbox.compose import Compose
     from sandbox.tasks import Task
 
 IMAGE_REPO = "t1-task"
@@ -42,6 +43,10 @@ class TaskImage:
 
     ref: str
     preload: bytes = field(default=b"", repr=False)
+    compose: Compose | None = None
+    """A TB1 task's compose file when it has services to start beside the sandbox (`sandbox.services`)."""
+    service_refs: tuple[str, ...] = ()
+    """The image of each of `compose.services`, in order."""
 
 
 def task_image_labels(task: Task, kind: str) -> dict[str, str]:

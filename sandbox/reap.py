@@ -1,4 +1,5 @@
-"""Remove sandbox containers that a crashed or killed run left behind, and prune cached task images.
+"""Remove sandbox containers (and task services' networks) that a crashed or killed run left behind, and prune
+cached task images.
 
     python -m sandbox.reap [--run-id ID] [--everything]            containers
     python -m sandbox.reap --images [--keep N] [--idle-hours H]    task images (sandbox.image_cache)
@@ -58,7 +59,24 @@ def reap(run_id: str | None = None, *, everything: bool = False) -> int:
         except SandboxError as e:
             if "No such container" not in str(e) and "already in progress" not in str(e):
                 raise  # removed concurrently (its owner closing it) is fine; anything else is not
+    _reap_networks(api, run_id, everything=everything)
     return removed
+
+
+def _reap_networks(api, run_id: str | None, *, everything: bool) -> None:
+    """Remove the private networks of task services (sandbox.services) by the same rule, once their containers
+    are gone (one still in use by a live container stays)."""
+    with docker_errors("listing T1 networks"):
+        networks = api.networks(filters={"label": LABEL_RUN})
+    for n in networks:
+        labels = n.get("Labels") or {}
+        if everything or (run_id is not None and labels.get(LABEL_RUN) == run_id) or not owner_alive(labels):
+            try:
+                with docker_errors(f"removing network {n['Name']}"):
+                    api.remove_network(n["Id"])
+            except SandboxError as e:
+                if "not found" not in str(e) and "active endpoints" not in str(e):
+                    raise
 
 
 def main(argv: list[str] | None = None) -> int:

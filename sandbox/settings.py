@@ -84,8 +84,12 @@ class SandboxSettings:
     @classmethod
     def for_task(cls, task: Task, *, network: bool, cpus: float | None = None, memory_mb: int | None = None,
                  **rest: object) -> SandboxSettings:
-        """The task's own environment ([environment] of its task.toml: CPUs, memory, workdir), with `cpus` /
-        `memory_mb` overriding the task's when given; `rest` sets the other fields."""
+        """The task's own environment ([environment] of its task.toml: CPUs, memory, workdir; a TB1 compose
+        file's environment for the agent's service), with `cpus` / `memory_mb` overriding the task's when given;
+        `rest` sets the other fields (its `env` added to the task's)."""
+        env = dict(task.compose.agent_env if task.compose else ())  # the compose file's environment, then rest's
+        env.update(dict(rest.pop("env", ())))  # type: ignore[arg-type]
         return cls(cpus=task.cpus if cpus is None else cpus,
                    memory=(task.memory_mb if memory_mb is None else memory_mb) << 20,
-                   network=network, workdir=task.workdir, **rest)  # type: ignore[arg-type]
+                   network=network, workdir=task.workdir, env=tuple(sorted(env.items())),
+                   **rest)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ files) is built.
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import fnmatch
 import hashlib
 import io
@@ -42,6 +43,7 @@ import docker
 import docker.errors
 
 from sandbox.docker_build import BuildFailed, docker_build
+from sandbox.compose import Service
 from sandbox.base_mapping import (SUITE_PATTERNS, image_names, lazy_ref, parse_lazy_ref, rename_packages,
                                   renamed_packages)
 from sandbox.dockerfile_compat import DockerfileFormError, classic_builder_form
@@ -114,6 +116,18 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     """
     client = client or docker.from_env()
     overrides = dict(base_image_overrides or {})
+    services = task.compose.services if task.compose is not None else ()
+    for service in services:  # a missing prebuilt image fails the task before anything is built
+        if service.context is None:
+            _service_image(client, task, service, overrides)
+    image = _agent_image(client, task, overrides, preload=preload)
+    if not services:
+        return image
+    refs = tuple(_service_image(client, task, s, overrides) for s in services)
+    return dataclasses.replace(image, compose=task.compose, service_refs=refs)
+
+
+def _agent_image(client: docker.DockerClient, task: Task, overrides: dict[str, str], *, preload: bool) -> TaskImage:
     text = task.dockerfile.read_text()
     rewritten, base_refs, copy_from = _rewrite_from_lines(text, overrides, task.dockerfile)
     base_ids = [_local_image_id(client, ref, task.dockerfile) for ref in base_refs]
@@ -123,6 +137,23 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     if task.test_deps:
         return _with_test_deps(client, task, image, _last_user(rewritten))
     return image
+
+
+def _service_image(client: docker.DockerClient, task: Task, service: Service, overrides: dict[str, str]) -> str:
+    """The image of one of the task's compose services: its build (FROM lines mapped as the task's are), or the
+    image it names, which must be on the daemon (T1 pulls nothing; a Debian base cannot stand in for an image
+    whose entrypoint does the work, such as postgres's)."""
+    if service.context is None or service.dockerfile is None:
+        try:
+            client.images.get(service.image)
+        except docker.errors.ImageNotFound:
+            raise TaskImageError(f"{task.path}: service {service.name!r} runs the image {service.image!r}, which "
+                                 f"is not present locally and no registry is reachable; `docker pull` it on a "
+                                 f"machine with a registry, then `docker save` / `docker load` it here") from None
+        return str(service.image)
+    alone = dataclasses.replace(task, dockerfile_dir=service.context, dockerfile=service.dockerfile,
+                                test_deps=TestDeps(), compose=None)
+    return _agent_image(client, alone, overrides, preload=False).ref
 
 
 def _environment_image(client: docker.DockerClient, task: Task, rewritten: str, base_refs: list[str],

@@ -3,8 +3,9 @@
 Harbor layout                          Terminal-Bench 1 layout
   task.toml   [agent] [verifier]         task.yaml   instruction, max_agent_timeout_sec,
               [environment] [metadata]               max_test_timeout_sec, difficulty, category, ...
-  instruction.md                         Dockerfile, or docker-compose.yaml whose `client` service's
-  environment/Dockerfile (+ context)                 build section names the context and Dockerfile
+  instruction.md                         Dockerfile, or docker-compose.yaml whose agent service's
+  environment/Dockerfile (+ context)                 build section names the context and Dockerfile (its
+                                                     other services run beside the sandbox: sandbox.compose)
   solution/solve.sh (+ helper files)     solution.sh, or solution.yaml (a list of `command:` entries)
   tests/test.sh, tests/test_*.py         run-tests.sh, tests/test_*.py
 
@@ -29,9 +30,13 @@ import re
 import tomllib
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from sandbox.errors import TaskFormatError
 from sandbox.test_deps import TestDeps, parse_test_deps
+
+if TYPE_CHECKING:
+    from sandbox.compose import Compose
 
 Layout = Literal["harbor", "tb1"]
 VerifierKind = Literal["pytest", "script"]
@@ -61,15 +66,6 @@ _HARBOR_KEYS = {
 _MB_PER_UNIT = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2, "": 1.0}  # a bare number: MiB
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class TaskFormatError(ValueError):
-    """A task directory that cannot be loaded; the message names the file and the field."""
-
-    def __init__(self, file: Path, field: str, problem: str):
-        super().__init__(f"{file}: field {field!r}: {problem}")
-        self.file = file
-        self.field = field
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,6 +134,9 @@ class Task:
     """Free-form category from the task's metadata."""
     difficulty: str = ""
     """Free-form difficulty from the task's metadata."""
+    compose: Compose | None = None
+    """A TB1 task's docker-compose.yaml: the agent's service (its environment, resolver settings) and the services
+    started beside the sandbox on a private network (`sandbox.services`)."""
 
     @property
     def family_name(self) -> str:
@@ -278,7 +277,7 @@ def _load_tb1(root: Path) -> Task:
             instruction = str(descs[0]["description"])
         else:
             raise TaskFormatError(yaml_path, "instruction", "missing or empty")
-    context, dockerfile = _tb1_build(root)
+    context, dockerfile, compose = _tb1_build(root)
     tests_dir = root / "tests"
     run_tests = root / "run-tests.sh"
     ids = _test_ids(tests_dir)
@@ -319,6 +318,7 @@ def _load_tb1(root: Path) -> Task:
         test_deps=_test_deps(kind, run_tests if run_tests.is_file() else None),
         category=str(cfg.get("category", "")),
         difficulty=str(cfg.get("difficulty", "")),
+        compose=compose,
     )
 
 
@@ -406,43 +406,25 @@ def reference_solution(task: Task) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def _tb1_build(root: Path) -> tuple[Path, Path]:
-    """(build context, Dockerfile) of a TB1 task: ./Dockerfile, else the build section of the agent's service
-    (`client`, or the only service) in docker-compose.yaml."""
+def _tb1_build(root: Path) -> tuple[Path, Path, Compose | None]:
+    """(build context, Dockerfile, compose file) of a TB1 task: ./Dockerfile, else the build section of the
+    agent's service in docker-compose.yaml (`sandbox.compose`), whose other services run beside the sandbox."""
+    from sandbox.compose import load_compose
+
     dockerfile = root / "Dockerfile"
-    compose = next((p for p in (root / "docker-compose.yaml", root / "docker-compose.yml") if p.is_file()), None)
-    if compose is None:
+    path = next((p for p in (root / "docker-compose.yaml", root / "docker-compose.yml") if p.is_file()), None)
+    if path is None:
         if not dockerfile.is_file():
             raise TaskFormatError(dockerfile, "Dockerfile", "Dockerfile is missing (and no docker-compose.yaml)")
-        return root, dockerfile
-    import yaml
-
-    try:
-        services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
-    except (yaml.YAMLError, AttributeError) as e:
-        raise TaskFormatError(compose, "services", f"not a compose file: {e}") from e
-    name = "client" if "client" in services else next(iter(services), None) if len(services) == 1 else None
-    if name is None:
-        raise TaskFormatError(compose, "services", f"no service named 'client' among {sorted(services)}")
-    build = services[name].get("build") if isinstance(services[name], dict) else None
-    if build is None:
-        if dockerfile.is_file():
-            return root, dockerfile
-        image = services[name].get("image") if isinstance(services[name], dict) else None
-        raise TaskFormatError(compose, f"services.{name}.build", f"no build section and no Dockerfile; the "
-                              f"service runs the prebuilt image {image!r}, which must be loaded locally")
-    if isinstance(build, str):
-        build = {"context": build}
-    context = (root / str(build.get("context", "."))).resolve()
-    file = (context / str(build.get("dockerfile", "Dockerfile"))).resolve()
-    if not context.is_relative_to(root) or not file.is_relative_to(context) or not file.is_file():
-        raise TaskFormatError(compose, f"services.{name}.build", f"Dockerfile {file} is missing or outside "
-                              "the task directory")
-    others = sorted(set(services) - {name})
-    if others:
-        warnings.warn(f"{compose}: services {others} are not started (T1 runs one container per task); tests "
-                      "that talk to them fail", stacklevel=3)
-    return context, file
+        return root, dockerfile, None
+    compose = load_compose(path, root)
+    agent = compose.agent
+    if agent.context is None or agent.dockerfile is None:
+        if not dockerfile.is_file():
+            raise TaskFormatError(path, f"services.{agent.name}.build", f"no build section and no Dockerfile; the "
+                                  f"service runs the prebuilt image {agent.image!r}, which must be loaded locally")
+        return root, dockerfile, compose
+    return agent.context, agent.dockerfile, compose
 
 
 def _test_deps(kind: VerifierKind, script: Path | None) -> TestDeps:

@@ -179,15 +179,12 @@ def test_ansi_and_carriage_returns_are_cleaned() -> None:
     assert clean_text("\x1b[31mred\x1b[0m ok\nprogress 10%\rprogress 100%\r\n") == "red ok\nprogress 100%\n"
 
 
-def test_compose_with_many_services_or_no_build_says_what_it_needs(tmp_path: Path) -> None:
+def test_compose_agent_without_a_build_says_what_it_needs(tmp_path: Path) -> None:
+    """(Services beside the agent's: tests/test_compose.py.)"""
     tests = {"tests/test_x.py": "def test_a():\n    pass\n"}
     d = _tb1(tmp_path, "prebuilt", {"docker-compose.yaml": "services:\n  client:\n    image: someorg/thing:1\n",
                                     **tests})
     with pytest.raises(TaskFormatError, match="prebuilt image 'someorg/thing:1'"):
-        load_task(d)
-    d = _tb1(tmp_path, "two", {"docker-compose.yaml": "services:\n  client:\n    build: .\n  db:\n    image: pg\n",
-                               "Dockerfile": "FROM debian:bookworm\n", **tests})
-    with pytest.warns(UserWarning, match=r"services \['db'\] are not started"):
         load_task(d)
 
 
