@@ -45,7 +45,7 @@ from sandbox.ubuntu_keyring import ubuntu_keyring
 REPOSITORY = "t1-sandbox-base"
 SUITE = DEFAULT_SUITE
 # Bump when the build steps below change in a way that changes the image.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3  # 3: pip RECORDs for Debian's Python packages (_pip_records)
 CA_REPOSITORY = "t1-sandbox-base-ca"
 ENV_TRUST_HOST_CA = "T1_TRUST_HOST_CA"
 ENV_HOST_CA_BUNDLE = "T1_HOST_CA_BUNDLE"
@@ -65,6 +65,11 @@ _PEP668_MARKERS = "usr/lib/python3*/EXTERNALLY-MANAGED"
 # `python` as the python:* images have it: /usr/local/bin/python. Not /usr/bin/python (python-is-python3): task
 # Dockerfiles written for Ubuntu bases create that link themselves, and `ln -s` onto an existing one fails.
 _PYTHON_LINK = ("usr/local/bin/python", "/usr/bin/python3")
+# Debian ships its Python packages without pip's RECORD (or installed-files.txt), so pip cannot replace them: a
+# Dockerfile's `pip install pytest==8.4.1` stops at "Cannot uninstall pluggy, RECORD file not found". The images a
+# base stands in for have no Debian pytest (pip installs over nothing there); the base carries it for the
+# verifiers. A RECORD written from dpkg's file list lets pip replace them as it replaces its own installs.
+_DIST_PACKAGES = "usr/lib/python3/dist-packages"
 _CHANGES = (
     'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
     "ENV LANG=C.UTF-8",
@@ -265,6 +270,7 @@ def _build(client: docker.APIClient, ref: str, suite: Suite, *, log: bool) -> No
             _upgrade(root, log=log)
         if suite.python_local:
             _install_local_pip(root)
+        _pip_records(root)
         for rel in _TRIM:
             target = root / rel
             if target.is_dir():
@@ -340,6 +346,27 @@ def _install_local_pip(root: Path) -> None:
     if not installed:
         raise SandboxError("pip installed into /usr/local but not under usr/local/lib/python3.*/dist-packages")
     (installed[-1].parent.parent / "site-packages").symlink_to("dist-packages")
+
+
+def _pip_records(root: Path) -> int:
+    """Give every Debian Python package in `root` the file list pip uninstalls by: a RECORD in its .dist-info, an
+    installed-files.txt in its .egg-info, from dpkg's list of the package's files. Returns how many it wrote."""
+    prefix = f"/{_DIST_PACKAGES}/"
+    written = 0
+    for listing in sorted((root / "var/lib/dpkg/info").glob("*.list")):
+        rels = [line[len(prefix):] for line in listing.read_text().splitlines() if line.startswith(prefix)]
+        files = sorted(r for r in rels if (root / _DIST_PACKAGES / r).is_file()
+                       or (root / _DIST_PACKAGES / r).is_symlink())
+        for meta in sorted({r.split("/")[0] for r in rels if r.split("/")[0].endswith((".dist-info", ".egg-info"))}):
+            d = root / _DIST_PACKAGES / meta
+            if not d.is_dir() or (d / "RECORD").exists() or (d / "installed-files.txt").exists():
+                continue
+            if meta.endswith(".dist-info"):  # paths relative to dist-packages, the RECORD itself included
+                (d / "RECORD").write_text("".join(f"{f},,\n" for f in [*files, f"{meta}/RECORD"]))
+            else:  # paths relative to the .egg-info directory
+                (d / "installed-files.txt").write_text("".join(f"../{f}\n" for f in files))
+            written += 1
+    return written
 
 
 def _import(client: docker.APIClient, root: Path, ref: str, suite: str) -> None:

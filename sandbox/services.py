@@ -121,8 +121,10 @@ class ServiceGroup:
         except docker.errors.APIError:
             logs = "(no logs)"
         probes = (state.get("Health") or {}).get("Log") or []
-        probe = f"\nlast health probe (exit {probes[-1].get('ExitCode')}): {probes[-1].get('Output', '').strip()[:500]}" \
-            if probes else ""
+        probe = ""
+        if probes:
+            last = probes[-1]
+            probe = f"\nlast health probe (exit {last.get('ExitCode')}): {last.get('Output', '').strip()[:500]}"
         return f"its output (last 20 lines):\n{logs}{probe}"
 
     def close(self) -> None:

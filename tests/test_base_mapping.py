@@ -58,7 +58,7 @@ def test_each_from_image_goes_to_its_release(image: str, suite: str | None) -> N
 def test_bookworm_base_is_unchanged() -> None:
     # The reference CI builds and every cached task image hangs off: a change here rebuilds them all, so it must be
     # deliberate (bump the literal with RECIPE_VERSION).
-    assert base_image_ref() == "t1-sandbox-base:b8d8f92461bf" == base_image_ref("bookworm")
+    assert base_image_ref() == "t1-sandbox-base:67944a90c32e" == base_image_ref("bookworm")
     refs = {name: base_image_ref(name) for name in SUITES}
     assert len(set(refs.values())) == len(SUITES) and len({content_hash(n) for n in SUITES}) == len(SUITES)
     assert refs["trixie"].startswith("t1-sandbox-base-trixie:")
@@ -133,10 +133,50 @@ def test_trixie_base_has_python_313_headers_and_local_pip() -> None:
     image = ensure_base_image(suite="trixie", trust_host_ca=False)
     script = ("python3 --version; test -f /usr/include/python3.13/Python.h && echo headers; "
               "python -c 'import pip, sys; print(pip.__file__)'; "
+              "python -m pip uninstall -y -q pytest pluggy >/dev/null 2>&1; python -c 'import pluggy' 2>&1 | tail -1; "
               "rm -rf /usr/local/lib/python3.13/site-packages/pip; python -m pip --version || echo pip-gone")
     out = subprocess.run(["docker", "run", "--rm", "--network", "none", image, "bash", "-c", script],
                          capture_output=True, text=True, timeout=120).stdout.split("\n")
     assert out[0].startswith("Python 3.13."), out
     assert out[1] == "headers", out
     assert out[2] == "/usr/local/lib/python3.13/dist-packages/pip/__init__.py", out
+    # Debian's pytest and pluggy are pip's to replace (their RECORDs, _pip_records): before, pip stopped at "no
+    # RECORD file was found for pluggy", and a Dockerfile's `pip install pytest==8.4.1` with it.
+    assert out[3] == "ModuleNotFoundError: No module named 'pluggy'", out
     assert out[-2] == "pip-gone", out  # deleting it where python:3.13 keeps it breaks pip, as TB1's broken-python needs
+
+
+def test_pip_records_list_each_debian_packages_files(tmp_path: Path) -> None:
+    """dpkg's file lists -> RECORD / installed-files.txt, read back as pip reads them (a RECORD through
+    importlib.metadata; installed-files.txt lines relative to the .egg-info, which 3.11's importlib ignores) against
+    the files dpkg says each package owns. test_trixie_base_... has real pip remove them from a base."""
+    import importlib.metadata as md
+    from sandbox.base_image import _DIST_PACKAGES, _pip_records
+
+    site = tmp_path / _DIST_PACKAGES
+    owned = {"python3-foo": ["foo/__init__.py", "foo/sub/x.py", "foo-1.0.dist-info/METADATA"],
+             "python3-bar": ["bar.py", "bar-2.0.egg-info/PKG-INFO", "bar-2.0.egg-info/top_level.txt"]}
+    info = tmp_path / "var/lib/dpkg/info"
+    info.mkdir(parents=True)
+    for package, files in owned.items():
+        dirs = sorted({str(Path(f).parent) for f in files if Path(f).parent != Path(".")})
+        (info / f"{package}.list").write_text("".join(f"/{_DIST_PACKAGES}{'/' + d if d else ''}\n"
+                                                      for d in ["", *dirs]) + "".join(f"/{_DIST_PACKAGES}/{f}\n"
+                                                                                     for f in files))
+        for f in files:
+            (site / f).parent.mkdir(parents=True, exist_ok=True)
+            (site / f).write_text("Name: x\nVersion: 1\n")
+    (site / "foo-1.0.dist-info/INSTALLER").write_text("pip\n")  # not dpkg's: pip would leave it (harmless)
+    assert _pip_records(tmp_path) == 2
+    assert _pip_records(tmp_path) == 0  # written once
+    for package, meta in (("python3-foo", "foo-1.0.dist-info"), ("python3-bar", "bar-2.0.egg-info")):
+        if meta.endswith(".dist-info"):
+            dist = md.Distribution.at(site / meta)
+            listed = {Path(dist.locate_file(f)).resolve() for f in dist.files}
+        else:
+            listed = {(site / meta / line).resolve()
+                      for line in (site / meta / "installed-files.txt").read_text().splitlines()}
+        want = {(site / f).resolve() for f in owned[package]}
+        if meta.endswith(".dist-info"):
+            want.add((site / meta / "RECORD").resolve())
+        assert listed == want, package

@@ -139,7 +139,8 @@ _WEBSITE = {
               context: server
             command: ["python3", "-m", "http.server", "8000"]
             healthcheck:
-              test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://localhost:8000/page.txt')"]
+              test: ["CMD", "python3", "-c",
+                     "import urllib.request; urllib.request.urlopen('http://localhost:8000/page.txt')"]
               interval: 1s
               timeout: 5s
               retries: 30
@@ -163,7 +164,8 @@ _WEBSITE = {
             assert Path('/app/out.txt').read_text() == 'served by the page service\\n'
 
         def test_server_still_answers_the_tests():
-            assert urllib.request.urlopen('http://pages.local:8000/page.txt').read() == Path('/app/out.txt').read_bytes()
+            page = urllib.request.urlopen('http://pages.local:8000/page.txt').read()
+            assert page == Path('/app/out.txt').read_bytes()
         """,
 }
 
