@@ -125,6 +125,10 @@ def load_compose(path: Path, root: Path) -> Compose:
     agent = _agent_name(path, services)
     parsed = {name: _service(path, root, name, spec, agent=name == agent) for name, spec in services.items()}
     _check_dependencies(path, parsed)
+    for s in parsed.values():
+        if any(d == agent for d, _ in s.depends_on):
+            raise TaskFormatError(path, f"services.{s.name}.depends_on", f"depends on the agent's service {agent!r}, "
+                                  "which T1 starts last (its container is the sandbox)")
     order = graphlib.TopologicalSorter({n: [d for d, _ in s.depends_on] for n, s in parsed.items()})
     try:
         names = [n for n in order.static_order() if n != agent]

@@ -109,6 +109,8 @@ def test_interpolation_is_composes() -> None:
     ("services:\n  client:\n    build: .\n    depends_on: {a: {condition: later}}\n  a:\n    image: x\n",
      "condition must be one of"),
     ("services:\n  client:\n    build: .\n  a:\n    command: ['true']\n", "neither a build section nor an image"),
+    ("services:\n  client:\n    build: .\n  a:\n    image: x\n    depends_on: [client]\n",
+     "depends on the agent's service 'client', which T1 starts last"),
     ("services:\n  client:\n    build: ../elsewhere\n", "missing or outside the task directory"),
     ("services:\n  one:\n    build: .\n  two:\n    build: .\n", "no service named 'client'"),
     ("services:\n  client:\n    build: .\n    networks:\n      n:\n        ipv4_address: 300.1.1.1\n",
