@@ -112,6 +112,8 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     `base_image_overrides`: glob on the FROM image name -> local image; the first matching pattern wins.
     None means no overrides (pass `default_base_image_overrides()` for the usual mapping).
     `preload=False` builds COPY-only Dockerfiles too instead of preloading their files.
+    A TB1 task with compose services also gets each service's image (built the same way, or the image it names,
+    which must be on the daemon); the returned TaskImage carries them, and `DockerSandbox` starts them.
     Raises TaskImageError naming the Dockerfile line when a FROM image is not present locally.
     """
     client = client or docker.from_env()
