@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import socket
 
+import docker
+
 from sandbox.daemon import (LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_START, docker_client,
                                     docker_errors)
 from sandbox.errors import SandboxError
@@ -48,9 +50,7 @@ def reap(run_id: str | None = None, *, everything: bool = False) -> int:
         containers = api.containers(all=True, filters={"label": LABEL_RUN})
     removed = 0
     for c in containers:
-        labels = c.get("Labels") or {}
-        doomed = everything or (run_id is not None and labels.get(LABEL_RUN) == run_id) or not owner_alive(labels)
-        if not doomed:
+        if not _doomed(c.get("Labels") or {}, run_id, everything=everything):
             continue
         try:
             with docker_errors(f"removing container {c['Id'][:12]}"):
@@ -63,14 +63,18 @@ def reap(run_id: str | None = None, *, everything: bool = False) -> int:
     return removed
 
 
-def _reap_networks(api, run_id: str | None, *, everything: bool) -> None:
+def _doomed(labels: dict[str, str], run_id: str | None, *, everything: bool) -> bool:
+    """Whether `reap` removes what carries `labels`: everything, the given run's, or a dead owner's."""
+    return everything or (run_id is not None and labels.get(LABEL_RUN) == run_id) or not owner_alive(labels)
+
+
+def _reap_networks(api: docker.APIClient, run_id: str | None, *, everything: bool) -> None:
     """Remove the private networks of task services (sandbox.services) by the same rule, once their containers
     are gone (one still in use by a live container stays)."""
     with docker_errors("listing T1 networks"):
         networks = api.networks(filters={"label": LABEL_RUN})
     for n in networks:
-        labels = n.get("Labels") or {}
-        if everything or (run_id is not None and labels.get(LABEL_RUN) == run_id) or not owner_alive(labels):
+        if _doomed(n.get("Labels") or {}, run_id, everything=everything):
             try:
                 with docker_errors(f"removing network {n['Name']}"):
                     api.remove_network(n["Id"])

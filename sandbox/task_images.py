@@ -119,13 +119,13 @@ def build_task_image(task: Task, *, base_image_overrides: Mapping[str, str] | No
     client = client or docker.from_env()
     overrides = dict(base_image_overrides or {})
     services = task.compose.services if task.compose is not None else ()
-    for service in services:  # a missing prebuilt image fails the task before anything is built
-        if service.context is None:
-            _service_image(client, task, service, overrides)
+    # A missing prebuilt image fails the task before anything is built.
+    prebuilt = {s.name: _prebuilt_image(client, task, s) for s in services if s.context is None}
     image = _agent_image(client, task, overrides, preload=preload)
     if not services:
         return image
-    refs = tuple(_service_image(client, task, s, overrides) for s in services)
+    refs = tuple(prebuilt[s.name] if s.context is None else _built_service_image(client, task, s, overrides)
+                 for s in services)
     return dataclasses.replace(image, compose=task.compose, service_refs=refs)
 
 
@@ -141,18 +141,21 @@ def _agent_image(client: docker.DockerClient, task: Task, overrides: dict[str, s
     return image
 
 
-def _service_image(client: docker.DockerClient, task: Task, service: Service, overrides: dict[str, str]) -> str:
-    """The image of one of the task's compose services: its build (FROM lines mapped as the task's are), or the
-    image it names, which must be on the daemon (T1 pulls nothing; a Debian base cannot stand in for an image
-    whose entrypoint does the work, such as postgres's)."""
-    if service.context is None or service.dockerfile is None:
-        try:
-            client.images.get(service.image)
-        except docker.errors.ImageNotFound:
-            raise TaskImageError(f"{task.path}: service {service.name!r} runs the image {service.image!r}, which "
-                                 f"is not present locally and no registry is reachable; `docker pull` it on a "
-                                 f"machine with a registry, then `docker save` / `docker load` it here") from None
-        return str(service.image)
+def _prebuilt_image(client: docker.DockerClient, task: Task, service: Service) -> str:
+    """The image a compose service names, which must be on the daemon (T1 pulls nothing; a Debian base cannot stand
+    in for an image whose entrypoint does the work, such as postgres's)."""
+    try:
+        client.images.get(service.image)
+    except docker.errors.ImageNotFound:
+        raise TaskImageError(f"{task.path}: service {service.name!r} runs the image {service.image!r}, which "
+                             f"is not present locally and no registry is reachable; `docker pull` it on a "
+                             f"machine with a registry, then `docker save` / `docker load` it here") from None
+    return str(service.image)
+
+
+def _built_service_image(client: docker.DockerClient, task: Task, service: Service,
+                         overrides: dict[str, str]) -> str:
+    """The image of a compose service with a build section, its FROM lines mapped as the task's are."""
     alone = dataclasses.replace(task, dockerfile_dir=service.context, dockerfile=service.dockerfile,
                                 test_deps=TestDeps(), compose=None)
     return _agent_image(client, alone, overrides, preload=False).ref
