@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rollout import budget
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -102,11 +103,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--num-per-family", type=int, default=1, help="built-in family instances per family")
     p.add_argument("--parallel", type=int, default=4, help="episodes running at once")
-    p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--max-reply-tokens", type=int, default=384,
+    p.add_argument("--max-turns", type=int, default=budget.MAX_TURNS, help="the trainer's rollout.max_turns by default")
+    p.add_argument("--max-reply-tokens", type=int, default=budget.MAX_REPLY_TOKENS,
                    help="tokens per reply at most; a cut reply is an unclosed tool call (the longest built-in "
                    "reference reply is 323 tokens)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per episode")
+    p.add_argument("--max-tokens", type=int, default=budget.MAX_TOKENS,
+                   help="token budget per episode (the trainer's rollout.max_tokens by default; at most the model's "
+                        "positions)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -132,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     with bad_input(_parser()):  # a missing task or checkpoint directory is the user's, found before any build
         model, tok = load_policy(args.checkpoint, device=args.device)
+        max_len = budget.engine_slot(args.max_tokens, args.max_reply_tokens, model.config.max_positions)
         out.mkdir(parents=True, exist_ok=True)
         tasks = load_tasks(args.tasks, split=args.split, work_dir=out / "tasks",
                            num_per_family=args.num_per_family, seed=args.seed)
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
                          temperature=args.temperature, top_p=args.top_p, verify=not args.no_verify)
     engine_cfg = EngineConfig(max_batch=max(args.parallel, 1), num_slots=2 * max(args.parallel, 1),
-                              max_seq_len=args.max_tokens + 1, batch_invariant=not args.not_batch_invariant)
+                              max_seq_len=max_len, batch_invariant=not args.not_batch_invariant)
     print(f"collect: {n} episodes over {len(tasks)} tasks, {args.parallel} at once, policy "
           f"{args.checkpoint or 'tiny untrained'} on {args.device}", flush=True)
 

@@ -30,7 +30,7 @@ import torch
 
 from rollout import scorecard
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
-from rollout.budget import slot_length
+from rollout import budget
 from rollout.engine import Engine
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -63,9 +63,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="attempt a of task t samples with seed (seed, t, a)")
     p.add_argument("--parallel", type=int, default=4, help="attempts running at once (sandboxes and engine slots)")
-    p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--max-reply-tokens", type=int, default=384, help="tokens per reply at most")
-    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per attempt")
+    p.add_argument("--max-turns", type=int, default=budget.MAX_TURNS, help="the trainer's rollout.max_turns by default")
+    p.add_argument("--max-reply-tokens", type=int, default=budget.MAX_REPLY_TOKENS,
+                   help="tokens per reply at most (the trainer's rollout.max_new_tokens_per_turn by default)")
+    p.add_argument("--max-tokens", type=int, default=budget.MAX_TOKENS,
+                   help="token budget per attempt (the trainer's rollout.max_tokens by default; at most the model's "
+                        "positions)")
     p.add_argument("--engine", choices=("torch", "vllm"), default="torch",
                    help="rollout engine: TorchEngine (any device) or vLLM (CUDA; pip install -e '.[gpu]')")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -116,11 +119,13 @@ def open_engine(args: argparse.Namespace) -> tuple[Engine, ChatTokenizer]:
     ckpt = args.checkpoint
     has_tok = (Path(ckpt) / "tokenizer.json").is_file()
     tok = ChatTokenizer.from_pretrained(ckpt) if has_tok else ChatTokenizer.builtin()
-    max_len = slot_length(args.max_tokens, args.max_reply_tokens)
     if args.engine == "vllm":
+        mcfg = read_config(ckpt)
+        max_len = budget.engine_slot(args.max_tokens, args.max_reply_tokens, mcfg.max_positions)
         settings = VLLMSettings(max_model_len=max_len, seed=args.seed, trainer_device=args.device)
-        return VLLMEngine.from_pretrained(ckpt, read_config(ckpt), settings), tok
+        return VLLMEngine.from_pretrained(ckpt, mcfg, settings), tok
     model = load_pretrained(ckpt, device=args.device).eval().requires_grad_(False)
+    max_len = budget.engine_slot(args.max_tokens, args.max_reply_tokens, model.config.max_positions)
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.config.vocab_size}")
     cfg = EngineConfig(max_batch=args.parallel, num_slots=2 * args.parallel, max_seq_len=max_len)
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     settings = settings_of(args)
     with bad_input(_parser()):  # missing checkpoint, malformed task, another evaluation in --out: the user's
-        read_config(args.checkpoint)
+        budget.engine_slot(args.max_tokens, args.max_reply_tokens, read_config(args.checkpoint).max_positions)
         tasks = load_task_dirs(args.tasks)
         check_resumable(out, settings)
         done = scorecard.read_records(out / "attempts.jsonl")

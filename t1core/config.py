@@ -17,6 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rollout import budget
 from rollout.budget import slot_length
 from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS  # plain values: no Docker SDK is loaded
 
@@ -157,11 +158,11 @@ class RolloutSection:
         4, "episodes per task instance in a step (episodes_per_step / group_size instances, each sampled "
         "group_size times); with algo.actor_push='group...' the episodes of one instance are each other's baseline")
     concurrency: int = _field(8, "episodes run at once (each holds one sandbox and one engine slot)")
-    max_turns: int = _field(6, "assistant turns per episode before it is cut")
+    max_turns: int = _field(budget.MAX_TURNS, "assistant turns per episode before it is cut")
     max_new_tokens_per_turn: int = _field(
-        384, "tokens sampled per assistant turn at most (a cut reply is an unclosed tool call: keep it above the "
+        budget.MAX_REPLY_TOKENS, "tokens sampled per assistant turn at most (a cut reply is an unclosed tool call: keep it above the "
         "longest reference reply, 323 tokens in the built-in suite; the trainer warns when SFT teaches longer ones)")
-    max_tokens: int = _field(2048, "token budget of an episode: prompt, replies and observations together")
+    max_tokens: int = _field(budget.MAX_TOKENS, "token budget of an episode: prompt, replies and observations together")
     wall_clock_limit_s: float = _field(120.0, "wall-clock limit of one episode, verification excluded")
     temperature: float = _field(1.0, "sampling temperature (log-probs for training use the same one)")
     top_p: float = _field(1.0, "nucleus sampling mass; 1.0 = off")
