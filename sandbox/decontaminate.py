@@ -7,11 +7,17 @@ evaluation task are reported as a pair when
 - their instructions share a span of SPAN_TOKENS (13) normalized tokens (NFKC, lower case, runs of letters and
   digits; punctuation and layout do not count), or
 - the Jaccard similarity of their instructions' sets of 5-token shingles is at least `--jaccard`, or
-- a file of the training task is byte-identical to one of the evaluation task's (tests, data, solution, any
-  file other than the instruction and the task's metadata).
-Boilerplate is not contamination: a file or a 13-token span that `--common` or more evaluation tasks share (a
-base Dockerfile, a generic test.sh, a stock sentence), or that `--common` or more training families share
-(instances of one generated family count once), is left out, as are empty files.
+- a file of the training task that carries task-specific content is byte-identical to one of the evaluation
+  task's (tests, data, solution, any file other than the instruction and the task's metadata).
+Boilerplate is not contamination, judged two ways:
+- by content (`task_specific`), however small the evaluation set: a script or Dockerfile (*.sh, Dockerfile,
+  docker-compose.yaml) counts only if some command in it is more than set-up (installing packages or a test
+  framework, starting the tests, writing the reward file, cd/source/export/echo without redirection, FROM, WORKDIR,
+  COPY ...); any other file only if it holds at least MIN_TOKENS distinct normalized tokens (text) or MIN_BYTES
+  bytes (binary);
+- by frequency: a file or a 13-token span that `--common` or more evaluation tasks share (a base Dockerfile, a
+  stock sentence), or that `--common` or more training families share (instances of one generated family count
+  once), is left out.
 
 Prints a table of pairs (training task, evaluation task, what they share) and a count. Exit code 1 when any
 pair is found, 0 when none, 2 with one line on bad input.
@@ -38,7 +44,22 @@ SHINGLE_TOKENS = 5
 """Shingle length of the Jaccard similarity."""
 DEFAULT_JACCARD = 0.5
 DEFAULT_COMMON = 3
+MIN_TOKENS = 8
+"""Distinct normalized tokens that make a text file task-specific (below: 'pytest==8.4.1', a lone '1')..."""
+MIN_BYTES = 64
+"""... or bytes (of a binary file, or of a text file past its outer whitespace: a fixed-width data record)."""
 _TOKEN_RE = re.compile(r"[^\W_]+")
+_SCRIPT_NAMES = re.compile(r"(\.sh|(^|/)Dockerfile[^/]*|(^|/)docker-compose\.ya?ml)$")
+# One shell command (a line split at && ; || and |) or Dockerfile instruction that is set-up, not the task's own.
+_SETUP = re.compile(r"""(
+    \#.* | set(\s+\S+)* | (then|else|do|done|fi|esac)\b.* | (if|while|elif)\s+\[.*\]\s* | exit(\s+\S+)? |
+    (sudo\s+)?(apt-get|apt|apk|yum|dnf|brew)(\s.*)? | (DEBIAN_FRONTEND=\S+\s+)?apt-get(\s.*)? |
+    ((python3?|\S*/python3?)\s+-m\s+)?(pip3?|uv|uvx|pipx|npm|conda)(\s.*)? | (curl|wget)\s.*(install|uv|pip).* |
+    (ba)?sh(\s+-\w+)* | (source|\.)\s+\S+ | cd(\s+.*)? | export\s+\w+=\S* | \w+=\S* |
+    (if\s+)?(uv\s+run\s+|uvx\s.*|(python3?\s+-m\s+))?pytest(\s.*)? | bash\s+\S*(run-tests|test|setup-uv-pytest|run-uv-pytest)\S*\.sh |
+    echo(\s+[^>]*)? | echo\s.*>\s*\S*/logs/\S* | mkdir\s+(-p\s+)?\S*/?(logs|tests|app)\S* | rm\s+-rf\s+/var/lib/apt/lists\S* |
+    (FROM|WORKDIR|ENV|ARG|USER|CMD|ENTRYPOINT|SHELL|LABEL|EXPOSE|COPY|ADD|VOLUME|STOPSIGNAL|HEALTHCHECK)\b.* |
+    RUN | version:.* | services:.* | \S+:\s*\S* | -\s+\S+ | \{ | \} )$""", re.VERBOSE)
 # The instruction and the task's metadata: compared as text (the instruction) or not at all (timeouts, names).
 _NOT_COMPARED = {"instruction.md", "task.toml", "task.yaml"}
 
@@ -101,9 +122,36 @@ def read_task(root: Path) -> TaskText:
         if p.is_symlink() or not p.is_file() or p.relative_to(root).as_posix() in _NOT_COMPARED:
             continue
         data = p.read_bytes()
-        if data:
+        if task_specific(p.relative_to(root).as_posix(), data):
             files.setdefault(hashlib.sha256(data).hexdigest(), p.relative_to(root).as_posix())
     return TaskText(name=root.name, path=root, family=family, tokens=normalize(instruction), files=files)
+
+
+def task_specific(rel: str, data: bytes) -> bool:
+    """Whether a task file carries content of its own task (see the module docstring): a script or Dockerfile with
+    a command beyond set-up, a text file of MIN_TOKENS distinct tokens, a binary file of MIN_BYTES."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return len(data) >= MIN_BYTES
+    if "\0" in text:
+        return len(data) >= MIN_BYTES
+    if _SCRIPT_NAMES.search(rel):
+        return any(not _SETUP.fullmatch(cmd) for cmd in _commands(text))
+    return len(set(normalize(text))) >= MIN_TOKENS or len(text.strip()) >= MIN_BYTES
+
+
+def _commands(script: str) -> list[str]:
+    """A script's commands: continuation lines joined, split at && || ; and pipes, a RUN prefix dropped."""
+    out = []
+    for line in re.sub(r"\\\n", " ", script).splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            continue
+        for part in re.split(r"&&|\|\||;|\|", re.sub(r"^RUN\s+", "", line)):
+            if part.strip():
+                out.append(" ".join(part.split()))
+    return out
 
 
 def _tb1_instruction(path: Path) -> str:

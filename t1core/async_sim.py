@@ -14,10 +14,13 @@ Assumptions (each is a field of `SimInputs`, printed with the result):
 - Trainer step: flop_per_token x active parameters x trained tokens / (GPUs x mfu x peak), trained tokens =
   episodes x turns x tokens_per_turn; flop_per_token = 20: scoring forward (2) and update forward, recompute and
   backward (8) for the policy and the critic alike (activation checkpointing on, one PPO epoch).
-- Weight sync: bf16 bytes of all parameters / sync_gb_s, with sync_gb_s = 3.9 GB/s fitted to verl's reported
-  15.8 s per sync for Qwen3-30B-A3B (61 GB; FACTS.md; 4.4 s with its checkpoint engine).
+- Weight sync: bf16 bytes of all parameters / SYNC_BYTES_PER_S, fitted to verl's measured 15.76 s per sync for
+  Qwen3-30B-A3B (61 GB, 16 trainer + 16 rollout H20s; 4.38 s with its checkpoint engine): verl-project/verl,
+  docs/advance/fully_async.md, "checkpoint-engine Ablation Experiment".
 The planner presets take the parameter counts of the model presets (t1core.plan.count_params) and episodes per step,
-concurrency and GPUs from the shipped configs (t1core/configs/*.toml).
+concurrency and GPUs from the shipped configs (t1core/configs/*.toml), and say whether the preset's layout can run
+rollout.max_staleness at all (`layout`): the prediction is for disaggregated engines, which a preset with an engine
+per torchrun rank does not have (t1core.builders refuses max_staleness there).
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ from pathlib import Path
 from sandbox.cli import Parser, bad_input
 from t1core.config import _check, _field
 
-PEAK_FLOPS = 790e12
-"""H200 bf16 FLOP/s measured (FACTS.md)."""
+PEAK_FLOPS = 706e12
+"""H200 bf16 FLOP/s of a large GEMM, measured in this repo: the LM-head matmul (8192 x 4096 x 151,936) in
+bench/gpu_logs/h200-2026-11-29/run1-logprob.log (NVIDIA's datasheet peak: 989 TFLOP/s dense)."""
+SYNC_BYTES_PER_S = 2 * 30.53e9 / 15.76
+"""Weight-sync bandwidth: Qwen3-30B-A3B's bf16 bytes over verl's 15.76 s per sync (module docstring): ~3.9 GB/s."""
 CONFIGS = Path(__file__).parent / "configs"
 PRESETS = {"30b": ("qwen3_30b_a3b_harbor.toml", "qwen3_30b_a3b"), "122b": ("moe_122b_harbor.toml", "moe_120b_a8b")}
 
@@ -186,12 +192,21 @@ def planner_inputs(preset: str) -> tuple[SimInputs, str]:
     base = SimInputs()
     tokens = cfg.rollout.episodes_per_step * (base.min_turns + base.max_turns) / 2 * 600  # ~600 tokens per turn
     train_s = 20 * params.active * tokens / (gpus * 0.25 * PEAK_FLOPS)  # MFU 25%
-    sync_s = 2 * params.total / 3.9e9
+    sync_s = 2 * params.total / SYNC_BYTES_PER_S
     x = dataclasses.replace(base, episodes_per_step=cfg.rollout.episodes_per_step, group_size=cfg.rollout.group_size,
                             slots=cfg.rollout.concurrency * gpus, train_s=round(train_s, 1), sync_s=round(sync_s, 1))
     how = (f"{model}: {params.total / 1e9:.1f}B total, {params.active / 1e9:.1f}B active; {gpus} GPUs; "
-           f"{x.episodes_per_step} episodes/step in groups of {x.group_size} on {x.slots} slots")
+           f"{x.episodes_per_step} episodes/step in groups of {x.group_size} on {x.slots} slots\n  layout: {layout(cfg)}")
     return x, how
+
+
+def layout(cfg) -> str:
+    """The preset's engine layout, and whether rollout.max_staleness runs on it (t1core.builders.check_config)."""
+    if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "disaggregated":
+        return "disaggregated vLLM engines: max_staleness runs, as simulated"
+    return (f"rollout.engine={cfg.rollout.engine!r}, an engine per torchrun rank on the training GPUs: max_staleness "
+            "is refused there, so this preset runs the synchronous row (max_staleness 0); the other rows are for "
+            "disaggregated engines it does not have")
 
 
 def report(x: SimInputs, *, staleness: tuple[int, ...] = (0, 1, 2), steps: int = 200, seed: int = 0) -> list[str]:

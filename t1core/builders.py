@@ -24,9 +24,9 @@ from rollout.vllm_convert import check_temperature
 from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
 from sandbox.base_image import ensure_base_image
-from sandbox.decontaminate import check_dirs
+from sandbox.overlap import check_disjoint
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
-from sandbox.tasks import Task, load_task
+from sandbox.tasks import Task, load_task, load_task_dirs
 from sandbox.cli import bad_input
 from sandbox.reap import reap
 from t1core import cli, distributed, evaluation
@@ -70,7 +70,16 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     held-out instances, no instruction repeated across the three. Then eval.source's directories, refused when
     they overlap the training tasks (t1core.evaluation)."""
     sets = _training_tasks(cfg, run_dir)
-    sets.benchmarks = evaluation.load_benchmarks(cfg, sets.train + sets.rl)
+    everything = list({t.name: t for t in sets.train + sets.rl}.values())
+    sets.benchmarks, keep = evaluation.load_benchmarks(cfg, everything)
+    for d in cfg.tasks.decontaminate_against:
+        keep = check_disjoint(keep, load_task_dirs(d), train_what="the training tasks",
+                              held_out_what=f"tasks.decontaminate_against {d!r}", policy=cfg.tasks.decontaminate)
+    kept = {t.name for t in keep}
+    sets.train, sets.rl = [t for t in sets.train if t.name in kept], [t for t in sets.rl if t.name in kept]
+    if len(keep) < len(everything) and not (sets.train and sets.rl):
+        raise ValueError("tasks.decontaminate='drop': no training tasks left once those overlapping the evaluation "
+                         "tasks are dropped")
     return sets
 
 
@@ -203,17 +212,11 @@ def check_config(cfg: RunConfig) -> None:
 
 
 def check_decontaminated(cfg: RunConfig) -> None:
-    """The training tasks (the built-in suite's written to a scratch directory first) share no instruction span,
-    similar instruction or task file with the tasks of tasks.decontaminate_against; ValueError otherwise."""
-    with tempfile.TemporaryDirectory(prefix="t1-decontaminate-") as tmp:
-        sets = load_tasks(cfg, Path(tmp))
-        train = list(dict.fromkeys(t.path for t in sets.train + sets.rl))
-        found = check_dirs(train, [Path(d) for d in cfg.tasks.decontaminate_against])
-    if found:
-        o = found[0]
-        raise ValueError(f"tasks.decontaminate_against: {len({(x.train, x.eval) for x in found})} pairs of "
-                         f"training and evaluation tasks overlap, e.g. {Path(o.train).name} and {o.eval} "
-                         f"({o.kind}: {o.evidence[:80]}); python -m sandbox.decontaminate lists them")
+    """With tasks.decontaminate='refuse': the training tasks (the built-in suite's written to a scratch directory
+    first) overlap none of tasks.decontaminate_against's (`load_tasks`); ValueError otherwise, before any build."""
+    if cfg.tasks.decontaminate == "refuse":
+        with tempfile.TemporaryDirectory(prefix="t1-decontaminate-") as tmp:
+            load_tasks(cfg, Path(tmp))
 
 
 def _shape(cfg: RunConfig) -> tuple[ModelConfig, str]:

@@ -105,9 +105,14 @@ class TasksSection:
     base_image_overrides: tuple[str, ...] = _field(
         (), "'PATTERN=IMAGE' pairs mapping a Dockerfile FROM (glob, e.g. 'debian:*') onto a local image")
     decontaminate_against: tuple[str, ...] = _field(
-        (), "directories of evaluation tasks the training tasks (SFT and RL) must not overlap; the run refuses to "
-        "start on a shared 13-token instruction span, 5-gram Jaccard >= 0.5 or an identical task file "
-        "(python -m sandbox.decontaminate lists them all)")
+        (), "directories of evaluation tasks the training tasks (SFT and RL) must not overlap (as eval.source's may "
+        "not): the same name or instruction, a shared 13-token instruction span, 5-gram Jaccard >= 0.5 or an "
+        "identical task-specific file (python -m sandbox.decontaminate lists them all); tasks.decontaminate says what "
+        "then happens")
+    decontaminate: Literal["refuse", "warn", "drop"] = _field(
+        "refuse", "when training tasks overlap evaluation tasks (eval.source, tasks.decontaminate_against): 'refuse' "
+        "to start (one line naming the pairs and the rule that fired), 'warn' and train on them, or 'drop' the "
+        "overlapping training tasks and go on")
 
     def __post_init__(self) -> None:
         _check_types(self)

@@ -30,9 +30,10 @@ BUILTIN = "builtin"
 KINDS = ("greedy", "sampled")
 
 
-def load_benchmarks(cfg: RunConfig, train: list[Task]) -> dict[str, list[Task]]:
-    """eval.source's directories by name (a repeated directory name gets '-2', '-3'); ValueError when a task
-    name repeats across them or when any of them overlaps the training tasks `train` (sandbox.overlap)."""
+def load_benchmarks(cfg: RunConfig, train: list[Task]) -> tuple[dict[str, list[Task]], list[Task]]:
+    """eval.source's directories by name (a repeated directory name gets '-2', '-3'), and the training tasks `train`
+    to keep: ValueError when a task name repeats across the directories; training tasks that overlap one of them
+    (sandbox.overlap) refuse the run, warn or are dropped, by tasks.decontaminate."""
     out: dict[str, list[Task]] = {}
     for source in cfg.eval.source:
         if source == BUILTIN:
@@ -43,13 +44,13 @@ def load_benchmarks(cfg: RunConfig, train: list[Task]) -> dict[str, list[Task]]:
             copies += 1
             name = f"{base}-{copies}"
         out[name] = load_task_dirs(source)
-        check_disjoint(train, out[name], train_what=f"tasks.source={cfg.tasks.source!r}",
-                       held_out_what=f"eval.source {source!r}")
+        train = check_disjoint(train, out[name], train_what=f"tasks.source={cfg.tasks.source!r}",
+                               held_out_what=f"eval.source {source!r}", policy=cfg.tasks.decontaminate)
     names = [t.name for ts in out.values() for t in ts]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"eval.source: task names {repeated[:3]} appear in more than one directory")
-    return out
+    return out, train
 
 
 def nothing_reason(cfg: RunConfig) -> str:

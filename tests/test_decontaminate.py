@@ -1,18 +1,20 @@
 """sandbox.decontaminate: planted contamination is found, boilerplate is not, bad input is one line (exit 2).
 
 Fixtures are written here; the run against the public Terminal-Bench collections skips when they are absent
-($T1_TB1_TASKS, $T1_TB2_TASKS)."""
+($T1_TB1_TASKS, $T1_TB2_TASKS: TB1 = camel-ai/camel at 7955886, examples/workforce/terminal_bench/tasks; TB2 =
+yujianll/skill-usage at f9f89fa, terminal-bench-2; checked out outside the repo)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sandbox.decontaminate import check_dirs, find_task_dirs, main, ngrams, normalize, read_task
+from sandbox.decontaminate import check_dirs, find_task_dirs, main, ngrams, normalize, read_task, task_specific
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "FROM python:3.13-slim-bookworm\nWORKDIR /app\n"
@@ -26,6 +28,10 @@ EVAL_INSTRUCTIONS = {
     "cert": "Create a self-signed TLS certificate for the host internal.example with a 4096-bit RSA key, store "
             "the key in /app/ssl/server.key and the certificate in /app/ssl/server.crt.",
 }
+
+
+DATA_TSV = "".join(f"row{i}\t{i * 7 % 13}\n" for i in range(12))
+"""A data file above the information threshold (a 2-line one is not evidence: tests of task_specific)."""
 
 
 def _task(root: Path, name: str, instruction: str, tests: str, extra: dict[str, str] | None = None) -> Path:
@@ -65,13 +71,121 @@ def test_disjoint_set_sharing_only_boilerplate_passes(tmp_path: Path, capsys: py
     assert "0 contaminated pairs (0 of 2 training tasks) against 3 evaluation tasks" in capsys.readouterr().out
 
 
+HELPER = "import json\n\ndef load_ledger(path):\n    rows = json.load(open(path))\n    return {r['id']: r['amount'] for r in rows}\n"
+
+
 def test_boilerplate_is_evidence_below_the_common_count(tmp_path: Path) -> None:
-    """The same shared Dockerfile counts once it is no longer common: `--common 4` with 3 evaluation tasks."""
+    """A task-specific helper all three evaluation tasks hold is boilerplate by frequency, and counts once it is no
+    longer common (`--common 4`); the set-up Dockerfile and test.sh never count, by content, at any count."""
     evals, train = _eval_set(tmp_path / "eval"), _disjoint_train(tmp_path / "train")
+    for d in [*evals.iterdir(), train / "rename"]:
+        (d / "tests" / "helpers.py").write_text(HELPER)
+    assert check_dirs(find_task_dirs(train), [evals]) == []
     found = check_dirs(find_task_dirs(train), [evals], common=4)
-    assert {(Path(o.train).name, o.kind, o.evidence) for o in found} >= {
-        ("rename", "file", "environment/Dockerfile, tests/test.sh")}
-    assert len({(o.train, o.eval) for o in found}) == 6  # every training task against every evaluation task
+    assert {(Path(o.train).name, o.kind, o.evidence) for o in found} == {("rename", "file", "tests/helpers.py")}
+    assert len({(o.train, o.eval) for o in found}) == 3  # one training task against every evaluation task
+
+
+GENERIC_FILES = {
+    "tests/test.sh": TEST_SH,
+    "run-tests.sh": "#!/bin/bash\n\nsource $TEST_DIR/setup-uv-pytest.sh\nbash $TEST_DIR/run-uv-pytest.sh",
+    "tests/test.sh ": "#!/usr/bin/env bash\n# Harbor entry point\ncd \"$(dirname \"$0\")\"\nmkdir -p /logs/verifier\n"
+                      "if python3 -m pytest -q -p no:cacheprovider test_*.py; then r=1; else r=0; fi\n"
+                      "echo \"$r\" > /logs/verifier/reward.txt\n",
+    "tests/test.sh  ": "#!/bin/bash\napt-get update\napt-get install -y curl\ncurl -LsSf https://astral.sh/uv/0.9.5/"
+                       "install.sh | sh\nsource $HOME/.local/bin/env\nif [ \"$PWD\" = \"/\" ]; then\n    echo \"Error: "
+                       "No working directory set.\"\n    exit 1\nfi\nuvx \\\n  -p 3.13 \\\n  -w pytest==8.4.1 \\\n  pytest "
+                       "--ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA\nif [ $? -eq 0 ]; then\n  echo 1 > "
+                       "/logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n",
+    "environment/Dockerfile": "FROM debian:bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends "
+                              "python3 git \\\n    && rm -rf /var/lib/apt/lists/*\nCOPY data.csv /app/data.csv\nWORKDIR /app\n",
+    "solution/solve.sh": "#!/bin/bash\nset -euo pipefail\necho done\n",
+    "tests/requirements.txt": "pytest==8.4.1\n",
+    "tests/expected.txt": "1\n",
+}
+SPECIFIC_FILES = {
+    "solution/solve.sh": "#!/bin/bash\nset -e\ntr -cs 'A-Za-z' '\\n' < /app/text.txt | sort | uniq -c > /app/top3.txt\n",
+    "solution/solve.sh ": "#!/bin/bash\necho 'hello world' > /app/out.txt\n",
+    "environment/Dockerfile": "FROM debian:bookworm\nRUN useradd -m alice && chmod 0700 /home/alice\nWORKDIR /app\n",
+    "tests/test.sh": "#!/bin/bash\npytest /tests\ngrep -q 'quarterly ledger' /app/unmatched.txt\n",
+    "data/ACCOUNTS.DAT": "U001John Doe            0000001180U002Jane Smith          0000001800U003Bob Wilson   00",
+    "tests/test_outputs.py": "def test_out():\n    assert open('/app/out.txt').read() == 'hello world'\n",
+}
+
+
+@pytest.mark.parametrize("rel,text", list(GENERIC_FILES.items()))
+def test_set_up_files_carry_no_task_content(rel: str, text: str) -> None:
+    assert not task_specific(rel.strip(), text.encode()), rel
+
+
+@pytest.mark.parametrize("rel,text", list(SPECIFIC_FILES.items()))
+def test_task_files_carry_task_content(rel: str, text: str) -> None:
+    assert task_specific(rel.strip(), text.encode()), rel
+
+
+def test_two_task_eval_set_sharing_a_runner_and_a_base_dockerfile_passes(tmp_path: Path) -> None:
+    """Two evaluation tasks (below any frequency rule) sharing only the runner and the base Dockerfile with the
+    training tasks: no pair. A renamed copy of one of them, or its test file, still is one."""
+    evals = tmp_path / "eval"
+    for name in ("ledger", "maze"):
+        _task(evals, name, EVAL_INSTRUCTIONS[name], f"def test_{name}():\n    assert open('/app/{name}.out').read().split() == ['{name}', 'ok']\n")
+    train = _disjoint_train(tmp_path / "train")
+    assert check_dirs(find_task_dirs(train), [evals]) == []
+    shutil.copytree(evals / "maze", train / "maze-renamed")
+    copied = (evals / "ledger" / "tests" / "test_outputs.py").read_text()
+    _task(train, "copycat", "Count the vowels of /app/words.txt and write the number to /app/count.txt.", copied)
+    found = check_dirs(find_task_dirs(train), [evals])
+    assert {(Path(o.train).name, Path(o.eval).name, o.kind) for o in found} == {
+        ("maze-renamed", "maze", "span"), ("maze-renamed", "maze", "jaccard"), ("maze-renamed", "maze", "file"),
+        ("copycat", "ledger", "file")}
+
+
+def _fixed(root: Path, names: tuple[str, ...]) -> Path:
+    for name in names:
+        shutil.copytree(ROOT / "tasks" / "fixed" / name, root / name)
+    return root
+
+
+BUILTIN_TRAIN, BUILTIN_EVAL = ("text-word-frequency", "text-dedupe-emails"), ("python-primes", "data-csv-to-json")
+"""The split of issue 58: they share only the generic tests/test.sh runner."""
+
+
+def test_builtin_split_sharing_only_the_runner_passes(tmp_path: Path) -> None:
+    from sandbox.overlap import find_overlaps
+    from sandbox.tasks import load_task_dirs
+
+    train, evals = _fixed(tmp_path / "A", BUILTIN_TRAIN), _fixed(tmp_path / "B", BUILTIN_EVAL)
+    shared = set(read_task(train / BUILTIN_TRAIN[0]).files) & set(read_task(evals / BUILTIN_EVAL[0]).files)
+    assert shared == set()  # test.sh is identical (below) but carries no task content
+    assert (train / BUILTIN_TRAIN[0] / "tests" / "test.sh").read_bytes() == (
+        evals / BUILTIN_EVAL[0] / "tests" / "test.sh").read_bytes()
+    assert check_dirs(find_task_dirs(train), [evals]) == []
+    assert find_overlaps(load_task_dirs(train), load_task_dirs(evals)) == []
+
+
+def test_policies_refuse_warn_drop(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """refuse: one line naming the pair, the file and the rule, and the other policies; warn keeps every task;
+    drop keeps those that overlap nothing."""
+    from sandbox.overlap import check_disjoint
+    from sandbox.tasks import load_task_dirs
+
+    evals = _eval_set(tmp_path / "eval")
+    train = _disjoint_train(tmp_path / "train")
+    _task(train, "copycat", "Count the vowels of /app/words.txt and write the number to /app/count.txt.",
+          (evals / "maze" / "tests" / "test_outputs.py").read_text())
+    tasks, held = load_task_dirs(train), load_task_dirs(evals)
+    with pytest.raises(ValueError) as e:
+        check_disjoint(tasks, held, train_what="A", held_out_what="B")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("B overlaps A: 1 of its 3 tasks match training tasks (maze ~ copycat "
+                                               "(identical task-specific file tests/test_outputs.py))"), msg
+    assert "tasks.decontaminate='drop'" in msg and "'warn'" in msg
+    assert [t.name for t in check_disjoint(tasks, held, train_what="A", held_out_what="B", policy="warn")] == [
+        t.name for t in tasks]
+    kept = check_disjoint(tasks, held, train_what="A", held_out_what="B", policy="drop")
+    assert sorted(t.name for t in kept) == ["primes", "rename"]
+    out = capsys.readouterr().out
+    assert "decontaminate (warn): B overlaps A" in out and "decontaminate (drop): " in out and "['copycat']" in out
 
 
 def test_planted_paraphrase_with_a_13_token_span_is_found(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -114,14 +228,14 @@ def test_copied_tests_are_found_in_either_layout(tmp_path: Path) -> None:
     """A Harbor training task with an evaluation task's test file, and a TB1 one with its data file."""
     evals = _eval_set(tmp_path / "eval")
     _task(evals, "data", "Sum the second column of /app/data.tsv and print the total.", "def test_d():\n    pass\n",
-          {"environment/data.tsv": "a\t1\nb\t2\n"})
+          {"environment/data.tsv": DATA_TSV})
     train = _disjoint_train(tmp_path / "train")
     copied = (evals / "maze" / "tests" / "test_outputs.py").read_text()
     _task(train, "copycat", "Count the vowels of /app/words.txt and write the number to /app/count.txt.", copied)
     tb1 = train / "tb1-copy"
     tb1.mkdir()
     (tb1 / "task.yaml").write_text("instruction: |\n  Average the numbers in /app/numbers.tsv.\n")
-    (tb1 / "data.tsv").write_text("a\t1\nb\t2\n")
+    (tb1 / "data.tsv").write_text(DATA_TSV)
     found = check_dirs(find_task_dirs(train), [evals])
     assert sorted((Path(o.train).name, Path(o.eval).name, o.kind, o.evidence) for o in found) == [
         ("copycat", "maze", "file", "tests/test_outputs.py"),
@@ -157,12 +271,27 @@ def _collection(var: str) -> Path:
     return Path(path)
 
 
+TB_SAME_NAME = frozenset(
+    "chess-best-move cobol-modernization configure-git-webserver count-dataset-tokens crack-7z-hash extract-elf "
+    "extract-moves-from-video feal-differential-cryptanalysis feal-linear-cryptanalysis fix-git git-multibranch "
+    "gpt2-codegolf hf-model-inference kv-store-grpc make-doom-for-mips make-mips-interpreter nginx-request-logging "
+    "openssl-selfsigned-cert password-recovery path-tracing path-tracing-reverse polyglot-c-py polyglot-rust-c "
+    "prove-plus-comm pytorch-model-cli pytorch-model-recovery qemu-alpine-ssh qemu-startup raman-fitting "
+    "reshard-c4-data sanitize-git-repo sqlite-db-truncate sqlite-with-gcov train-fasttext write-compressor".split())
+TB_CROSS = frozenset({("feal-differential-cryptanalysis", "feal-linear-cryptanalysis"),
+                      ("feal-linear-cryptanalysis", "feal-differential-cryptanalysis"),
+                      ("make-doom-for-mips", "make-mips-interpreter"), ("make-mips-interpreter", "make-doom-for-mips"),
+                      ("polyglot-c-py", "polyglot-rust-c"), ("polyglot-rust-c", "polyglot-c-py")})
+"""TB1 against TB2, measured 2026-12-06 on the sources in the module docstring (issue 58): 41 pairs, 35 TB1 tasks
+TB2 took over under the same name and 6 pairs across names; the same before and after the content rule."""
+
+
 def test_terminal_bench_2_reuses_terminal_bench_1() -> None:
-    """TB2 took several tasks over from TB1: the check must see them (and see no task twice)."""
+    """TB2 took several tasks over from TB1: the check sees exactly those pairs (and no task twice)."""
     tb1, tb2 = _collection("T1_TB1_TASKS"), _collection("T1_TB2_TASKS")
     found = check_dirs(find_task_dirs(tb1), [tb2])
-    same_name = {Path(o.train).name for o in found if Path(o.train).name == Path(o.eval).name}
-    assert {"chess-best-move", "fix-git", "openssl-selfsigned-cert"} <= same_name
+    pairs = {(Path(o.train).name, Path(o.eval).name) for o in found}
+    assert pairs == {(n, n) for n in TB_SAME_NAME} | TB_CROSS
 
 
 def test_trainer_refuses_training_tasks_that_overlap(tmp_path: Path) -> None:
@@ -182,4 +311,24 @@ def test_trainer_refuses_training_tasks_that_overlap(tmp_path: Path) -> None:
                         f"--tasks.decontaminate_against=[\"{evals}\"]"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
-    assert "tasks.decontaminate_against: 1 pairs" in r.stderr and "git-merge-branch and" in r.stderr, r.stderr
+    assert f"tasks.decontaminate_against '{evals}' overlaps the training tasks: 1 of its 4 tasks" in r.stderr, r.stderr
+    assert "copied ~ git-merge-branch (identical task-specific file" in r.stderr, r.stderr
+    assert "tasks.decontaminate='drop'" in r.stderr, r.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_trainer_trains_and_evaluates_on_the_builtin_split(tmp_path: Path) -> None:
+    """Issue 58: `t1core.train --tasks.source=A --eval.source=B` on the split above starts, trains and evaluates B
+    before and after RL (it was refused for the shared runner)."""
+    from tests.test_train import TINY
+
+    train, evals = _fixed(tmp_path / "A", BUILTIN_TRAIN), _fixed(tmp_path / "B", BUILTIN_EVAL)
+    r = subprocess.run([sys.executable, "-m", "t1core.train", "--out", str(tmp_path / "run"), *TINY,
+                        f"--tasks.source={train}", f"--eval.source={evals}", "--run.steps=1", "--eval.attempts=0"],
+                       cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for tag in ("before", "after"):
+        lines = (tmp_path / "run" / "eval" / tag / "B_greedy.jsonl").read_text().splitlines()
+        assert len(lines) == len(BUILTIN_EVAL), lines

@@ -215,7 +215,8 @@ def test_benchmarks_are_named_after_their_directories(tmp_path: Path, train_dir:
     a = write_benchmark(tmp_path / "x" / "B", ("probe-os",))
     b = write_benchmark(tmp_path / "y" / "B", ("probe-flag",))
     cfg = train.load_config(None, [f"--tasks.source={train_dir}", f"--eval.source=[{a}, {b}, builtin]"])
-    got = load_benchmarks(cfg, load_task_dirs(train_dir))
+    got, kept = load_benchmarks(cfg, load_task_dirs(train_dir))
+    assert [t.name for t in kept] == [t.name for t in load_task_dirs(train_dir)]
     assert {k: [t.name for t in v] for k, v in got.items()} == {"B": ["probe-os"], "B-2": ["probe-flag"]}
     write_benchmark(b, ("probe-os",))  # now in both directories
     with pytest.raises(ValueError, match=r"eval.source: task names \['probe-os'\] appear in more than one"):
