@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,20 +73,4 @@ def test_the_trainer_lines_parse() -> None:
             assert re.search(r"no such file|no config\.toml there", str(e)), (args, e)
 
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_the_main_job_runs(tmp_path: Path) -> None:
-    """The README's main job, with settings that make it a one-minute run appended (the last value of a key
-    wins), ends with its run directory and the files the README lists."""
-    tiny = ["--tasks.families=create_file,append_line", "--tasks.num_per_family=1", "--tasks.num_rl_per_family=1",
-            "--tasks.num_heldout_per_family=1", "--warmstart.pretrain_steps=2", "--warmstart.sft_epochs=1",
-            "--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.max_turns=2",
-            "--rollout.max_new_tokens_per_turn=16", "--rollout.max_tokens=640", "--algo.minibatch_tokens=1400",
-            "--warmstart.sft_minibatch_tokens=4096", "--run.steps=1", f"--out={tmp_path / 'run'}"]
-    argv = [sys.executable, *shlex.split(MAIN_JOB)[1:], *tiny]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = Path(proc.stdout.strip().splitlines()[-1])
-    assert "(bitwise: exactly 0.0 at every step)" in proc.stdout  # the default is bitwise on the CPU
-    for name in ("config.toml", "metrics.jsonl", "metrics.png", "trajectories", "checkpoints", "warmstart", "final"):
-        assert (run / name).exists(), name
+# The main job itself runs in tests/test_readme_commands.py (its workspace fixture), with every other command.

@@ -8,7 +8,8 @@ suite itself). A command no row matches fails `test_every_readme_command_is_clas
 
 The run directory is made once per session by the README's main job with tiny settings (TINY: one family, one RL
 step, one turn per episode) on the default model, whose 4,096 positions are what the tools' defaults must fit.
-~6 min on a loaded 2-core box (the fixture run ~75 s, three more trainer runs, the tools).
+About 13 min on a 2-core box at load ~15 (other sessions' runs beside it), most of it the three trainer runs (the
+fixture's, the `--config` one, a resume: 90-130 s each there, ~15-30 s of CPU each).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Row:
     extra: tuple[str, ...] = ()
     """Appended arguments: only what makes it short."""
     in_fixture: bool = False
-    """The command the workspace fixture runs (with TINY): it passed if the fixture did."""
+    """With `extra` appended, the command's config is the workspace fixture's (checked): it ran there."""
     exit2: str = ""
     """When set, the command must exit 2 with a one-line message matching this."""
 
@@ -73,17 +74,19 @@ COMMANDS: tuple[Row, ...] = (
         extra=TINY),
     Row(r"^python3 -m t1core\.train --resume runs/exp1 --run\.steps=\d+$", subs={"runs/exp1": "COPY"},
         extra=("--run.steps=2",)),
-    Row(r"^python3 -m t1core\.train --[a-z_]+\.", extra=(*TINY, "--out=NEW_OUT")),
+    Row(r"^python3 -m t1core\.train --[a-z_]+\.", extra=TINY, in_fixture=True),
     Row(r"^python3 -m t1core\.plan --config t1core/configs/\S+\.toml$"),
     Row(r"^python3 -m sandbox\.check_tasks /data/my-tasks", subs={"/data/my-tasks": "TASKS"}),
     Row(r"^python3 -m sandbox\.run_task /data/my-tasks/TASK", subs={"/data/my-tasks/TASK": "TASK"}),
     Row(r"^python3 -m sandbox\.decontaminate runs/r1/tasks --against /data/tb2$",
         subs={"runs/r1/tasks": "RUN/tasks", "/data/tb2": "TASKS"}),
     Row(r"^python3 -m rollout\.evaluate --checkpoint runs/exp1/final --tasks /data/tb2 --out runs/exp1/tb2",
-        subs={"runs/exp1/tb2": "NEW", "runs/exp1": "RUN", "/data/tb2": "TASKS"}, extra=("--max-turns", "1")),
+        subs={"runs/exp1/tb2": "NEW", "runs/exp1": "RUN", "/data/tb2": "TASKS"},
+        extra=("--max-turns", "1", "--max-reply-tokens", "16")),
     Row(r"^python3 -m rollout\.report runs/exp1/", subs={"runs/exp1": "RUN"}),
     Row(r"^python3 -m t1core\.experiments\.mismatch ", subs={"runs/mismatch.json": "NEW"},
-        extra=("--episodes", "1", "--seeds", "0", "--families", "create_file", "--sft-epochs", "0", "--max-turns", "1")),
+        extra=("--episodes", "1", "--seeds", "0", "--families", "create_file", "--sft-epochs", "0", "--max-turns", "1",
+               "--max-reply-tokens", "32")),
 )
 
 
@@ -159,8 +162,12 @@ def test_readme_command(n: int, line: str, workspace: dict[str, Path]) -> None:
     assert row is not None, f"unclassified README command: {line}"
     if row.skip:
         pytest.skip(f"{line}: {row.skip}")
-    if row.in_fixture:
-        return  # the workspace fixture ran it, with TINY, and checked what it wrote
+    if row.in_fixture:  # the same config as the fixture's run (TINY's values win): it ran there
+        from t1core.cli import parse_args
+
+        out = ["--out", str(workspace["ROOT"] / "unused")]
+        assert parse_args([*shlex.split(line)[3:], *TINY, *out])[0] == parse_args([*TINY, *out])[0]
+        return
     argv = _resolve(shlex.split(line), row, workspace, n)
     if argv[0] in ("python", "python3"):
         argv[0] = sys.executable
@@ -179,7 +186,8 @@ def test_readme_command(n: int, line: str, workspace: dict[str, Path]) -> None:
 def test_collect_defaults_fit_the_default_model(workspace: dict[str, Path]) -> None:
     """rollout.collect as issue 58 ran it, on the run's checkpoint (its defaults once asked for 4,097 positions)."""
     argv = [sys.executable, "-m", "rollout.collect", "--tasks", "tasks", "--episodes", "3", "--checkpoint",
-            str(workspace["RUN"] / "final"), "--max-turns", "1", "--out", str(workspace["ROOT"] / "collect")]
+            str(workspace["RUN"] / "final"), "--max-turns", "1", "--max-reply-tokens", "16",
+            "--out", str(workspace["ROOT"] / "collect")]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
