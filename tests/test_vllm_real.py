@@ -14,8 +14,12 @@ client labelling every update "1", temperatures in (0, 0.01) accepted.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import datetime
 import importlib
 import queue
+import socket
 import sys
 import types
 from collections.abc import Iterator
@@ -170,10 +174,10 @@ class _RealWireLLM(fake_vllm.FakeAsyncLLM):
         await super().finish_weight_update(weight_version)
 
 
-def _engine(model: MoEModel, llm_cls: type, placement: str) -> VLLMEngine:
+def _engine(model: MoEModel, llm_cls: type, placement: str, *, port: int = 1) -> VLLMEngine:
     api = fake_vllm.fake_api()
     api = vllm_api.VllmApi(**{**api.__dict__, "make_llm": llm_cls, "make_transport": vllm_weights.VllmTransport})
-    nccl = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2} if placement != "colocated" else None
+    nccl = {"master_address": "127.0.0.1", "master_port": port, "world_size": 2} if placement != "colocated" else None
     args = vllm_api.engine_args(model_dir=_save(model), dtype=torch.float32, seed=0, tensor_parallel_size=1,
                                 gpu_memory_utilization=0.5, max_model_len=MAX_LEN, enforce_eager=True,
                                 colocated=placement == "colocated")
@@ -248,3 +252,140 @@ def test_nccl_engine_labels_three_updates_1_2_3(vllm_src: types.ModuleType, monk
     with _engine(MoEModel(CFG, seed=0), llm_cls, "disaggregated") as engine:
         _three_updates(engine, llm_cls)
         assert isinstance(engine._transport._engine, nccl_engine.NCCLTrainerWeightTransferEngine)
+
+
+# ---- weight sync: NCCL's data plane as gloo, an update broken half-way, recovery ----
+class _GlooGroup:
+    """What vLLM's PyNcclCommunicator is to its weight transfer (`broadcast(tensor, src, stream)`, `destroy()`), on
+    the CPU: vLLM's own StatelessProcessGroup rendezvous (a TCPStore on master_port), then a gloo group on its store.
+    `destroy` aborts the group, so a peer blocked in a broadcast fails at once, as NCCL's teardown makes it."""
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, device: Any = None) -> None:
+        import torch.distributed as dist
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        self.meta = StatelessProcessGroup.create(host=master_address, port=master_port, rank=rank,
+                                                 world_size=world_size)
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo", self.meta.store), rank, world_size,
+                                        datetime.timedelta(seconds=60))
+
+    def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.pg.broadcast([tensor], opts).wait()
+
+    def destroy(self) -> None:
+        self.pg.abort()
+
+
+class _NoStream:
+    """A CUDA stream's calls the packed producer and consumer make, for CPU tensors (nothing is asynchronous)."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:  # also stands in for torch.Event
+        pass
+
+
+class _GlooWireLLM(_RealWireLLM):
+    """The fake AsyncLLM's worker on vLLM's NCCL wire with gloo under it: it joins the trainer's rendezvous at
+    init_weight_transfer_engine and receives each update with vLLM's own `packed_nccl_broadcast_consumer`, on a
+    thread of its own (the worker process), into the fake's model."""
+
+    versions: list[str]
+    received: list[str]
+
+    async def init_weight_transfer_engine(self, request: Any) -> None:
+        from vllm.distributed.weight_transfer import nccl_common
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferInitInfo
+
+        info = NCCLWeightTransferInitInfo(**_rpc(request.init_info))
+        self.transfer_init, self._meta, self.wire_info = dict(_rpc(request.init_info)), None, info
+        self.group = await asyncio.to_thread(nccl_common.stateless_init_process_group, info.master_address,
+                                             info.master_port, info.rank_offset, info.world_size, 0)
+
+    async def update_weights(self, request: Any) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
+
+        typed = NCCLWeightTransferUpdateInfo(**_rpc(request.update_info))
+        self.calls.append(("update_weights", typed.names))
+        assert self.updating, "update_weights outside start/finish"
+        if typed.names:
+            self._meta = typed
+        try:
+            await asyncio.to_thread(self._receive, self._meta)
+        except BaseException:
+            self.updating = False  # what vLLM's worker does (gpu_worker.py:1622-1626)
+            raise
+
+    def _receive(self, meta: Any) -> None:
+        from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_consumer
+
+        params, f = dict(self.model.named_parameters()), self.cfg.moe_intermediate_size
+
+        def load(named: list[tuple[str, torch.Tensor]]) -> None:
+            with torch.no_grad():
+                for name, t in named:
+                    self._load(params, name, t, f)
+                    self.received.append(name)
+
+        packed_nccl_broadcast_consumer(
+            iterator=((n, (s, getattr(torch, d))) for n, d, s in zip(meta.names, meta.dtype_names, meta.shapes)),
+            group=self.group, src=0, post_unpack_func=load, buffer_size_bytes=self.wire_info.packed_buffer_size_bytes,
+            num_buffers=self.wire_info.packed_num_buffers, device="cpu")
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        super().shutdown(timeout)
+        if getattr(self, "group", None) is not None:
+            self.group.destroy()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _break_after(items: list[tuple[str, torch.Tensor]], n: int) -> Iterator[tuple[str, torch.Tensor]]:
+    for i, item in enumerate(items):
+        if i == n:
+            raise RuntimeError("the trainer lost a rank half-way through the update")
+        yield item
+
+
+def test_nccl_update_broken_half_way_recovers_over_gloo(vllm_src: types.ModuleType,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 58: vLLM's trainer-side NCCL engine and its packed producer/consumer over a real gloo group (the CPU
+    stubs: gloo for NCCL, no-op CUDA streams and events). An update whose weight stream fails half-way leaves the
+    worker blocked in a broadcast; requests are refused; the next update restarts the engine, which tears the group
+    down through VllmTransport.reset() (the worker's broadcast fails at once) and rendezvouses again on the same port;
+    then three updates reach vLLM as versions 1, 2, 3, each served whole."""
+    from vllm.distributed.weight_transfer import nccl_common, nccl_engine, packed_tensor
+
+    monkeypatch.setattr(nccl_common, "stateless_init_process_group", _GlooGroup)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "current_stream", lambda *a: _NoStream())
+    monkeypatch.setattr(packed_tensor, "_get_streams", lambda device, n: tuple(_NoStream() for _ in range(n)))
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch, "Event", _NoStream)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    monkeypatch.setattr(vllm_weights, "PACKED_BUFFER_BYTES", 1 << 16)  # many chunks per update
+    llm_cls = type("GlooLLM", (_GlooWireLLM,), {"versions": [], "received": []})
+    with _engine(MoEModel(CFG, seed=0), llm_cls, "disaggregated", port=_free_port()) as engine:
+        items = list(hf_state_dict(MoEModel(CFG, seed=4)).items())
+        with pytest.raises(RuntimeError, match="lost a rank"):
+            engine.update_weights(_break_after(items, len(items) // 2))
+        assert 0 < len(llm_cls.received) < len(items)  # chunks before the break reached the worker
+        first = engine._transport._engine
+        assert isinstance(first, nccl_engine.NCCLTrainerWeightTransferEngine)
+        with pytest.raises(RuntimeError, match="failed after"):
+            engine.submit([5, 6, 7], SamplingParams(max_new_tokens=2, temperature=0.0)).result(timeout=60)
+        _three_updates(engine, llm_cls)  # versions 1, 2, 3 in order, each update's weights whole
+        assert engine.stats["restarts"] == 1 and engine._transport._engine is not first
+        assert first.model_update_group is None  # reset() shut the broken group down
