@@ -332,3 +332,21 @@ def test_trainer_trains_and_evaluates_on_the_builtin_split(tmp_path: Path) -> No
     for tag in ("before", "after"):
         lines = (tmp_path / "run" / "eval" / tag / "B_greedy.jsonl").read_text().splitlines()
         assert len(lines) == len(BUILTIN_EVAL), lines
+
+
+def test_load_tasks_applies_the_policy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """builders.load_tasks: a training directory holding a renamed copy of an evaluation task refuses the run
+    (one line naming the pair and the rule), trains on everything with 'warn', and without the copy with 'drop'."""
+    from t1core.builders import load_tasks
+    from t1core.config_toml import load_config
+
+    train, evals = _fixed(tmp_path / "A", BUILTIN_TRAIN), _fixed(tmp_path / "B", BUILTIN_EVAL)
+    shutil.copytree(evals / BUILTIN_EVAL[0], train / "primes-renamed")
+    base = [f"--tasks.source={train}", f"--eval.source={evals}"]
+    with pytest.raises(ValueError, match=r"primes-renamed \(same instruction\).*tasks.decontaminate='drop'"):
+        load_tasks(load_config(None, base), tmp_path / "run0")
+    warned = load_tasks(load_config(None, [*base, "--tasks.decontaminate=warn"]), tmp_path / "run1")
+    dropped = load_tasks(load_config(None, [*base, "--tasks.decontaminate=drop"]), tmp_path / "run2")
+    assert sorted(t.name for t in warned.train) == sorted([*BUILTIN_TRAIN, "primes-renamed"])
+    assert sorted(t.name for t in dropped.train) == sorted(BUILTIN_TRAIN) == sorted(t.name for t in dropped.rl)
+    assert "decontaminate (drop): " in capsys.readouterr().out
