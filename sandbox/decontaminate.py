@@ -56,8 +56,10 @@ _SETUP = re.compile(r"""(
     (sudo\s+)?(apt-get|apt|apk|yum|dnf|brew)(\s.*)? | (DEBIAN_FRONTEND=\S+\s+)?apt-get(\s.*)? |
     ((python3?|\S*/python3?)\s+-m\s+)?(pip3?|uv|uvx|pipx|npm|conda)(\s.*)? | (curl|wget)\s.*(install|uv|pip).* |
     (ba)?sh(\s+-\w+)* | (source|\.)\s+\S+ | cd(\s+.*)? | export\s+\w+=\S* | \w+=\S* |
-    (if\s+)?(uv\s+run\s+|uvx\s.*|(python3?\s+-m\s+))?pytest(\s.*)? | bash\s+\S*(run-tests|test|setup-uv-pytest|run-uv-pytest)\S*\.sh |
-    echo(\s+[^>]*)? | echo\s.*>\s*\S*/logs/\S* | mkdir\s+(-p\s+)?\S*/?(logs|tests|app)\S* | rm\s+-rf\s+/var/lib/apt/lists\S* |
+    (if\s+)?(uv\s+run\s+|uvx\s.*|(python3?\s+-m\s+))?pytest(\s.*)? |
+    bash\s+\S*(run-tests|test|setup-uv-pytest|run-uv-pytest)\S*\.sh |
+    echo(\s+[^>]*)? | echo\s.*>\s*\S*/logs/\S* | mkdir\s+(-p\s+)?\S*/?(logs|tests|app)\S* |
+    rm\s+-rf\s+/var/lib/apt/lists\S* |
     (FROM|WORKDIR|ENV|ARG|USER|CMD|ENTRYPOINT|SHELL|LABEL|EXPOSE|COPY|ADD|VOLUME|STOPSIGNAL|HEALTHCHECK)\b.* |
     RUN | version:.* | services:.* | \S+:\s*\S* | -\s+\S+ | \{ | \} )$""", re.VERBOSE)
 # The instruction and the task's metadata: compared as text (the instruction) or not at all (timeouts, names).

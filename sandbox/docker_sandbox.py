@@ -4,8 +4,9 @@
         r = sb.run("cd /app && ls -la", timeout=30)
 
 A command costs one write and one read on the exec socket (~0.2 ms), never a `docker exec` (tens of ms, and one
-daemon serves few per second: `pytest bench/test_bench_sandbox.py -s` prints the costs on your box). The protocol lives in `sandbox.shell`. A failed or timed-out command is a
-`CommandResult`; only the runtime failing raises (`sandbox.errors`).
+daemon serves few per second: `pytest bench/test_bench_sandbox.py -s` prints the costs on your box). The protocol
+lives in `sandbox.shell`. A failed or timed-out command is a `CommandResult`; only the runtime failing raises
+(`sandbox.errors`).
 """
 
 from __future__ import annotations

@@ -104,6 +104,7 @@ def check_disjoint(train: Sequence[Task], held_out: Sequence[Task], *, train_wha
         raise ValueError(f"{line}; evaluate on tasks the run does not train on, or set tasks.decontaminate='drop' "
                          f"(train without the {len(dropped)} overlapping training tasks) or 'warn' (train on them)")
     keep = [t for t in train if policy == "warn" or t.name not in dropped]
-    what = "training on them anyway" if policy == "warn" else f"dropped {len(dropped)} training tasks: {sorted(dropped)[:5]}"
+    what = ("training on them anyway" if policy == "warn" else
+            f"dropped {len(dropped)} training tasks: {sorted(dropped)[:5]}")
     print(f"decontaminate ({policy}): {line}; {what}", flush=True)
     return keep

@@ -5,8 +5,9 @@ JSONL file per collection and setting, `{collection}-{setting}.jsonl`, a line pe
 total (the reference solution's verifiers), resolved (all passed), nothing (the do-nothing agent), reason, why, run,
 flags, base_image (the task's own FROM), base_mapped_onto, time_limits, date. A file must hold every task of its
 collection's list exactly once. Prints a table (collection, source, setting, reference solutions resolved) and the
-README's cell (`readme_cell`; tests/test_tb_report.py checks the README holds it); a setting with no file is "not run". Exit 0, or 2 with one line on bad input (a file that disagrees
-with its collection's task list, a malformed line).
+README's cell (`readme_cell`; tests/test_tb_report.py checks the README holds it); a setting with no file is "not
+run". Exit 0, or 2 with one line on bad input (a file that disagrees with its collection's task list, a malformed
+line).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _rows(path: Path, expected: list[str]) -> list[dict]:
         if not isinstance(row, dict) or set(row) != set(FIELDS):
             raise ValueError(f"{path}:{i}: expected the keys {list(FIELDS)}")
         if row["resolved"] != (row["total"] is not None and row["passed"] == row["total"]):
-            raise ValueError(f"{path}:{i}: {row['task']}: resolved={row['resolved']} but {row['passed']}/{row['total']}")
+            raise ValueError(f"{path}:{i}: {row['task']}: resolved={row['resolved']} but "
+                             f"{row['passed']}/{row['total']}")
         rows.append(row)
     names = [r["task"] for r in rows]
     if sorted(names) != sorted(expected):

@@ -196,7 +196,8 @@ def planner_inputs(preset: str) -> tuple[SimInputs, str]:
     x = dataclasses.replace(base, episodes_per_step=cfg.rollout.episodes_per_step, group_size=cfg.rollout.group_size,
                             slots=cfg.rollout.concurrency * gpus, train_s=round(train_s, 1), sync_s=round(sync_s, 1))
     how = (f"{model}: {params.total / 1e9:.1f}B total, {params.active / 1e9:.1f}B active; {gpus} GPUs; "
-           f"{x.episodes_per_step} episodes/step in groups of {x.group_size} on {x.slots} slots\n  layout: {layout(cfg)}")
+           f"{x.episodes_per_step} episodes/step in groups of {x.group_size} on {x.slots} slots\n"
+           f"  layout: {layout(cfg)}")
     return x, how
 
 

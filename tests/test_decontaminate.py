@@ -71,7 +71,8 @@ def test_disjoint_set_sharing_only_boilerplate_passes(tmp_path: Path, capsys: py
     assert "0 contaminated pairs (0 of 2 training tasks) against 3 evaluation tasks" in capsys.readouterr().out
 
 
-HELPER = "import json\n\ndef load_ledger(path):\n    rows = json.load(open(path))\n    return {r['id']: r['amount'] for r in rows}\n"
+HELPER = ("import json\n\ndef load_ledger(path):\n    rows = json.load(open(path))\n"
+          "    return {r['id']: r['amount'] for r in rows}\n")
 
 
 def test_boilerplate_is_evidence_below_the_common_count(tmp_path: Path) -> None:
@@ -94,17 +95,20 @@ GENERIC_FILES = {
                       "echo \"$r\" > /logs/verifier/reward.txt\n",
     "tests/test.sh  ": "#!/bin/bash\napt-get update\napt-get install -y curl\ncurl -LsSf https://astral.sh/uv/0.9.5/"
                        "install.sh | sh\nsource $HOME/.local/bin/env\nif [ \"$PWD\" = \"/\" ]; then\n    echo \"Error: "
-                       "No working directory set.\"\n    exit 1\nfi\nuvx \\\n  -p 3.13 \\\n  -w pytest==8.4.1 \\\n  pytest "
+                       "No working directory set.\"\n    exit 1\nfi\nuvx \\\n  -p 3.13 \\\n  -w pytest==8.4.1 \\\n"
+                       "  pytest "
                        "--ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA\nif [ $? -eq 0 ]; then\n  echo 1 > "
                        "/logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n",
     "environment/Dockerfile": "FROM debian:bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends "
-                              "python3 git \\\n    && rm -rf /var/lib/apt/lists/*\nCOPY data.csv /app/data.csv\nWORKDIR /app\n",
+                              "python3 git \\\n    && rm -rf /var/lib/apt/lists/*\nCOPY data.csv /app/data.csv\n"
+                              "WORKDIR /app\n",
     "solution/solve.sh": "#!/bin/bash\nset -euo pipefail\necho done\n",
     "tests/requirements.txt": "pytest==8.4.1\n",
     "tests/expected.txt": "1\n",
 }
 SPECIFIC_FILES = {
-    "solution/solve.sh": "#!/bin/bash\nset -e\ntr -cs 'A-Za-z' '\\n' < /app/text.txt | sort | uniq -c > /app/top3.txt\n",
+    "solution/solve.sh": "#!/bin/bash\nset -e\ntr -cs 'A-Za-z' '\\n' < /app/text.txt | sort | uniq -c "
+                         "> /app/top3.txt\n",
     "solution/solve.sh ": "#!/bin/bash\necho 'hello world' > /app/out.txt\n",
     "environment/Dockerfile": "FROM debian:bookworm\nRUN useradd -m alice && chmod 0700 /home/alice\nWORKDIR /app\n",
     "tests/test.sh": "#!/bin/bash\npytest /tests\ngrep -q 'quarterly ledger' /app/unmatched.txt\n",
@@ -128,7 +132,8 @@ def test_two_task_eval_set_sharing_a_runner_and_a_base_dockerfile_passes(tmp_pat
     training tasks: no pair. A renamed copy of one of them, or its test file, still is one."""
     evals = tmp_path / "eval"
     for name in ("ledger", "maze"):
-        _task(evals, name, EVAL_INSTRUCTIONS[name], f"def test_{name}():\n    assert open('/app/{name}.out').read().split() == ['{name}', 'ok']\n")
+        test = f"def test_{name}():\n    assert open('/app/{name}.out').read().split() == ['{name}', 'ok']\n"
+        _task(evals, name, EVAL_INSTRUCTIONS[name], test)
     train = _disjoint_train(tmp_path / "train")
     assert check_dirs(find_task_dirs(train), [evals]) == []
     shutil.copytree(evals / "maze", train / "maze-renamed")

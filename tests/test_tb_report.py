@@ -42,4 +42,5 @@ def test_a_file_missing_a_task_is_one_line_exit_2(tmp_path: Path) -> None:
     (bad / "tb1-trusted-agent.jsonl").write_text("\n".join(lines[1:]) + "\n")
     r = subprocess.run([sys.executable, "-m", "sandbox.tb_report", str(bad)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "tb1-trusted-agent.jsonl: tasks differ from the collection's list (extra [], missing ['aimo-airline" in r.stderr
+    assert ("tb1-trusted-agent.jsonl: tasks differ from the collection's list (extra [], missing ['aimo-airline"
+            in r.stderr)
