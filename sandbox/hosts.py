@@ -1,0 +1,300 @@
+"""Sandboxes across several Docker hosts: placement by free capacity, health, images shipped once, clean-up.
+
+    hosts = DockerHosts([HostSpec.parse("unix:///var/run/docker.sock max=32"),
+                         HostSpec.parse("tcp://box1:2376 tls=/etc/t1/box1 max=64 memory_mb=65536")])
+    sb = hosts.start(image, settings, run_id=run_id)      # on the host with the most room; a sandbox.DockerSandbox
+
+A host entry (`sandbox.hosts` in the run config) is a Docker URL followed by options:
+- `tls=DIR`: the client's ca.pem, cert.pem, key.pem (what `docker --tlsverify` reads from DOCKER_CERT_PATH);
+  a tcp:// URL needs it (a daemon's plain TCP port is root on that host for anyone who reaches it);
+- `max=N`: sandboxes at once on that host; `memory_mb=M`: the sum of their memory limits; `name=NAME`: the
+  name in metrics (default host0, host1, ... in the given order).
+ssh://user@box goes through the Docker SDK's ssh support (the `ssh` binary); it is accepted but untested here.
+
+A host that stops answering is taken out of placement (a sandbox call that finds its daemon gone, or the health
+thread's ping every HEALTH_EVERY_S); the thread keeps pinging it, and when it answers again it removes the
+containers this process lost there, then places on it again.
+
+Images are built once, on the building daemon (DOCKER_HOST, where `sandbox.task_images` builds), and streamed
+to a host the first time a sandbox there needs them (`docker save` into `docker load` through the SDK, never a
+file); a host that already has the same image id (the content key) gets nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Sequence
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from sandbox.daemon import LABEL_RUN, docker_client, docker_errors
+from sandbox.docker_sandbox import DockerSandbox
+from sandbox.errors import DaemonUnreachable, SandboxError
+from sandbox.host_spec import HostSpec
+from sandbox.image_cache import TaskImage
+from sandbox.settings import SandboxSettings
+
+HEALTH_EVERY_S = 1.0
+"""How often the health thread pings each host."""
+PING_TIMEOUT_S = 3.0
+"""A host that does not answer a ping within this is down."""
+NO_HOST_WAIT_S = 30.0
+"""How long a start waits for a host to come back when none answers, before it fails."""
+FULL_WAIT_S = 600.0
+"""How long a start waits for room on some host when every host is at its limits."""
+
+
+class DockerHost:
+    """One daemon as placement sees it: its client, health, load, the images it holds and containers it lost."""
+
+    def __init__(self, spec: HostSpec, name: str, api: docker.APIClient | None = None) -> None:
+        self.spec, self.name = spec, name
+        self.api = api or spec.client()
+        self._ping_api = api or spec.client()  # its own connections: a ping must not queue behind a stuck call
+        self._ping_api.timeout = PING_TIMEOUT_S
+        self.up = True
+        self.live = 0
+        self.memory_used = 0
+        self.lost: set[str] = set()
+        """Containers whose removal failed because the host was down: removed when it answers again."""
+        self.image_ids: dict[str, str] = {}
+        self._image_locks: dict[str, threading.Lock] = {}
+        self._cpus: int | None = None
+
+    def ping(self) -> bool:
+        try:
+            self._ping_api.ping()
+            return True
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return False
+
+    def cpus(self) -> int:
+        if self._cpus is None:
+            with docker_errors(f"asking host {self.name} for its CPU count"):
+                self._cpus = int(self.api.info()["NCPU"])
+        return self._cpus
+
+    def room(self, memory: int) -> float | None:
+        """Free share of this host once a sandbox of `memory` bytes is added (the tighter of its limits); None
+        when it does not fit. A host without limits: 1 / (sandboxes + 1)."""
+        shares = []
+        if self.spec.max_sandboxes is not None:
+            shares.append((self.spec.max_sandboxes - self.live - 1) / self.spec.max_sandboxes)
+        if self.spec.memory_mb is not None:
+            cap = self.spec.memory_mb << 20
+            shares.append((cap - self.memory_used - memory) / cap)
+        if not shares:
+            return 1.0 / (self.live + 1)
+        return None if min(shares) < 0 else min(shares)
+
+    def image_lock(self, ref: str) -> threading.Lock:
+        return self._image_locks.setdefault(ref, threading.Lock())
+
+
+class DockerHosts:
+    """The Docker `EnvironmentProvider` (sandbox.environment): sandboxes on several daemons, or on the one from
+    DOCKER_HOST when no host is given. Thread-safe; `close()` stops the health thread."""
+
+    environment_type = "docker"
+
+    def __init__(self, specs: Sequence[HostSpec] = ()) -> None:
+        if specs:
+            names = [s.name or f"host{i}" for i, s in enumerate(specs)]
+            if len(set(names)) != len(names):
+                raise ValueError(f"sandbox.hosts: host names must differ, got {names}")
+            self.hosts = [DockerHost(s, n) for s, n in zip(specs, names)]
+        else:
+            self.hosts = [DockerHost(HostSpec(url="unix:///"), "local", api=docker_client())]
+        self._cv = threading.Condition()
+        self._closed = threading.Event()
+        self._health = threading.Thread(target=self._check_loop, name="t1-host-health", daemon=True)
+        self._health.start()
+
+    # ---- placement -------------------------------------------------------------------------------------------
+
+    def start(self, image: str | TaskImage, settings: SandboxSettings = SandboxSettings(), *,
+              run_id: str | None = None, avoid: Collection[str] = ()) -> DockerSandbox:
+        """A started DockerSandbox on the host with the most room (one not in `avoid` when any has room)."""
+        if not isinstance(settings, SandboxSettings):
+            raise TypeError(f"settings must be a SandboxSettings, got {type(settings).__name__}")
+        host = self._place(settings.memory_bytes, avoid)
+        try:
+            try:
+                self._ship(host, image)
+            except BaseException:
+                self._release(host, settings.memory_bytes)
+                raise
+            return DockerSandbox(image, settings, run_id=run_id, host=host,
+                                 on_close=lambda: self._release(host, settings.memory_bytes))
+        except DaemonUnreachable:  # the sandbox released its reservation when it closed itself
+            self.mark_down(host)
+            raise
+
+    def _place(self, memory: int, avoid: Collection[str]) -> DockerHost:
+        no_host_until = time.monotonic() + NO_HOST_WAIT_S
+        full_until = time.monotonic() + FULL_WAIT_S
+        with self._cv:
+            while True:
+                up = [h for h in self.hosts if h.up]
+                fits = [(room, h) for h in up if (room := h.room(memory)) is not None]
+                preferred = [f for f in fits if f[1].name not in avoid] or fits
+                if preferred:
+                    _, host = max(preferred, key=lambda f: (f[0], -self.hosts.index(f[1])))
+                    host.live += 1
+                    host.memory_used += memory
+                    return host
+                now = time.monotonic()
+                if not up and now >= no_host_until:
+                    raise DaemonUnreachable(f"no Docker host answers ({', '.join(h.name for h in self.hosts)})")
+                if up and now >= full_until:
+                    raise SandboxError(f"no host had room for a sandbox of {memory >> 20} MiB in {FULL_WAIT_S:.0f} s")
+                self._cv.wait(timeout=0.5)
+
+    def _release(self, host: DockerHost, memory: int) -> None:
+        with self._cv:
+            host.live -= 1
+            host.memory_used -= memory
+            self._cv.notify_all()
+
+    def load(self) -> dict[str, int]:
+        """Host name -> sandboxes placed on it now."""
+        with self._cv:
+            return {h.name: h.live for h in self.hosts}
+
+    # ---- health ----------------------------------------------------------------------------------------------
+
+    def mark_down(self, host: DockerHost) -> None:
+        """Take `host` out of placement (the health thread brings it back when it answers)."""
+        with self._cv:
+            host.up = False
+
+    def host_answers(self, host: DockerHost) -> bool:
+        """Ping `host` now; a host that does not answer is taken out of placement."""
+        if host.ping():
+            return True
+        self.mark_down(host)
+        return False
+
+    def health(self) -> dict[str, bool]:
+        with self._cv:
+            return {h.name: h.up for h in self.hosts}
+
+    def _check_loop(self) -> None:
+        while not self._closed.wait(HEALTH_EVERY_S):
+            for host in self.hosts:
+                answers = host.ping()
+                if answers and not host.up:
+                    self._rejoin(host)
+                elif not answers and host.up:
+                    self.mark_down(host)
+
+    def _rejoin(self, host: DockerHost) -> None:
+        """A host answers again: remove what this process lost there, forget what it held, place on it again."""
+        for cid in list(host.lost):
+            try:
+                host.api.remove_container(cid, force=True)
+            except docker.errors.NotFound:
+                pass
+            except (docker.errors.APIError, requests.exceptions.RequestException):
+                return  # not ready after all: the next round tries again
+            host.lost.discard(cid)
+        host.image_ids.clear()  # a host that was rebuilt comes back without them
+        with self._cv:
+            host.up = True
+            self._cv.notify_all()
+
+    # ---- images ----------------------------------------------------------------------------------------------
+
+    def _ship(self, host: DockerHost, image: str | TaskImage) -> None:
+        """Every image a sandbox of `image` starts from (the task's, its services'), loaded into `host` from the
+        building daemon when `host` lacks that image id."""
+        refs = [image.ref, *image.service_refs] if isinstance(image, TaskImage) else [image]
+        for ref in refs:
+            ensure_image(host, ref)
+
+    def distribute(self, refs: Collection[str]) -> None:
+        """Load `refs` into every host that answers now (ahead of the first sandbox), in parallel per host."""
+        threads = [threading.Thread(target=lambda h=h: [ensure_image(h, r) for r in refs], daemon=True)
+                   for h in self.hosts if h.up]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # ---- clean-up --------------------------------------------------------------------------------------------
+
+    def reap(self, run_id: str | None = None) -> int:
+        """`sandbox.reap.reap` on every host that answers (dead owners' containers, and run `run_id`'s)."""
+        from sandbox.reap import reap_api
+
+        return sum(reap_api(h.api, run_id) for h in self.hosts if h.ping())
+
+    def close(self) -> None:
+        self._closed.set()
+        self._health.join()
+
+
+def ensure_image(host: DockerHost, ref: str) -> None:
+    """`ref` on `host` with the building daemon's image id: nothing when it is there, else `docker save` from the
+    building daemon streamed into `docker load` on `host` (once per host and image, however many ask at once)."""
+    source = docker_client()
+    if host.api is source:
+        return
+    with host.image_lock(ref):
+        with docker_errors(f"looking up {ref} on the building daemon"):
+            want = source.inspect_image(ref)["Id"]
+        if host.image_ids.get(ref) == want:
+            return
+        with docker_errors(f"looking up {ref} on host {host.name}"):
+            try:
+                have = host.api.inspect_image(ref)["Id"]
+            except docker.errors.NotFound:
+                have = None
+        if have != want:
+            _stream_image(source, host, ref)
+        host.image_ids[ref] = want
+
+
+def _stream_image(source: docker.APIClient, host: DockerHost, ref: str) -> None:
+    with docker_errors(f"copying image {ref} to host {host.name}"):
+        chunks = source.get_image(ref, chunk_size=1 << 20)
+        for line in host.api.load_image(chunks, quiet=True):
+            if "error" in line or "errorDetail" in line:
+                raise SandboxError(f"loading {ref} on host {host.name}: {line.get('error', line)}")
+        got = host.api.inspect_image(ref)["Id"]
+    if got != source.inspect_image(ref)["Id"]:
+        raise SandboxError(f"host {host.name} holds {ref} as {got[:19]} after the load, not the building daemon's")
+
+
+def parse_hosts(entries: Sequence[str]) -> list[HostSpec]:
+    """`sandbox.hosts` entries as HostSpecs (ValueError naming a bad entry); () is the local daemon."""
+    return [HostSpec.parse(e) for e in entries]
+
+
+_provider_lock = threading.Lock()
+_provider: DockerHosts | None = None
+_provider_specs: tuple[HostSpec, ...] = ()
+
+
+def use_hosts(entries: Sequence[str]) -> DockerHosts:
+    """Make the hosts of `entries` (sandbox.hosts; () = the local daemon) the process's provider, which every
+    `SandboxPool` without its own uses. Returns it; the same entries again return the same provider."""
+    global _provider, _provider_specs
+    specs = tuple(parse_hosts(entries))
+    with _provider_lock:
+        if _provider is None or specs != _provider_specs:
+            old, _provider, _provider_specs = _provider, DockerHosts(specs), specs
+            if old is not None:
+                old.close()
+        return _provider
+
+
+def default_provider() -> DockerHosts:
+    """The process's provider (`use_hosts`); the local daemon until one is chosen."""
+    with _provider_lock:
+        if _provider is not None:
+            return _provider
+    return use_hosts(())
