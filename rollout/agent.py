@@ -454,6 +454,7 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
             failures[host] += 1
         traj.metrics["infra/retries"] = float(sum(failures.values()) - is_masked(traj))
         traj.metrics.update({f"infra/failures/{h}": float(n) for h, n in failures.items()})
+        traj.metrics[f"host/{host}"] = 1.0  # where its last try ran
         if on_done is not None:
             on_done(index, traj)
         return traj

@@ -33,10 +33,9 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from sandbox.environment import FailureOrigin
 from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, SandboxError,
                             ShellUnresponsive)
-from sandbox.failure import failure_origin
+from sandbox.failure import FailureOrigin, failure_origin
 import sandbox.preload as preload
 from sandbox.daemon import daemon_cpus, default_run_id, docker_client, docker_errors, owner_labels
 from sandbox.image_cache import IMAGE_REPO, TaskImage, touch_image
@@ -47,7 +46,7 @@ from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_lin
                            killer_script)
 
 if TYPE_CHECKING:
-    from sandbox.hosts import DockerHost
+    from sandbox.docker_host import DockerHost
 
 # What a root shell doing a task needs: own/chmod files, bypass file modes, signal its processes, switch users
 # (su, apt's _apt sandbox, postgres), bind low ports, write audit records (sudo/PAM), chroot (sshd's privilege

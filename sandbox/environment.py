@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from sandbox.failure import FailureOrigin
 
 if TYPE_CHECKING:
     from sandbox.docker_sandbox import CommandResult
     from sandbox.errors import SandboxError
     from sandbox.image_cache import TaskImage
     from sandbox.settings import SandboxSettings
-
-FailureOrigin = Literal["infra", "agent"]
 
 
 class Environment(Protocol):

@@ -26,14 +26,15 @@ from __future__ import annotations
 import calendar
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import docker
 import docker.errors
 import requests.exceptions
 
-from sandbox.environment import FailureOrigin
 from sandbox.errors import DaemonUnreachable, ImageNotFound, SandboxError
 
+FailureOrigin = Literal["infra", "agent"]
 EXTERNAL_EVENTS = ("kill", "stop", "destroy")
 """Container events only the Docker API produces (rule 3)."""
 

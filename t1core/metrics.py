@@ -288,11 +288,12 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float]) -> dict[str, 
         "rollout/infra_retries": float(sum(t.metrics.get("infra/retries", 0.0) for t in trajs)),
         "tito/prefix_checks": float(sum(t.metrics.get("tito_prefix_checks", 0) for t in trajs)),
     }
-    for t in trajs:  # per host: rollout/infra_failures/<host>
+    for t in trajs:  # per host: episodes (where each last ran), infrastructure failures
         for key, n in t.metrics.items():
-            if key.startswith("infra/failures/"):
-                name = f"rollout/infra_failures/{key.removeprefix('infra/failures/')}"
-                out[name] = out.get(name, 0.0) + n
+            for prefix, row in (("infra/failures/", "rollout/infra_failures/"), ("host/", "rollout/episodes/")):
+                if key.startswith(prefix):
+                    name = row + key.removeprefix(prefix)
+                    out[name] = out.get(name, 0.0) + n
     out["rollout/infra_failures"] = sum(v for k, v in out.items() if k.startswith("rollout/infra_failures/"))
     for key in ("generate_s", "command_s", "verify_s"):
         out[f"time/episode_{key}"] = sum(t.metrics.get(key, 0.0) for t in trajs)

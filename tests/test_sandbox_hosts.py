@@ -161,17 +161,21 @@ def test_daemon_sigkilled_mid_collection(daemons: ExtraDaemons, tok: ChatTokeniz
     tasks = suite.family_tasks(tmp_path, split="train", num_per_family=3, families=["create_file"])
     images = {t.name: build_task_image(t, base_image_overrides=default_base_image_overrides()) for t in tasks}
     provider = DockerHosts(_specs(daemons, "max=4", "max=4", "max=4"))
-    started = threading.Event()
+    started, lock, first_turns = threading.Event(), threading.Lock(), []
 
     def script(task, turn: int) -> str:
         if turn == 0:
-            started.set()
-            return format_tool_call("sleep 3; echo slept")
+            with lock:
+                first_turns.append(task)
+                if len(first_turns) == 12:  # every episode is about to sleep in its sandbox
+                    started.set()
+            return format_tool_call("sleep 4; echo slept")
         return solve_then_done(task, turn - 1)
 
     def killer() -> None:
-        started.wait(120)
+        started.wait(300)
         time.sleep(1.0)
+        assert provider.load()["host0"] >= 1
         daemons.kill(0)
 
     thread = threading.Thread(target=killer)
@@ -203,3 +207,34 @@ def test_daemon_sigkilled_mid_collection(daemons: ExtraDaemons, tok: ChatTokeniz
     for i in range(3):
         assert _leftovers(daemons, i) == ([], []), f"daemon {i} kept something of the run"
     subprocess.run(["ip", "link", "show", "docker0"], check=True, capture_output=True)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_tiny_training_run_over_three_hosts(daemons: ExtraDaemons, tmp_path: Path) -> None:
+    """One RL step of the tiny model with sandbox.hosts set to the three daemons: its episodes run on all of them,
+    nothing is masked, and nothing of the run stays on any daemon."""
+    import json
+
+    from t1core import train
+    from tests.test_train import TINY
+
+    family_dir = tmp_path / "tasks"
+    suite.family_tasks(family_dir, split="train", num_per_family=1, seed=0, families=["create_file", "append_line"])
+    hosts = json.dumps([daemons.spec(i) for i in range(3)])
+    out = tmp_path / "run"
+    args = ["--out", str(out), f"--tasks.source={family_dir}", *TINY, "--rollout.episodes_per_step=6",
+            "--rollout.group_size=2", "--rollout.concurrency=6", "--run.steps=1", "--run.checkpoint_every=0",
+            f"--sandbox.hosts={hosts}"]
+    try:
+        assert train.main(args) == 0
+    finally:
+        hosts_mod.use_hosts(())  # the process's provider again the local daemon (the run made it these three)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if r["step"] == 0)
+    assert step["rollout/infra_masked"] == 0 and step["rollout/infra_failures"] == 0
+    assert sorted(k for k in step if k.startswith("rollout/episodes/")) == \
+        ["rollout/episodes/host0", "rollout/episodes/host1", "rollout/episodes/host2"], step
+    assert sum(step[f"rollout/episodes/host{i}"] for i in range(3)) == 6
+    for i in range(3):
+        assert _leftovers(daemons, i) == ([], []), f"daemon {i} kept something of the run"
