@@ -10,11 +10,12 @@ import threading
 
 import docker
 import docker.errors
+import docker.utils
 import requests.exceptions
 
 from sandbox.daemon import docker_client, docker_errors
 from sandbox.errors import SandboxError
-from sandbox.host_spec import HostSpec
+from sandbox.host_spec import API_VERSION, HostSpec
 
 PING_TIMEOUT_S = 3.0
 """A host that does not answer a ping within this is down."""
@@ -26,8 +27,9 @@ class DockerHost:
     def __init__(self, spec: HostSpec, name: str, api: docker.APIClient | None = None) -> None:
         self.spec, self.name = spec, name
         self.api = api or spec.client()
-        self._ping_api = api or spec.client()  # its own connections: a ping must not queue behind a stuck call
-        self._ping_api.timeout = PING_TIMEOUT_S
+        # Its own client and connections, with a short timeout: a ping must not queue behind a stuck call.
+        self._ping_api = spec.client(timeout=PING_TIMEOUT_S) if api is None else docker.APIClient(
+            timeout=PING_TIMEOUT_S, version=API_VERSION, **docker.utils.kwargs_from_env())
         self.up = True
         self.live = 0
         self.memory_used = 0

@@ -62,12 +62,12 @@ class HostSpec:
             if missing:
                 raise ValueError(f"sandbox.hosts: {self.url!r}: tls={self.tls} lacks {', '.join(missing)}")
 
-    def client(self) -> docker.APIClient:
-        """An API client of this host (no round trip yet)."""
+    def client(self, *, timeout: float = 120.0) -> docker.APIClient:
+        """An API client of this host (no round trip yet); `timeout`: seconds per call."""
         import docker
         import docker.tls
 
-        kwargs: dict = {"base_url": self.url, "version": API_VERSION, "timeout": 120, "max_pool_size": 128}
+        kwargs: dict = {"base_url": self.url, "version": API_VERSION, "timeout": timeout, "max_pool_size": 128}
         if self.tls is not None:
             d = Path(self.tls)
             kwargs["tls"] = docker.tls.TLSConfig(client_cert=(str(d / "cert.pem"), str(d / "key.pem")),

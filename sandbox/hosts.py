@@ -22,6 +22,7 @@ file); a host that already has the same image id (the content key) gets nothing.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -59,7 +60,8 @@ class DockerHosts:
                 raise ValueError(f"sandbox.hosts: host names must differ, got {names}")
             self.hosts = [DockerHost(s, n) for s, n in zip(specs, names)]
         else:
-            self.hosts = [DockerHost(HostSpec(url="unix:///"), "local", api=docker_client())]
+            local = HostSpec(url=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+            self.hosts = [DockerHost(local, "local", api=docker_client())]
         self._cv = threading.Condition()
         self._closed = threading.Event()
         self._health = threading.Thread(target=self._check_loop, name="t1-host-health", daemon=True)

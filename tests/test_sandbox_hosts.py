@@ -238,3 +238,44 @@ def test_tiny_training_run_over_three_hosts(daemons: ExtraDaemons, tmp_path: Pat
     assert sum(step[f"rollout/episodes/host{i}"] for i in range(3)) == 6
     for i in range(3):
         assert _leftovers(daemons, i) == ([], []), f"daemon {i} kept something of the run"
+
+
+def _episode(reason: str, reward: float, **metrics: float):
+    import torch
+
+    from rollout.trajectory import Trajectory, Turn
+
+    ids = torch.arange(8)
+    mask = torch.tensor([False] * 4 + [True] * 4)
+    return Trajectory(token_ids=ids, loss_mask=mask, rollout_logprobs=torch.zeros(8), routing=None, prompt_len=4,
+                      turns=[Turn(start=4, end=8, finish_reason="stop", text="x")], task_name="t", finish_reason=reason, policy_version=0, reward=reward,
+                      metrics=dict(metrics))
+
+
+def test_masked_episodes_reach_neither_the_update_nor_the_reward_means(tmp_path: Path) -> None:
+    """Two groups of two: one episode of group 0 is masked (infra on every try). The update gets the other three,
+    the masked one's 0 is in no mean, and the infra counters are per host."""
+    from types import SimpleNamespace
+
+    from t1core.config import RunConfig
+    from t1core.distributed import DataParallel
+    from t1core.step import shaped_reward
+    from t1core.train import Trainer
+
+    cfg = RunConfig()
+    trajs = [_episode("done", 2.0, **{"host/host1": 1.0}),
+             _episode("infra: DaemonUnreachable: gone", 0.0, **{"infra/retries": 2.0, "infra/failures/host0": 2.0,
+                                                                 "infra/failures/host2": 1.0, "host/host2": 1.0}),
+             _episode("done", 1.0, **{"infra/retries": 1.0, "infra/failures/host0": 1.0, "host/host1": 1.0}),
+             _episode("sandbox_error: ContainerDied: exit 137", 0.0, **{"host/host2": 1.0})]
+    trainer = SimpleNamespace(dp=DataParallel.single(), run_dir=tmp_path, cfg=cfg,
+                              rewards=lambda ts: [shaped_reward(t, cfg.algo) for t in ts])
+    batch = Trainer.step_batch(trainer, 0, trajs, [0] * 4, [0, 0, 1, 1])
+    assert [t.finish_reason for t in batch.trajs] == ["done", "done", "sandbox_error: ContainerDied: exit 137"]
+    assert batch.group_ids == [0, 1, 1] and batch.rewards == [2.0 + 0, 1.0, 0.0]
+    m = batch.metrics
+    assert m["reward/dense_mean"] == 0.0 and m["reward/shaped_mean"] == 1.0  # over the three unmasked: (2+1+0)/3
+    assert m["rollout/infra_masked"] == 1 and m["rollout/infra_retries"] == 3 and m["rollout/sandbox_errors"] == 1
+    assert (m["rollout/infra_failures/host0"], m["rollout/infra_failures/host2"], m["rollout/infra_failures"]) == \
+        (3.0, 1.0, 4.0)
+    assert (m["rollout/episodes/host1"], m["rollout/episodes/host2"]) == (2.0, 2.0)
