@@ -21,6 +21,15 @@ PING_TIMEOUT_S = 3.0
 """A host that does not answer a ping within this is down."""
 
 
+def answers(api: docker.APIClient) -> bool:
+    """Whether the daemon behind `api` answers a ping (within the client's timeout)."""
+    try:
+        api.ping()
+        return True
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
+        return False
+
+
 class DockerHost:
     """One daemon as placement sees it: its client, health, load, the images it holds and containers it lost."""
 
@@ -40,11 +49,7 @@ class DockerHost:
         self._cpus: int | None = None
 
     def ping(self) -> bool:
-        try:
-            self._ping_api.ping()
-            return True
-        except (docker.errors.DockerException, requests.exceptions.RequestException):
-            return False
+        return answers(self._ping_api)
 
     def cpus(self) -> int:
         if self._cpus is None:

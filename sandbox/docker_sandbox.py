@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
-import requests.exceptions
 
 from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, SandboxError,
                             ShellUnresponsive)
+from sandbox.docker_host import DockerHost, answers as host_answers
 from sandbox.failure import FailureOrigin, failure_origin
 import sandbox.preload as preload
 from sandbox.daemon import daemon_cpus, default_run_id, docker_client, docker_errors, owner_labels
@@ -44,9 +43,6 @@ from sandbox.services import ServiceGroup
 from sandbox.settings import SandboxSettings
 from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
-
-if TYPE_CHECKING:
-    from sandbox.docker_host import DockerHost
 
 # What a root shell doing a task needs: own/chmod files, bypass file modes, signal its processes, switch users
 # (su, apt's _apt sandbox, postgres), bind low ports, write audit records (sudo/PAM), chroot (sshd's privilege
@@ -261,16 +257,9 @@ class DockerSandbox:
     def host_name(self) -> str:
         return self.host.name if self.host is not None else "local"
 
-    def _api_answers(self) -> bool:
-        try:
-            self._api.ping()
-            return True
-        except (docker.errors.DockerException, requests.exceptions.RequestException):
-            return False
-
     def failure_origin(self, error: SandboxError) -> FailureOrigin:
         """"infra" or "agent" for `error`, raised while the agent used this sandbox (the rule: sandbox.failure)."""
-        answers = self.host.ping if self.host is not None else self._api_answers
+        answers = self.host.ping if self.host is not None else (lambda: host_answers(self._api))
         origin = failure_origin(self._api, self.id, error, host_answers=answers)
         if origin == "infra" and self.host is not None and not self.host.ping():
             self.host.up = False  # out of placement until the health thread hears from it again
