@@ -44,6 +44,14 @@ DONE_MARKER = "TASK_DONE"
 INFRA = "infra"
 """finish_reason prefix of an episode that the infrastructure ended (sandbox.failure): never trained."""
 
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous agent working in a Linux shell inside a container. Solve the user's task by "
+    "running shell commands. To run a command, reply with exactly one tool call:\n"
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "<shell command>"}}\n</tool_call>\n'
+    "Its output comes back inside <tool_response>. When the task is complete, reply without a tool call "
+    f"and write {DONE_MARKER}."
+)
+
 
 def is_masked(traj: Trajectory) -> bool:
     """Whether the update must leave `traj` out: its sandbox died through no action of the agent, on every try."""
@@ -55,14 +63,6 @@ def failure_reason(sandbox: Any, error: SandboxError) -> str:
     "sandbox_error: ..." (the agent's doing; `Environment.failure_origin` decides)."""
     origin = sandbox.failure_origin(error) if hasattr(sandbox, "failure_origin") else "agent"
     return f"{INFRA if origin == 'infra' else 'sandbox_error'}: {type(error).__name__}: {error}"
-
-DEFAULT_SYSTEM_PROMPT = (
-    "You are an autonomous agent working in a Linux shell inside a container. Solve the user's task by "
-    "running shell commands. To run a command, reply with exactly one tool call:\n"
-    '<tool_call>\n{"name": "bash", "arguments": {"command": "<shell command>"}}\n</tool_call>\n'
-    "Its output comes back inside <tool_response>. When the task is complete, reply without a tool call "
-    f"and write {DONE_MARKER}."
-)
 
 
 @dataclass(frozen=True, kw_only=True)

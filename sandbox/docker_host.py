@@ -44,6 +44,8 @@ class DockerHost:
         self.memory_used = 0
         self.lost: set[str] = set()
         """Containers whose removal failed because the host was down: removed when it answers again."""
+        self.lost_networks: set[str] = set()
+        """Networks of task services (sandbox.services) left the same way."""
         self.image_ids: dict[str, str] = {}
         self._image_locks: dict[str, threading.Lock] = {}
         self._cpus: int | None = None

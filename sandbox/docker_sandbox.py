@@ -231,7 +231,13 @@ class DockerSandbox:
                     if "No such container" not in str(e) and "already in progress" not in str(e):
                         raise
             if self.services is not None:  # after the sandbox: a network is removed once nothing is on it
-                self.services.close()
+                try:
+                    self.services.close()
+                except DaemonUnreachable:
+                    if self.host is None:
+                        raise
+                    self.host.lost.update(self.services.containers.values())
+                    self.host.lost_networks.add(self.services.network)
         finally:
             if self._on_close is not None:
                 self._on_close()

@@ -147,14 +147,17 @@ class DockerHosts:
 
     def _rejoin(self, host: DockerHost) -> None:
         """A host answers again: remove what this process lost there, forget what it held, place on it again."""
-        for cid in list(host.lost):
-            try:
-                host.api.remove_container(cid, force=True)
-            except docker.errors.NotFound:
-                pass
-            except (docker.errors.APIError, requests.exceptions.RequestException):
-                return  # not ready after all: the next round tries again
-            host.lost.discard(cid)
+        removals = ((host.lost, lambda cid: host.api.remove_container(cid, force=True)),
+                    (host.lost_networks, host.api.remove_network))  # containers first: a network in use stays
+        for lost, remove in removals:
+            for item in list(lost):
+                try:
+                    remove(item)
+                except docker.errors.NotFound:
+                    pass
+                except (docker.errors.APIError, requests.exceptions.RequestException):
+                    return  # not ready after all: the next round tries again
+                lost.discard(item)
         host.image_ids.clear()  # a host that was rebuilt comes back without them
         with self._cv:
             host.up = True
