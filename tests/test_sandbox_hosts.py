@@ -5,6 +5,8 @@ collection, and a tiny training run spread over the three hosts."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -25,6 +27,7 @@ from sandbox.task_images import build_task_image, default_base_image_overrides
 from sandbox.tasks import load_task
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 from tests.docker_hosts import ExtraDaemons
+from tests.machine import docker_answers
 from tests.test_rollout_agent import ScriptedEngine, solve_then_done
 
 RUN_ID = "t1-test-hosts"
@@ -32,6 +35,10 @@ RUN_ID = "t1-test-hosts"
 
 @pytest.fixture(scope="module")
 def daemons():
+    if not docker_answers():
+        pytest.skip("no Docker daemon answers")
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        pytest.skip("extra Docker daemons need root and dockerd")
     base = ensure_base_image()
     with ExtraDaemons(3, tls=2) as fleet:
         fleet.load_image(base)
