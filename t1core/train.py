@@ -18,6 +18,7 @@ from rollout.agent import EpisodeSpec, is_masked, run_episodes
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
+from sandbox.signals import exit_on_signals_while
 from sandbox.tasks import Task
 from t1core import async_collect, builders, cli, distributed
 from t1core.async_collect import AsyncCollector
@@ -293,11 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's
         cli.start(cfg, run_dir, dp)
-        trainer = Trainer(cfg, run_dir, dp)
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
+        with exit_on_signals_while():  # SIGTERM / SIGINT: stop builds, remove the run's sandboxes on every host, exit
+            trainer = Trainer(cfg, run_dir, dp)
+            try:
+                trainer.run()
+            finally:
+                trainer.close()
     finally:
         distributed.close(dp)
     if dp.is_main:

@@ -188,6 +188,7 @@ class ExtraDaemons:
                 d.proc.wait()
         for d in self.daemons:
             _stop_containerd(d.root / "x" / "containerd" / "containerd.pid", d.root)
+            _kill_leftovers(d.root)  # a daemon killed and not restarted left its shims and containers running
             subprocess.run(["ip", "link", "del", d.bridge], capture_output=True)
         _unmount_under(self.base)
         shutil.rmtree(self.base, ignore_errors=True)
@@ -231,6 +232,16 @@ def _kill_leftovers(root: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    for cid in ids:  # their cgroups, once empty (the daemon that would remove them is gone)
+        for group in Path("/sys/fs/cgroup").glob(f"*/docker/{cid}"):
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # still busy: its processes are exiting
+                    time.sleep(0.1)
 
 
 def _unmount_under(base: Path) -> None:

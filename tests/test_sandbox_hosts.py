@@ -286,3 +286,38 @@ def test_masked_episodes_reach_neither_the_update_nor_the_reward_means(tmp_path:
     assert (m["rollout/infra_failures/host0"], m["rollout/infra_failures/host2"], m["rollout/infra_failures"]) == \
         (3.0, 1.0, 4.0)
     assert (m["rollout/episodes/host1"], m["rollout/episodes/host2"]) == (2.0, 2.0)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_sigterm_of_a_training_run_leaves_nothing_on_any_host(daemons: ExtraDaemons, tmp_path: Path) -> None:
+    """A training run over the three daemons, SIGTERMed while its sandboxes are open: it exits 143 and no container
+    or network of it stays on any daemon."""
+    import json
+    import os
+    import signal
+    import sys
+
+    from tests.test_train import TINY
+
+    family_dir = tmp_path / "tasks"
+    suite.family_tasks(family_dir, split="train", num_per_family=1, seed=0, families=["create_file", "append_line"])
+    args = [sys.executable, "-m", "t1core.train", "--out", str(tmp_path / "run"), f"--tasks.source={family_dir}",
+            *TINY, "--rollout.episodes_per_step=6", "--rollout.concurrency=6", "--run.steps=20",
+            "--run.checkpoint_every=0", f"--sandbox.hosts={json.dumps([daemons.spec(i) for i in range(3)])}"]
+    repo = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(args, cwd=repo, env={**os.environ, "PYTHONPATH": repo}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(_leftovers(daemons, i)[0] for i in range(3)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for i in range(3):
+        assert _leftovers(daemons, i) == ([], []), f"daemon {i} kept something of the SIGTERMed run"
