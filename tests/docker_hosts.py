@@ -4,7 +4,8 @@ Each daemon gets its own data root, exec root, unix socket, pidfile, bridge (a f
 private /24 that no interface here uses) and address pool for user networks. One of them also listens on TCP
 127.0.0.1 with TLS, its certificates made here with openssl (a CA, a server and a client certificate). Never
 `--bridge none`: that makes dockerd delete the main daemon's docker0 as it starts. The main daemon is not
-touched: `stop()` checks that docker0 is still there.
+touched: `stop()` checks that docker0 is still there. Their state lives on a tmpfs mounted for them (unmounted at
+`stop()`, which takes ~3 s instead of ~50 s of deleting image layers from the disk).
 
     with ExtraDaemons(3, tls=1) as fleet:        # fleet.specs: "unix:///..." and "tcp://127.0.0.1:N tls=DIR"
         fleet.kill(0); fleet.restart(0)
@@ -90,6 +91,9 @@ class ExtraDaemons:
 
     def __enter__(self) -> ExtraDaemons:
         try:
+            # On a tmpfs: removing three daemons' image layers from the disk took ~50 s on the loaded box.
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8g,mode=0700", "t1-test-dockerd", str(self.base)],
+                           check=True)
             if any(d.tcp_port for d in self.daemons):
                 self.certs.mkdir()
                 _make_certs(self.certs)
@@ -190,7 +194,7 @@ class ExtraDaemons:
             _stop_containerd(d.root / "x" / "containerd" / "containerd.pid", d.root)
             _kill_leftovers(d.root)  # a daemon killed and not restarted left its shims and containers running
             subprocess.run(["ip", "link", "del", d.bridge], capture_output=True)
-        _unmount_under(self.base)
+        _unmount_under(self.base)  # the tmpfs too: what the daemons stored goes with it
         shutil.rmtree(self.base, ignore_errors=True)
         subprocess.run(["ip", "link", "show", "docker0"], check=True, capture_output=True)
 
@@ -247,5 +251,5 @@ def _kill_leftovers(root: Path) -> None:
 def _unmount_under(base: Path) -> None:
     with open("/proc/mounts") as f:
         points = [line.split()[1] for line in f if line.split()[1].startswith(str(base))]
-    for point in sorted(points, key=len, reverse=True):
+    for point in sorted(points, key=len, reverse=True):  # innermost first, `base` itself last
         subprocess.run(["umount", "-l", point], capture_output=True)
