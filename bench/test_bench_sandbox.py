@@ -208,3 +208,79 @@ def test_daemon_call_costs(benchmark, image):
     print(f"{'call':36} {'wall ms':>8} {'box CPU ms':>11}")
     for name, wall, cpu in rows:
         print(f"{name:36} {wall * 1e3:>8.1f} {cpu * 1e3:>11.1f}")
+
+
+def _p(seconds: list[float], q: float) -> float:
+    """The q-quantile of `seconds`, in ms (nearest rank)."""
+    ranked = sorted(seconds)
+    return ranked[min(len(ranked) - 1, int(q * len(ranked)))] * 1e3
+
+
+@pytest.fixture(scope="module")
+def three_hosts(image):
+    from tests.docker_hosts import ExtraDaemons
+
+    with ExtraDaemons(3, tls=2) as fleet:
+        fleet.load_image(image)
+        yield fleet
+
+
+def test_many_sandboxes_across_hosts(benchmark, image, three_hosts):
+    """64 sandboxes open at once over three extra daemons (one over TCP+TLS), 100 commands each at once: command
+    round trip p50/p99, and acquire latency cold (a start: create + start + shell) vs warm (a pool's idle one).
+    T1_BENCH_QUICK: 24 sandboxes, 20 commands each; the correctness gates stay."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox.host_spec import HostSpec
+    from sandbox.hosts import DockerHosts
+
+    quick = bool(os.environ.get("T1_BENCH_QUICK"))
+    num, commands = (24, 20) if quick else (64, 100)
+    provider = DockerHosts([HostSpec.parse(three_hosts.spec(i, f"max={num // 2}")) for i in range(3)])
+    settings = SandboxSettings(memory="256m")
+    run_id = f"{RUN_ID}-hosts"
+    try:
+        cold = []
+        for _ in range(8):  # cold: one start at a time, nothing else starting
+            t0 = time.perf_counter()
+            sb = provider.start(image, settings, run_id=run_id)
+            cold.append(time.perf_counter() - t0)
+            sb.close()
+        with SandboxPool(image, size=num, demand=num, max_parallel_starts=8, settings=settings, run_id=run_id,
+                         provider=provider) as pool:
+            deadline = time.monotonic() + 600
+            while pool.num_idle < num and time.monotonic() < deadline:
+                time.sleep(0.1)
+            boxes = [pool.acquire(timeout=60) for _ in range(num)]
+            warm = [s for s, was_warm in pool.acquire_log if was_warm]
+            load = provider.load()
+            assert len(warm) == num and sum(load.values()) == num and all(n <= num // 2 for n in load.values()), load
+            assert all(n >= 1 for n in load.values()), f"a host got no sandbox: {load}"
+            errors: list[str] = []
+            rtt: list[list[float]] = [[] for _ in boxes]
+
+            def worker(i: int) -> None:
+                for k in range(commands):
+                    t0 = time.perf_counter()
+                    r = boxes[i].run(f"echo {i}.{k}")
+                    rtt[i].append(time.perf_counter() - t0)
+                    if r.output != f"{i}.{k}\n":
+                        errors.append(f"{boxes[i].host_name}: {r!r}")
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(num) as ex:
+                list(ex.map(worker, range(num)))
+            elapsed = time.perf_counter() - t0
+            assert not errors, errors[:3]
+            benchmark.pedantic(boxes[0].run, args=("true",), rounds=20, iterations=1)
+            for sb in boxes:
+                pool.release(sb)
+    finally:
+        provider.close()
+    for i in range(3):
+        assert not three_hosts.docker(i, "ps", "-aq", "--filter", f"label=t1.run_id={run_id}").split()
+    flat = [s for per in rtt for s in per]
+    print(f"\n{num} sandboxes over 3 hosts {load}, {commands} commands each at once: "
+          f"round trip p50 {_p(flat, 0.5):.2f} ms, p99 {_p(flat, 0.99):.2f} ms, {len(flat) / elapsed:.0f} commands/s"
+          f"\nacquire cold (start) p50 {_p(cold, 0.5):.0f} ms, p99 {_p(cold, 0.99):.0f} ms (n={len(cold)}); "
+          f"warm (pool) p50 {_p(warm, 0.5):.3f} ms, p99 {_p(warm, 0.99):.3f} ms (n={len(warm)})")

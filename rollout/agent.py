@@ -9,8 +9,11 @@ the task's verifiers run and the dense reward (verifiers passed) is attached. Wi
 folded into a new one and the episode goes on (`rollout.compaction`).
 
 A reply without a parseable tool call is answered with an error observation (counted in metrics). A
-sandbox failure (`SandboxError`: container died, shell gone) ends that episode with the reason recorded,
-reward 0 and no verification; the other episodes go on.
+sandbox failure (`SandboxError`: container died, shell gone) ends that episode with the reason recorded and no
+verification; the other episodes go on. Who caused it decides what happens next (`sandbox.failure`): the agent
+("sandbox_error: ...", reward 0, trained like any failed attempt), or the infrastructure ("infra: ...": the
+episode is run again from scratch, same task and seed, on another host, up to `AgentConfig.infra_retries` times;
+one that still fails keeps its "infra" reason and the trainer leaves it out of the update: `is_masked`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from rollout.engine import Engine, SamplingParams
 from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
 from rollout.trajectory import Trajectory, Turn
+from sandbox.environment import Environment, EnvironmentProvider
 from sandbox.errors import SandboxError
 from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
 from sandbox.task_images import TaskImage
@@ -37,6 +41,8 @@ from sandbox.verify import run_verifiers
 from t1model.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
 
 DONE_MARKER = "TASK_DONE"
+INFRA = "infra"
+"""finish_reason prefix of an episode that the infrastructure ended (sandbox.failure): never trained."""
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent working in a Linux shell inside a container. Solve the user's task by "
@@ -45,6 +51,18 @@ DEFAULT_SYSTEM_PROMPT = (
     "Its output comes back inside <tool_response>. When the task is complete, reply without a tool call "
     f"and write {DONE_MARKER}."
 )
+
+
+def is_masked(traj: Trajectory) -> bool:
+    """Whether the update must leave `traj` out: its sandbox died through no action of the agent, on every try."""
+    return traj.finish_reason.startswith(INFRA)
+
+
+def failure_reason(sandbox: Any, error: SandboxError) -> str:
+    """An episode's finish_reason for `error`: "infra: ..." when the infrastructure caused it, else
+    "sandbox_error: ..." (the agent's doing; `Environment.failure_origin` decides)."""
+    origin = sandbox.failure_origin(error) if hasattr(sandbox, "failure_origin") else "agent"
+    return f"{INFRA if origin == 'infra' else 'sandbox_error'}: {type(error).__name__}: {error}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +122,8 @@ class AgentConfig:
     None: the episode ends at max_tokens."""
     observation_max_tokens: int | None = None
     """Tokens of a command's output the agent is shown at most (head and tail, a marker between); None: no cap."""
+    infra_retries: int = 2
+    """Times an episode the infrastructure ended is run again (same task and seed, another host when one has room)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_reply_tokens"):
@@ -120,6 +140,8 @@ class AgentConfig:
         if self.compaction is not None and self.compaction.at_tokens >= self.max_tokens:
             raise ValueError(f"AgentConfig.compaction.at_tokens must be < max_tokens ({self.max_tokens}), "
                              f"got {self.compaction.at_tokens}")
+        if self.infra_retries < 0:
+            raise ValueError(f"AgentConfig.infra_retries must be >= 0, got {self.infra_retries}")
         if self.observation_max_tokens is not None and self.observation_max_tokens < 16:
             raise ValueError(f"AgentConfig.observation_max_tokens must be >= 16 or None, "
                              f"got {self.observation_max_tokens}")
@@ -272,21 +294,24 @@ class _Episode:
                     reason = done
                     break
         except SandboxError as e:
-            reason = f"sandbox_error: {type(e).__name__}: {e}"
+            reason = failure_reason(self.sandbox, e)
         except FutureTimeout:
             reason = "wall_clock"  # while waiting for the engine; that reply is dropped
         return self._finish(reason)
 
     def _finish(self, reason: str) -> Trajectory:
         verifier, reward = None, 0.0
-        if self.cfg.verify and not reason.startswith("sandbox_error"):
+        if self.cfg.verify and not reason.startswith(("sandbox_error", INFRA)):
             t0 = time.monotonic()
             try:
                 result = run_verifiers(self.sandbox, self.task)
                 self.metrics["verify_s"] = time.monotonic() - t0
                 verifier, reward = result.to_json(), float(result.reward)
             except SandboxError as e:
-                reason = f"{reason}; verifier sandbox_error: {type(e).__name__}: {e}"
+                why = failure_reason(self.sandbox, e)
+                # an infrastructure failure during verification masks the episode: its reason leads with it
+                reason = f"{why}; during verification of: {reason}" if why.startswith(INFRA) else \
+                    f"{reason}; verifier {why}"
         # A weight update between turns makes the episode off-policy for its early turns: recorded, not hidden.
         num_turns = sum(len(s.turns) for s in self.segments) + len(self.builder.turns)
         self.metrics.update(turns=num_turns, wall_s=time.monotonic() - self.start,
@@ -341,13 +366,14 @@ class _Pools:
     serve (so it starts no spare), and closed as soon as the last of them is over."""
 
     def __init__(self, specs: list[EpisodeSpec], *, num_parallel: int, pool_size: int | None,
-                 limits: SandboxLimits) -> None:
+                 limits: SandboxLimits, provider: EnvironmentProvider | None) -> None:
         self.settings = [sandbox_settings(s.task, limits) for s in specs]
         self.keys = [(s.image, settings) for s, settings in zip(specs, self.settings)]
         self.specs, self.num_parallel, self.pool_size = specs, num_parallel, pool_size
         self.remaining = Counter(self.keys)
         self.pools: dict[tuple, Any] = {}
         self.lock = threading.Lock()
+        self.provider = provider
 
     def get(self, index: int) -> Any:
         from sandbox import SandboxPool  # the runtime's warm-container pool
@@ -357,7 +383,8 @@ class _Pools:
             if key not in self.pools:
                 need = self.remaining[key]  # episodes of this environment, none started yet
                 size = min(self.pool_size or self.num_parallel, need)
-                self.pools[key] = SandboxPool(spec.image, size=size, demand=need, settings=self.settings[index])
+                self.pools[key] = SandboxPool(spec.image, size=size, demand=need, settings=self.settings[index],
+                                              provider=self.provider)
             return self.pools[key]
 
     def done(self, index: int) -> None:
@@ -377,35 +404,57 @@ class _Pools:
 
 def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *, config: AgentConfig | None = None,
                  num_parallel: int = 8, pool_size: int | None = None,
-                 on_done: Callable[[int, Trajectory], None] | None = None) -> list[Trajectory]:
+                 on_done: Callable[[int, Trajectory], None] | None = None,
+                 provider: EnvironmentProvider | None = None) -> list[Trajectory]:
     """Run episodes concurrently (threads), each in its own sandbox from a per-environment `SandboxPool` (limits:
     `config.sandbox` over the task's own), all sharing `engine`; returns trajectories in the order of `specs`.
 
     `pool_size`: sandboxes kept warm per environment (None: `num_parallel`), never more than the episodes of that
     environment not yet started. A sandbox that cannot be acquired or dies mid-episode ends only that episode, with
-    the reason in `finish_reason`. `on_done(index, trajectory)` is called as each episode finishes (from its thread).
+    the reason in `finish_reason`; one the infrastructure ended is run again (module docstring), and its metrics
+    count the tries ("infra/retries") and the failures per host ("infra/failures/<host>"). `provider`: where
+    sandboxes start (None: `sandbox.hosts.default_provider()`, the run's hosts). `on_done(index, trajectory)` is
+    called as each episode finishes (from its thread).
     """
     if num_parallel < 1:
         raise ValueError(f"num_parallel must be >= 1, got {num_parallel}")
     config = config or AgentConfig()
-    pools = _Pools(specs, num_parallel=num_parallel, pool_size=pool_size, limits=config.sandbox)
+    pools = _Pools(specs, num_parallel=num_parallel, pool_size=pool_size, limits=config.sandbox, provider=provider)
 
-    def one(index: int) -> Trajectory:
+    def attempt(index: int, avoid: list[str]) -> tuple[Trajectory, str]:
+        """One try of episode `index`: (its trajectory, the host it ran on). The first try takes a warm sandbox;
+        a retry starts one on a host not in `avoid` (cold: the pool's warm ones may sit on the host that failed)."""
         spec = specs[index]
         try:
-            try:
-                pool = pools.get(index)
-                sb = pool.acquire()
-            except SandboxError as e:
-                reason = f"sandbox_error: {type(e).__name__}: {e}"
-                traj = _failed_episode(spec, tok, config, reason, engine.policy_version)
+            pool = pools.get(index)
+            sb: Environment = pool.acquire() if not avoid else \
+                pool.provider.start(spec.image, pools.settings[index], avoid=avoid)
+        except SandboxError as e:  # no command ran: never the agent's doing
+            reason = f"{INFRA}: {type(e).__name__}: {e}"
+            return _failed_episode(spec, tok, config, reason, engine.policy_version), "unplaced"
+        try:
+            return run_episode(engine, tok, sb, spec.task, config=config, seed=spec.seed), sb.host_name
+        finally:
+            if avoid:
+                sb.close()
             else:
-                try:
-                    traj = run_episode(engine, tok, sb, spec.task, config=config, seed=spec.seed)
-                finally:
-                    pool.release(sb)
+                pool.release(sb)
+
+    def one(index: int) -> Trajectory:
+        failures: Counter[str] = Counter()
+        try:
+            while True:
+                traj, host = attempt(index, list(failures))
+                if not is_masked(traj) or sum(failures.values()) >= config.infra_retries:
+                    break
+                failures[host] += 1
         finally:
             pools.done(index)
+        if is_masked(traj):
+            failures[host] += 1
+        traj.metrics["infra/retries"] = float(sum(failures.values()) - is_masked(traj))
+        traj.metrics.update({f"infra/failures/{h}": float(n) for h, n in failures.items()})
+        traj.metrics[f"host/{host}"] = 1.0  # where its last try ran
         if on_done is not None:
             on_done(index, traj)
         return traj

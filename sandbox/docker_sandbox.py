@@ -25,13 +25,17 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 import docker
 import docker.errors
 
-from sandbox.errors import (CommandTooLong, ContainerDied, FileTooLarge, SandboxError, ShellUnresponsive)
+from sandbox.errors import (CommandTooLong, ContainerDied, DaemonUnreachable, FileTooLarge, SandboxError,
+                            ShellUnresponsive)
+from sandbox.docker_host import DockerHost, answers as host_answers
+from sandbox.failure import FailureOrigin, failure_origin
 import sandbox.preload as preload
 from sandbox.daemon import daemon_cpus, default_run_id, docker_client, docker_errors, owner_labels
 from sandbox.image_cache import IMAGE_REPO, TaskImage, touch_image
@@ -81,10 +85,10 @@ def _absolute(path: str) -> str:
     return posixpath.normpath(path)
 
 
-def _cpus_on_host(cpus: float) -> float:
+def _cpus_on_host(cpus: float, host_cpus: Callable[[], int]) -> float:
     """`cpus`, or the Docker host's CPU count when it has fewer: the daemon refuses a limit above it, and a task's
     [environment] cpus is set on its author's machine (Terminal-Bench 2 asks for 4)."""
-    host = daemon_cpus()
+    host = host_cpus()
     if cpus <= host:
         return cpus
     warnings.warn(f"a sandbox asks for {cpus:g} CPUs and the Docker host has {host}: limited to {host}", stacklevel=4)
@@ -92,12 +96,19 @@ def _cpus_on_host(cpus: float) -> float:
 
 
 class DockerSandbox:
-    """A container with one persistent shell. Use as a context manager; `close()` always removes it."""
+    """A container with one persistent shell. Use as a context manager; `close()` always removes it.
+
+    `host`: the daemon to run on (`sandbox.hosts`, which places sandboxes; None: the one from DOCKER_HOST);
+    `on_close` is called once when it is closed (the host's capacity is given back)."""
 
     def __init__(self, image: str | TaskImage, settings: SandboxSettings = SandboxSettings(), *,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, host: DockerHost | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         if not isinstance(settings, SandboxSettings):
+            if on_close is not None:
+                on_close()
             raise TypeError(f"settings must be a SandboxSettings, got {type(settings).__name__}")
+        self.host, self._on_close = host, on_close
         # A TaskImage may carry files (a COPY-only Dockerfile, not built): placed before the container starts.
         self.image, self._preload = (image.ref, image.preload) if isinstance(image, TaskImage) else (image, b"")
         self._compose_image = image if isinstance(image, TaskImage) and image.compose is not None else None
@@ -106,7 +117,7 @@ class DockerSandbox:
         self.settings = settings
         self.run_id = run_id or default_run_id()
         self._env = {**SHELL_ENV, **dict(settings.env)}
-        self._api = docker_client()
+        self._api = host.api if host is not None else docker_client()
         self._lock = threading.Lock()
         self._closed = False
         self._chan: Channel | None = None
@@ -133,7 +144,7 @@ class DockerSandbox:
     def _create(self) -> None:
         limits, labels = self.settings, owner_labels(self.run_id)
         name = f"t1-{re.sub(r'[^a-zA-Z0-9_.-]', '-', self.run_id)[:40]}-{secrets.token_hex(4)}"
-        nano_cpus = int(_cpus_on_host(limits.cpus) * 1e9)
+        nano_cpus = int(_cpus_on_host(limits.cpus, self.host.cpus if self.host is not None else daemon_cpus) * 1e9)
         network: dict = {"network_mode": "bridge" if limits.network else "none"}
         networking_config = None
         try:
@@ -212,13 +223,26 @@ class DockerSandbox:
                 try:
                     with docker_errors(f"removing container {self.id[:12]}"):
                         self._api.remove_container(self.id, force=True)
+                except DaemonUnreachable:
+                    if self.host is None:
+                        raise
+                    self.host.lost.add(self.id)  # removed when the host answers again (sandbox.hosts)
                 except SandboxError as e:
                     # Already gone or going (reaped, removed by hand) is what close() wants; anything else is not.
                     if "No such container" not in str(e) and "already in progress" not in str(e):
                         raise
-        finally:
             if self.services is not None:  # after the sandbox: a network is removed once nothing is on it
-                self.services.close()
+                try:
+                    self.services.close()
+                except DaemonUnreachable:
+                    if self.host is None:
+                        raise
+                    self.host.lost.update(self.services.containers.values())
+                    self.host.lost_networks.add(self.services.network)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+                self._on_close = None
 
     def __enter__(self) -> DockerSandbox:
         return self
@@ -230,6 +254,23 @@ class DockerSandbox:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def api(self) -> docker.APIClient:
+        """The API client of the daemon this sandbox runs on."""
+        return self._api
+
+    @property
+    def host_name(self) -> str:
+        return self.host.name if self.host is not None else "local"
+
+    def failure_origin(self, error: SandboxError) -> FailureOrigin:
+        """"infra" or "agent" for `error`, raised while the agent used this sandbox (the rule: sandbox.failure)."""
+        answers = self.host.ping if self.host is not None else (lambda: host_answers(self._api))
+        origin = failure_origin(self._api, self.id, error, host_answers=answers)
+        if origin == "infra" and self.host is not None and not self.host.ping():
+            self.host.up = False  # out of placement until the health thread hears from it again
+        return origin
 
     def shell_stream_open(self) -> bool:
         """Cheap liveness hint (no round trip): the shell's exec stream has not ended. A killed container or an

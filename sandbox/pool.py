@@ -8,6 +8,11 @@ A pool told how many sandboxes will be asked of it (`demand`) never starts more 
 refills after every acquire, and the last refills were started only to be removed when the pool closed. With one
 episode per environment (an evaluation, the SFT transcripts) that was two container lives per episode, and a
 container life costs the daemon and the kernel ~0.4 s of CPU.
+
+Sandboxes come from a provider (`sandbox.environment.EnvironmentProvider`; default: `sandbox.hosts.default_provider()`,
+the run's Docker hosts), which places each on the host with the most room: a pool's warm sandboxes spread over the
+hosts. `acquire_log` records each acquire's latency and whether a warm sandbox was waiting (bench/test_bench_sandbox.py
+reports p50/p99 of both).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 
 from sandbox.docker_sandbox import DockerSandbox
+from sandbox.environment import EnvironmentProvider
 from sandbox.errors import SandboxError
 from sandbox.settings import SandboxSettings
 from sandbox.task_images import TaskImage
@@ -32,7 +38,7 @@ class SandboxPool:
 
     def __init__(self, image: str | TaskImage, *, size: int, demand: int | None = None, max_parallel_starts: int = 4,
                  retry_after_error_s: float = 2.0, settings: SandboxSettings = SandboxSettings(),
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, provider: EnvironmentProvider | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         if demand is not None and demand < 0:
@@ -43,6 +49,12 @@ class SandboxPool:
         self.size = size
         self._demand = demand
         self.settings, self.run_id = settings, run_id
+        if provider is None:
+            from sandbox.hosts import default_provider
+            provider = default_provider()
+        self.provider = provider
+        self.acquire_log: list[tuple[float, bool]] = []
+        """(seconds, warm) per acquire that returned: warm when an idle sandbox was waiting at the call."""
         self._max_parallel = max_parallel_starts
         self._retry_s = retry_after_error_s
         self._cv = threading.Condition()
@@ -74,7 +86,7 @@ class SandboxPool:
 
     def _start_one(self) -> None:
         try:
-            sb = DockerSandbox(self.image, self.settings, run_id=self.run_id)
+            sb = self.provider.start(self.image, self.settings, run_id=self.run_id)
         except Exception as e:  # any kind: left in the starter's future, it would keep acquire() waiting forever
             error = e if isinstance(e, SandboxError) else SandboxError(
                 f"starting a sandbox of {self.image!r} failed: {type(e).__name__}: {e}")
@@ -95,9 +107,12 @@ class SandboxPool:
     def acquire(self, *, timeout: float | None = None) -> DockerSandbox:
         """A warm sandbox (waits for one when none is idle). Raises the start error when starting fails, and
         TimeoutError when `timeout` seconds pass first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        warm = None
         while True:
             with self._cv:
+                warm = bool(self._idle) if warm is None else warm  # at the call: a later wait makes it cold
                 while not self._idle and self._error is None and not self._closed:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
@@ -115,6 +130,7 @@ class SandboxPool:
                     self._demand = max(0, self._demand - 1)
                 self._cv.notify_all()  # the filler refills
             if sb.shell_stream_open():  # a peek, not a round trip: a loaded box makes round trips slow
+                self.acquire_log.append((time.monotonic() - t0, bool(warm)))
                 return sb
             with self._cv:
                 if self._demand is not None:

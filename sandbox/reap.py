@@ -2,6 +2,7 @@
 cached task images.
 
     python -m sandbox.reap [--run-id ID] [--everything]            containers
+    python -m sandbox.reap --host 'tcp://box:2376 tls=DIR' --host ...   the same on each of a run's hosts
     python -m sandbox.reap --images [--keep N] [--idle-hours H]    task images (sandbox.image_cache)
 
 Every sandbox container carries labels naming its run (`t1.run_id`) and its owner process (`t1.owner_pid`,
@@ -45,7 +46,11 @@ def reap(run_id: str | None = None, *, everything: bool = False) -> int:
     that run, live owner or not (a restarted trainer reusing its run id). With `everything=True`, every T1
     container on the daemon (other live runs included: use with care).
     """
-    api = docker_client()
+    return reap_api(docker_client(), run_id, everything=everything)
+
+
+def reap_api(api: docker.APIClient, run_id: str | None = None, *, everything: bool = False) -> int:
+    """`reap` on the daemon behind `api` (one of several hosts: sandbox.hosts)."""
     with docker_errors("listing T1 containers"):
         containers = api.containers(all=True, filters={"label": LABEL_RUN})
     removed = 0
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                            "python -m sandbox.reap --images --keep 50   (task images beyond the 50 last used)")
     parser.add_argument("--run-id", default=None, help="also remove every container of this run")
     parser.add_argument("--everything", action="store_true", help="every T1 container, live owners too")
+    parser.add_argument("--host", action="append", default=[],
+                        help="a host of sandbox.hosts ('URL [tls=DIR]'); repeat for each; default: DOCKER_HOST")
     parser.add_argument("--images", action="store_true", help="prune cached task images instead")
     parser.add_argument("--keep", type=int, default=0, help="--images: keep this many most recently used")
     parser.add_argument("--idle-hours", type=float, default=1.0, help="--images: only images idle this long")
@@ -101,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--keep and --idle-hours must be >= 0, got {args.keep}, {args.idle_hours}")
         removed = prune_task_images(keep=args.keep, min_idle_s=args.idle_hours * 3600)
         print(f"removed {len(removed)} task image(s)" + "".join(f"\n  {r}" for r in removed))
+        return 0
+    if args.host:
+        from sandbox.host_spec import HostSpec
+
+        try:
+            specs = [HostSpec.parse(h) for h in args.host]
+        except ValueError as e:
+            parser.error(str(e))
+        for spec in specs:
+            print(f"{spec.url}: removed {reap_api(spec.client(), args.run_id, everything=args.everything)} "
+                  "container(s)")
         return 0
     print(f"removed {reap(args.run_id, everything=args.everything)} container(s)")
     return 0

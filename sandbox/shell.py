@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import select
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -285,17 +286,20 @@ class Channel:
             pending += chunk
 
     def peer_closed(self) -> bool:
-        """Whether the exec stream has ended, without a round trip: a zero-timeout peek for end-of-stream."""
+        """Whether the exec stream has ended, without a round trip: a zero-timeout look for end-of-stream. What
+        is read meanwhile is kept for `read_frame` (a TLS socket cannot peek: a remote host over tcp+TLS)."""
         readable, _, _ = select.select([self.sock], [], [], 0)
         if not readable:
             return False
         self.sock.settimeout(0)
         try:
-            return self.sock.recv(1, socket.MSG_PEEK) == b""
-        except BlockingIOError:
+            chunk = self.sock.recv(self.RECV_BYTES)
+        except (BlockingIOError, ssl.SSLWantReadError):
             return False
         except OSError:
             return True
+        self._pending += chunk
+        return chunk == b""
 
     def close(self) -> None:
         self.sock.close()

@@ -11,12 +11,29 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 from sandbox.docker_build import kill_active_builds
 from sandbox.docker_sandbox import close_live_sandboxes
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def exit_on_signals_while() -> Iterator[None]:
+    """`exit_on_signals()` inside the block (from the main thread; elsewhere nothing), the previous handlers after
+    it: the trainer's `main` runs in test processes that go on afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    exit_on_signals()
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def exit_on_signals() -> None:

@@ -65,7 +65,7 @@ from typing import Any
 
 import sandbox.ldcache as ldcache
 import sandbox.verifier_libs as verifier_libs
-from sandbox.daemon import docker_client, docker_errors
+from sandbox.daemon import docker_errors
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
 from sandbox.tarball import RootOwned
@@ -269,14 +269,14 @@ def run_verifiers(sandbox: DockerSandbox, task: Task, *, agent_processes: str = 
     # After the sweep: no agent process is left (or, kept, none runs) to change files between this check and
     # the tests.
     with docker_errors("inspecting the sandbox"):
-        info = docker_client().inspect_container(sandbox.id)
+        info = sandbox.api.inspect_container(sandbox.id)
     tampered, pyc_changed = _inspect_changes(sandbox, info, pth_files=pth_files)
     if tampered:  # checked before `code`: deleting bash or env also makes the sweep itself fail
         return _all_failed(task, start, error="tampered: the verifier's interpreter, shells or libraries were "
                            f"modified ({len(tampered)} paths)", tampered=tuple(tampered))
     if code != 0:
         with docker_errors("listing the sandbox's processes"):
-            procs = docker_client().top(sandbox.id).get("Processes")
+            procs = sandbox.api.top(sandbox.id).get("Processes")
         raise SandboxError(f"could not prepare verification in {sandbox!r} (exit {code}): "
                            f"{prep_out[-300:].decode(errors='replace')!r}; "
                            f"processes: {procs}")
@@ -435,13 +435,13 @@ def _upload_work_dir(sandbox: DockerSandbox, task: Task, work: str) -> None:
         for file_name, data in _work_files(task).items():
             add_bytes(tar, f"{name}/{file_name}", data)
     with docker_errors(f"uploading the tests of {task.name}"):
-        docker_client().put_archive(sandbox.id, "/", buf.getvalue())
+        sandbox.api.put_archive(sandbox.id, "/", buf.getvalue())
 
 
 def tampered_paths(sandbox: DockerSandbox) -> list[str]:
     """Paths under the verifier's machinery that differ from the image."""
     with docker_errors("inspecting the sandbox"):
-        info = docker_client().inspect_container(sandbox.id)
+        info = sandbox.api.inspect_container(sandbox.id)
     return _inspect_changes(sandbox, info)[0]
 
 
@@ -454,7 +454,7 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any], *,
     image = _ImageFiles.of(info) if changes is not None else None
     if changes is None:
         with docker_errors("listing the sandbox's file changes"):
-            changes = [(c["Path"], _DIFF_KINDS[c["Kind"]]) for c in docker_client().diff(sandbox.id) or []]
+            changes = [(c["Path"], _DIFF_KINDS[c["Kind"]]) for c in sandbox.api.diff(sandbox.id) or []]
     # A directory is listed as modified whenever something below it changed: judge the entries below instead.
     parents = {path.rsplit("/", i)[0] for path, _ in changes for i in range(1, path.count("/"))}
     bad, pyc = set(), False
@@ -724,7 +724,7 @@ def _exec(sandbox: DockerSandbox, script: str, *, env: dict[str, str]) -> tuple[
     `sweep` defined); return (exit code, output bytes)."""
     argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in sorted(env.items())), "/bin/bash", "--noprofile",
             "--norc", "-c", f"{_SWEEP}\n{script}"]
-    api = docker_client()
+    api = sandbox.api
     with docker_errors("running a verifier command"):
         exec_id = api.exec_create(sandbox.id, argv, user="root", workdir="/")["Id"]
         output = api.exec_start(exec_id)

@@ -28,7 +28,7 @@ from sandbox.overlap import check_disjoint
 from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
 from sandbox.tasks import Task, load_task, load_task_dirs
 from sandbox.cli import bad_input
-from sandbox.reap import reap
+from sandbox.hosts import use_hosts
 from t1core import cli, distributed, evaluation
 from t1core.config import RunConfig
 from t1core.expert_parallel import check_expert_parallel
@@ -108,13 +108,17 @@ def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
 def prepare_tasks(cfg: RunConfig, run_dir: Path, dp: distributed.DataParallel) -> TaskSets:
     """The run's task sets on every rank: the main rank writes the task directories (a malformed task, or eval.source
     overlapping tasks.source, is the user's input: one line, exit 2), removes containers left by crashed runs and
-    builds the images; all ranks then run sandboxes. Says so when the run will evaluate nothing."""
+    builds the images (and loads them into every host of sandbox.hosts); all ranks then run sandboxes on those hosts.
+    Says so when the run will evaluate nothing."""
     tasks = None
+    hosts = use_hosts(cfg.sandbox.hosts)  # every rank: the provider its sandbox pools start from
     if dp.is_main:
         with bad_input(cli.parser()):
             tasks = load_tasks(cfg, run_dir)
-        reap()
+        hosts.reap()
         build_images(tasks, cfg)
+        if cfg.sandbox.hosts:
+            hosts.distribute({image.ref for image in tasks.images.values()})
         if not tasks.num_eval_tasks:
             print(f"evaluation: none ({evaluation.nothing_reason(cfg)})", flush=True)
     return dp.broadcast(tasks)
@@ -353,7 +357,8 @@ def agent_config(cfg: RunConfig, *, temperature: float | None = None, task_timeo
                        wall_clock_s=None if task_timeouts else r.wall_clock_limit_s,
                        command_timeout_s=s.command_timeout_s,
                        temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
-                       sandbox=limits, compaction=compaction, observation_max_tokens=c.observation_max_tokens)
+                       sandbox=limits, compaction=compaction, observation_max_tokens=c.observation_max_tokens,
+                       infra_retries=r.infra_retries)
 
 
 def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:

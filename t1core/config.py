@@ -20,6 +20,7 @@ from typing import Any, Literal
 from rollout import budget
 from rollout.budget import slot_length
 from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS  # plain values: no Docker SDK is loaded
+from sandbox.host_spec import HostSpec  # parsing only: no Docker SDK is loaded
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 ActorPush = Literal["group_positive", "group", "center", "whiten", "raw"]
@@ -144,6 +145,10 @@ class SandboxSection:
         16384, "bytes of a command's output shown to the agent: its first and last halves, the middle cut")
     pool_size: int = _field(4, "sandboxes kept started ahead of need, per environment (image and limits); never "
                                   "more than the episodes it still has to serve")
+    hosts: tuple[str, ...] = _field(
+        (), "Docker hosts the sandboxes run on, each 'URL [tls=DIR] [max=N] [memory_mb=M] [name=NAME]' (unix://, "
+        "tcp:// with TLS, ssh://; sandbox.hosts); placed by free room, a host that stops answering is left out until "
+        "it answers again; none = the one daemon of DOCKER_HOST")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -154,6 +159,8 @@ class SandboxSection:
         _check(self.output_cap_bytes >= MIN_OUTPUT_CAP, "sandbox.output_cap_bytes", f">= {MIN_OUTPUT_CAP}",
                self.output_cap_bytes)
         _check(self.pool_size >= 1, "sandbox.pool_size", ">= 1", self.pool_size)
+        for entry in self.hosts:
+            HostSpec.parse(entry)  # ValueError naming the entry and what is wrong
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +170,10 @@ class RolloutSection:
         4, "episodes per task instance in a step (episodes_per_step / group_size instances, each sampled "
         "group_size times); with algo.actor_push='group...' the episodes of one instance are each other's baseline")
     concurrency: int = _field(8, "episodes run at once (each holds one sandbox and one engine slot)")
+    infra_retries: int = _field(
+        2, "times an episode ended by an infrastructure failure (its host or daemon died, its container was removed or "
+        "killed from outside: sandbox.failure) is run again, same task and seed, on another host; one that still fails "
+        "is left out of the update, never trained as reward 0")
     max_turns: int = _field(budget.MAX_TURNS, "assistant turns per episode before it is cut")
     max_new_tokens_per_turn: int = _field(
         budget.MAX_REPLY_TOKENS, "tokens sampled per assistant turn at most (a cut reply is an unclosed tool call: keep it above the "
@@ -190,6 +201,7 @@ class RolloutSection:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        _check(self.infra_retries >= 0, "rollout.infra_retries", ">= 0", self.infra_retries)
         for name in ("episodes_per_step", "concurrency", "max_turns", "max_new_tokens_per_turn"):
             _check(getattr(self, name) >= 1, f"rollout.{name}", ">= 1", getattr(self, name))
         _check(self.group_size >= 1 and self.episodes_per_step % self.group_size == 0, "rollout.group_size",

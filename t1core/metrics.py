@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout.agent import is_masked
 from rollout.trajectory import Trajectory
 from t1core.config import RunConfig
 from t1core import evaluation
@@ -269,19 +270,31 @@ class Stopwatch:
 def rollout_metrics(trajs: list[Trajectory], rewards: list[float]) -> dict[str, float]:
     """One RL step's rollout rows: rewards, success, lengths, malformed replies, sandbox errors, episode times."""
     n = len(trajs)
-    verified = [t.verifier for t in trajs if t.verifier]
+    # Rewards and success over the episodes the update sees: a masked one (infrastructure failure) has none.
+    scored = [(t, r) for t, r in zip(trajs, rewards, strict=True) if not is_masked(t)]
+    n_scored = max(1, len(scored))
+    verified = [t.verifier for t, _ in scored if t.verifier]
     segs = [s for t in trajs for s in t.segments()]  # every context of a compacted episode
     out = {
-        "reward/dense_mean": sum(v["passed"] for v in verified) / n,
-        "reward/shaped_mean": sum(rewards) / n,
-        "outcome/rate": sum(map(solved, trajs)) / n,
+        "reward/dense_mean": sum(v["passed"] for v in verified) / n_scored,
+        "reward/shaped_mean": sum(r for _, r in scored) / n_scored,
+        "outcome/rate": sum(solved(t) for t, _ in scored) / n_scored,
         "rollout/turns_mean": sum(len(s.turns) for s in segs) / n,
         "rollout/tokens": float(sum(s.num_tokens for s in segs)),
         "rollout/sampled_tokens": float(sum(int(s.loss_mask.sum()) for s in segs)),
         "rollout/malformed_tool_calls": float(sum(t.metrics.get("malformed_tool_calls", 0) for t in trajs)),
         "rollout/sandbox_errors": float(sum(t.finish_reason.startswith("sandbox_error") for t in trajs)),
+        "rollout/infra_masked": float(sum(map(is_masked, trajs))),
+        "rollout/infra_retries": float(sum(t.metrics.get("infra/retries", 0.0) for t in trajs)),
         "tito/prefix_checks": float(sum(t.metrics.get("tito_prefix_checks", 0) for t in trajs)),
     }
+    for t in trajs:  # per host: episodes (where each last ran), infrastructure failures
+        for key, n in t.metrics.items():
+            for prefix, row in (("infra/failures/", "rollout/infra_failures/"), ("host/", "rollout/episodes/")):
+                if key.startswith(prefix):
+                    name = row + key.removeprefix(prefix)
+                    out[name] = out.get(name, 0.0) + n
+    out["rollout/infra_failures"] = sum(v for k, v in out.items() if k.startswith("rollout/infra_failures/"))
     for key in ("generate_s", "command_s", "verify_s"):
         out[f"time/episode_{key}"] = sum(t.metrics.get(key, 0.0) for t in trajs)
     return out

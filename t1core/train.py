@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from rollout.agent import EpisodeSpec, run_episodes
+from rollout.agent import EpisodeSpec, is_masked, run_episodes
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
+from sandbox.signals import exit_on_signals_while
 from sandbox.tasks import Task
 from t1core import async_collect, builders, cli, distributed
 from t1core.async_collect import AsyncCollector
@@ -191,7 +192,9 @@ class Trainer:
             save_trajectories(sampled, self.run_dir / "trajectories" / f"step_{step:04d}")
         rewards = self.rewards(sampled)
         metrics = {**rollout_metrics(sampled, rewards), **cut_metrics(sampled), **(metrics or {})}
-        kept = [i for i, t in enumerate(trained) if any(bool(s.loss_mask.any()) for s in t.segments())]
+        # An episode the infrastructure ended on every try is masked: never trained, never a group's 0.
+        kept = [i for i, t in enumerate(trained)
+                if not is_masked(sampled[i]) and any(bool(s.loss_mask.any()) for s in t.segments())]
         if kept:
             metrics["tito/drift_tokens"] = float(sum(drift[i] for i in kept))
         segments, seg_rewards, seg_groups = training_segments(  # each context of a compacted episode trains alone
@@ -291,11 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's
         cli.start(cfg, run_dir, dp)
-        trainer = Trainer(cfg, run_dir, dp)
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
+        with exit_on_signals_while():  # SIGTERM / SIGINT: stop builds, remove the run's sandboxes on every host, exit
+            trainer = Trainer(cfg, run_dir, dp)
+            try:
+                trainer.run()
+            finally:
+                trainer.close()
     finally:
         distributed.close(dp)
     if dp.is_main:
