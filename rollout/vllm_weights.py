@@ -128,14 +128,15 @@ class VllmTransport:
     `IPCWeightTransferUpdateInfo`, the worker's wire format, through this engine's client only."""
 
     def __init__(self, *, backend: Backend, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
-                 nccl_init: dict[str, Any] | None = None) -> None:
+                 nccl_init: dict[str, Any] | None = None, source_iter: str = "iter_full") -> None:
         if backend not in ("ipc", "nccl"):
             raise ValueError(f"backend: expected 'ipc' or 'nccl', got {backend!r}")
         if backend == "nccl" and not nccl_init:
             raise ValueError("backend 'nccl' needs nccl_init={'master_address', 'master_port', 'world_size'}")
         self._backend, self._nccl_init = backend, nccl_init or {}
         self._buffer_bytes = packed_buffer_bytes(expected, dtype)
-        self._source = _make_source(expected, dtype) if backend == "nccl" else None
+        # source_iter: the installed line's WeightSource method (rollout.vllm_api.Line.source_iter)
+        self._source = _make_source(expected, dtype, source_iter) if backend == "nccl" else None
         self._engine: Any = None
         self._ipc_ready = False
 
@@ -214,24 +215,25 @@ def packed_buffer_bytes(expected: list[tuple[str, tuple[int, ...]]], dtype: torc
     return max(PACKED_BUFFER_BYTES, largest)
 
 
-def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> Any:
-    """A `vllm...base.WeightSource` whose metadata is `expected` and whose `iter_full` is the current stream
-    (the class is built here because its base class lives in vLLM, imported only on a GPU machine)."""
+def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, iter_method: str = "iter_full",
+                 ) -> Any:
+    """A `vllm...base.WeightSource` whose metadata is `expected` and whose tensors are the current stream (the class
+    is built here because its base class lives in vLLM, imported only where vLLM is). `iter_method`: the abstract
+    method the installed line pulls tensors from (`rollout.vllm_api.Line.source_iter`: 0.33 `iter_full`, 0.32
+    `__iter__`); the class must define it when it is created, or the ABC refuses to instantiate it."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    class _StreamSource(WeightSource):
-        stream: ValidatedStream | None = None
+    def metadata(self: Any) -> list[Any]:
+        return [ParamMeta(name, dtype, shape) for name, shape in expected]
 
-        @functools.cached_property
-        def metadata(self) -> list[Any]:
-            return [ParamMeta(name, dtype, shape) for name, shape in expected]
+    def tensors(self: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.stream is None:
+            raise RuntimeError("no weight stream is being sent")
+        return iter(self.stream)
 
-        def iter_full(self) -> Iterator[tuple[str, torch.Tensor]]:
-            if self.stream is None:
-                raise RuntimeError("no weight stream is being sent")
-            return iter(self.stream)
-
-    return _StreamSource()
+    cls = type("_StreamSource", (WeightSource,), {"stream": None, "metadata": functools.cached_property(metadata),
+                                                 iter_method: tensors})
+    return cls()
 
 
 def wire_fields(names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:
