@@ -151,7 +151,7 @@ def test_tito_multi_turn_episode_has_zero_drift(engine: VLLMEngine) -> None:
         comp = log.submit(prompt, _params(seed=turn, max_new_tokens=10)).result()
         tito.add_reply(prompt, comp, text="")
         tito.add_observation([3], [40 + turn, 41 + turn, 42 + turn])
-    traj = tito.build(task_name="t")
+    traj = tito.build(task_name="t", finish_reason="max_turns", policy_version=engine.policy_version)
     assert log.drift(traj) == 0 and tito.prefix_checks == 3 and traj.routing is None
     ids = traj.token_ids.tolist()
     for t in traj.turns:
