@@ -149,7 +149,7 @@ def installed_line() -> Line:
 
 
 def require_vllm() -> Line:
-    """`installed_line()`: kept under its old name for `t1core.builders.check_config`."""
+    """`installed_line()`, the seam `t1core.builders` calls (tests/fake_vllm.py replaces it)."""
     return installed_line()
 
 

@@ -351,7 +351,7 @@ def routing_replay(cfg: RunConfig) -> tuple[bool, str | None]:
     one in `check_config`. Decided from the installed vLLM's metadata, alike on every rank."""
     if cfg.rollout.engine != "vllm":
         return True, None
-    line = vllm_api.installed_line()
+    line = vllm_api.require_vllm()
     if line.routed_experts:
         return True, None
     return False, ("R3: " + vllm_api.unavailable(line, "routed experts", "the update routes with the trainer's own "
