@@ -30,7 +30,6 @@ import torch
 from rollout.vllm_weights import Transport, VllmTransport
 
 
-
 @dataclass(frozen=True)
 class Line:
     """One vLLM release line this adapter supports, and what it can do."""

