@@ -124,6 +124,9 @@ class AgentConfig:
     """Tokens of a command's output the agent is shown at most (head and tail, a marker between); None: no cap."""
     infra_retries: int = 2
     """Times an episode the infrastructure ended is run again (same task and seed, another host when one has room)."""
+    return_routing: bool = True
+    """Ask the engine for the routing of every token (R3); False on an engine that cannot record it (the trajectory
+    then carries none and the update routes with the trainer's own router: `t1core.builders.routing_replay`)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_reply_tokens"):
@@ -206,7 +209,7 @@ class _Episode:
         params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                 max_new_tokens=min(self.cfg.max_reply_tokens, room),
                                 stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn),
-                                prompt_routing_from=len(self.builder.ids))
+                                prompt_routing_from=len(self.builder.ids), return_routing=self.cfg.return_routing)
         t0 = time.monotonic()
         # Bounded by the episode's wall clock: a stalled engine ends the episode instead of hanging it.
         comp = self.engine.submit(prompt, params).result(timeout=max(1.0, self.deadline - t0))
@@ -270,7 +273,8 @@ class _Episode:
         transcript = "\n".join(extractive_summary(folded, first_turn=len(self.folded)))
         params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                 max_new_tokens=min(self.cfg.max_reply_tokens, self.cfg.compaction.summary_budget),
-                                stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn, 2))
+                                stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn, 2),
+                                return_routing=self.cfg.return_routing)
         prompt = self.tok.encode_prompt(SUMMARY_REQUEST, transcript)
         comp = self.engine.submit(prompt, params).result(timeout=max(1.0, self.deadline - time.monotonic()))
         body = comp.token_ids[:-1] if comp.finish_reason == "stop" else comp.token_ids

@@ -140,8 +140,10 @@ def run_attempts(args: argparse.Namespace, todo: list[tuple[Task, int]], out: Pa
                                base_image_overrides=overrides)
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=attempt_seed(args.seed, t.name, a)) for t, a in todo]
     # wall_clock_s None: each attempt is cut at its own task's agent timeout, so one long task stalls nothing else.
+    # An evaluation replays no routing: vLLM is not asked for it (its CPU build has none, rollout.vllm_api).
     config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens,
-                         max_tokens=args.max_tokens, temperature=args.temperature, wall_clock_s=None)
+                         max_tokens=args.max_tokens, temperature=args.temperature, wall_clock_s=None,
+                         return_routing=args.engine == "torch")
     lock = threading.Lock()
     records = open(out / "attempts.jsonl", "a")
 

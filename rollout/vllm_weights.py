@@ -128,14 +128,16 @@ class VllmTransport:
     `IPCWeightTransferUpdateInfo`, the worker's wire format, through this engine's client only."""
 
     def __init__(self, *, backend: Backend, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
-                 nccl_init: dict[str, Any] | None = None) -> None:
+                 nccl_init: dict[str, Any] | None = None,
+                 source_api: tuple[str, str] = ("iter_full", "property")) -> None:
         if backend not in ("ipc", "nccl"):
             raise ValueError(f"backend: expected 'ipc' or 'nccl', got {backend!r}")
         if backend == "nccl" and not nccl_init:
             raise ValueError("backend 'nccl' needs nccl_init={'master_address', 'master_port', 'world_size'}")
         self._backend, self._nccl_init = backend, nccl_init or {}
         self._buffer_bytes = packed_buffer_bytes(expected, dtype)
-        self._source = _make_source(expected, dtype) if backend == "nccl" else None
+        # source_api: the installed line's WeightSource shape (rollout.vllm_api.Line.source_iter, .source_metadata)
+        self._source = _make_source(expected, dtype, source_api) if backend == "nccl" else None
         self._engine: Any = None
         self._ipc_ready = False
 
@@ -214,24 +216,28 @@ def packed_buffer_bytes(expected: list[tuple[str, tuple[int, ...]]], dtype: torc
     return max(PACKED_BUFFER_BYTES, largest)
 
 
-def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> Any:
-    """A `vllm...base.WeightSource` whose metadata is `expected` and whose `iter_full` is the current stream
-    (the class is built here because its base class lives in vLLM, imported only on a GPU machine)."""
+def _make_source(expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
+                 source_api: tuple[str, str] = ("iter_full", "property")) -> Any:
+    """A `vllm...base.WeightSource` whose metadata is `expected` and whose tensors are the current stream (the class
+    is built here because its base class lives in vLLM, imported only where vLLM is). `source_api`: how the installed
+    line's WeightSource is shaped (`rollout.vllm_api.Line.source_iter`, `.source_metadata`: 0.33 `iter_full` and a
+    cached property, 0.32 `__iter__` and a method); the class must have them when it is created, or vLLM refuses
+    it (0.33 checks the property in `__init_subclass__`, the ABC checks the abstract methods)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    class _StreamSource(WeightSource):
-        stream: ValidatedStream | None = None
+    iter_method, metadata_kind = source_api
 
-        @functools.cached_property
-        def metadata(self) -> list[Any]:
-            return [ParamMeta(name, dtype, shape) for name, shape in expected]
+    def metadata(self: Any) -> list[Any]:
+        return [ParamMeta(name, dtype, shape) for name, shape in expected]
 
-        def iter_full(self) -> Iterator[tuple[str, torch.Tensor]]:
-            if self.stream is None:
-                raise RuntimeError("no weight stream is being sent")
-            return iter(self.stream)
+    def tensors(self: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.stream is None:
+            raise RuntimeError("no weight stream is being sent")
+        return iter(self.stream)
 
-    return _StreamSource()
+    declared = functools.cached_property(metadata) if metadata_kind == "property" else metadata
+    cls = type("_StreamSource", (WeightSource,), {"stream": None, "metadata": declared, iter_method: tensors})
+    return cls()
 
 
 def wire_fields(names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:

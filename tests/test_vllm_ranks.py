@@ -235,7 +235,7 @@ def test_async_under_torchrun_needs_one_engine_for_every_rank(monkeypatch: pytes
     from t1core.config import RunConfig, RolloutSection, VllmSection
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(vllm_api, "require_vllm", lambda: None)
+    monkeypatch.setattr(vllm_api, "require_vllm", lambda: vllm_api.GPU_LINE)
     with pytest.raises(ValueError, match="rollout.max_staleness: expected 0 under torchrun unless one engine"):
         check_config(RunConfig(rollout=RolloutSection(max_staleness=1)))  # a TorchEngine on every rank
     check_config(RunConfig(rollout=RolloutSection(max_staleness=1, engine="vllm"),

@@ -230,6 +230,22 @@ def test_ipc_updates_pass_vllms_msgpack_and_worker_parsing(vllm_src: types.Modul
 
 
 # ---- weight sync: NCCL (disaggregated) ----
+def test_the_033_weight_source_is_fed_through_iter_full(vllm_src: types.ModuleType) -> None:
+    """0.33's trainer-side WeightSource: `iter_full` and a cached-property `metadata` (0.32's `__iter__` and method,
+    checked in the vllm_cpu lane, are refused by it)."""
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    line = vllm_api.GPU_LINE
+    assert hasattr(WeightSource, "iter_full") and line.source_api == ("iter_full", "property")
+    model = MoEModel(CFG, seed=2)
+    source = vllm_weights._make_source(vllm_weights.expected_hf_params(CFG), torch.float32, line.source_api)
+    source.stream = iter(hf_state_dict(model).items())
+    assert source.implements_iter_full() and [m.name for m in source.metadata] == list(hf_state_dict(model))
+    assert [n for n, _ in source.iter_full()] == list(hf_state_dict(model))
+    with pytest.raises(TypeError, match="metadata must be a functools.cached_property"):
+        vllm_weights._make_source([], torch.float32, vllm_api.CPU_LINE.source_api)
+
+
 def test_nccl_engine_labels_three_updates_1_2_3(vllm_src: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's own trainer-side NCCL engine keeps the client of its first send: the version must come from it."""
     from vllm.distributed.weight_transfer import nccl_engine
