@@ -169,7 +169,8 @@ class NormRoPEFunction(torch.autograd.Function):
         half = x_TXD.shape[-1] // 2
         rstd_TX1 = torch.rsqrt(x_TXD.pow(2).mean(-1, keepdim=True).add_(eps))
         # The rotation of x with w folded in: cos * w, and each sin half times the w of the half it multiplies.
-        sin_w_TD = torch.cat((sin_signed_TD[:, :half] * weight_D[half:], sin_signed_TD[:, half:] * weight_D[:half]), -1)
+        # (roll by half swaps the halves: [w2, w1], one op instead of four slices and a cat; the same products.)
+        sin_w_TD = sin_signed_TD * weight_D.roll(half)
         y_TXD = _rotate_halves(x_TXD, cos_TD * weight_D, sin_w_TD, transpose=False)
         return y_TXD.mul_(rstd_TX1), rstd_TX1
 
