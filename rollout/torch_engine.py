@@ -375,8 +375,12 @@ class TorchEngine:
         for n in lens:
             cu.append(cu[-1] + n)
         t0 = time.perf_counter()
-        hidden_TD, routing_TLK = self.model.extend(ids_T, cache=self.cache, slot_ids=[r.slot for r in group],
-                                                   cu_seqlens=cu)
+        # Inference mode (no version counters, no view tracking: ~10% of a small decode step, the same kernels and
+        # bits). Its outputs stay inside the engine: routing is copied into the slot's history, hidden states only
+        # feed the sampler, and what a Completion carries is made outside it.
+        with torch.inference_mode():
+            hidden_TD, routing_TLK = self.model.extend(ids_T, cache=self.cache, slot_ids=[r.slot for r in group],
+                                                       cu_seqlens=cu)
         self.stats["model_s"] += time.perf_counter() - t0  # on GPU: launch time only (no sync here)
         if any(r.params.return_routing for r in group):
             self._capture(group, cu, routing_TLK)
