@@ -160,16 +160,18 @@ def _print_rollout(ours: MoEModel, wall: dict[str, list[float]], cpu: dict[str, 
     for b, target in targets.items():
         print(f"  ours b{b} (capture) / transformers b{b}: wall {_ratio(wall[f'ours_b{b}'], wall[f'hf_b{b}'])}, "
               f"CPU time {_ratio(cpu[f'ours_b{b}'], cpu[f'hf_b{b}'])}{target}")
-    print(f"  ours b8 (capture) / transformers b8 on one thread: wall {_ratio(wall['ours_b8'], wall['hf_b8_1thread'])}, "
-          f"CPU time {_ratio(cpu['ours_b8'], cpu['hf_b8_1thread'])}")
+    one = "hf_b8_1thread"
+    print(f"  ours b8 (capture) / transformers b8 on one thread: wall {_ratio(wall['ours_b8'], wall[one])}, "
+          f"CPU time {_ratio(cpu['ours_b8'], cpu[one])}")
     print(f"  engine time in model.extend: {100 * stats['model_s'] / stats['step_s']:.0f}% of step time "
           f"(the rest: batching, sampling, bookkeeping)")
     print(f"  routing capture overhead, batch 8: wall {_ratio(wall['ours_b8_nocap'], wall['ours_b8'])}, CPU time "
           f"{_ratio(cpu['ours_b8_nocap'], cpu['ours_b8'])}  (target <= 1.03x)")
     for b in (1, 2, 8):
         target = "  (target >= 0.8x)" if b < 8 else "  (floor: docs/decode-speed.md)"
-        print(f"  batch-invariant / default b{b} (capture): wall {_ratio(wall[f'invariant_b{b}'], wall[f'ours_b{b}'])}, "
-              f"CPU time {_ratio(cpu[f'invariant_b{b}'], cpu[f'ours_b{b}'])}{target}")
+        inv, ours_b = f"invariant_b{b}", f"ours_b{b}"
+        print(f"  batch-invariant / default b{b} (capture): wall {_ratio(wall[inv], wall[ours_b])}, "
+              f"CPU time {_ratio(cpu[inv], cpu[ours_b])}{target}")
     capture_share = stats["capture_s"] / (stats["step_s"] - stats["capture_s"])
     print(f"  routing capture cost measured inside the engine (timed code path, load-independent): "
           f"{100 * capture_share:.2f}% of the rest of the step time")
