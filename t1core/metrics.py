@@ -3,8 +3,8 @@
 Keys are flat "group/name" strings; nested dicts are flattened with "/". The plot groups them by name:
 reward/* (dense reward), outcome/* (outcome rate), heldout/*_{success,verifier_frac} (held-out success; the paired
 change after RL, heldout_change/*, is on the run's last lines and in its row, not plotted),
-mismatch/{gap,k3,extreme_frac} (train vs rollout log-probs), */loss (losses), time/* (seconds per phase,
-stacked). `progress_line` turns a row into one line of text for the log.
+mismatch/{gap,k3,extreme_frac} (train vs rollout log-probs), */loss (losses), time/* (wall seconds per phase,
+stacked; cputime/* holds their CPU seconds). `progress_line` turns a row into one line of text for the log.
 """
 
 from __future__ import annotations
@@ -247,24 +247,51 @@ def gpu_stats(device_index: int = 0) -> dict[str, float]:
 
 
 class Stopwatch:
-    """Wall time per phase: `with sw.phase("generate"): ...`, then `sw.pop()` -> {"time/generate": s, ...}.
-    CUDA work is asynchronous: synchronise before a GPU phase ends if its time must be attributed to it."""
+    """Wall and CPU time per phase: `with sw.phase("generate"): ...`, then `sw.pop()` -> {"time/generate": wall s,
+    "cputime/generate": CPU s, ...}. CPU time is the whole process's (every thread: the engine's, the sandbox
+    clients', the trainer's), so it can exceed the wall time. CUDA work is asynchronous: synchronise before a GPU
+    phase ends if its time must be attributed to it."""
 
     def __init__(self) -> None:
         self._totals: dict[str, float] = {}
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
-            self._totals[name] = self._totals.get(name, 0.0) + time.perf_counter() - start
+            for key, seconds in ((f"time/{name}", time.perf_counter() - start),
+                                 (f"cputime/{name}", time.process_time() - cpu_start)):
+                self._totals[key] = self._totals.get(key, 0.0) + seconds
 
     def pop(self) -> dict[str, float]:
-        """The accumulated seconds per phase since the last pop, keyed "time/<phase>"; resets."""
+        """The accumulated seconds per phase since the last pop, keyed "time/<phase>" (wall) and
+        "cputime/<phase>" (CPU); resets."""
         totals, self._totals = self._totals, {}
-        return {f"time/{name}": seconds for name, seconds in totals.items()}
+        return totals
+
+
+_PHASE_ORDER = ("pretrain", "sft_transcripts", "sft_update", "collect", "score", "critic_warmup", "update", "sync",
+                "eval")
+
+
+def phase_budget_line(rows: list[Mapping[str, Any]]) -> str | None:
+    """The run's time per phase, summed over its metrics rows: wall / CPU seconds of each `Stopwatch` phase, and
+    the rollout's split (engine busy time, and the episodes' summed sandbox-command and verifier seconds: summed
+    over concurrent episodes, so they may exceed the collect phase's wall time)."""
+    def total(key: str) -> float:
+        return sum(v for row in rows if isinstance(v := row.get(key), (int, float)) and not isinstance(v, bool))
+
+    names = sorted({k[5:] for row in rows for k in row if k.startswith("time/") and not k.startswith("time/episode_")
+                    and k != "time/step_s"}, key=lambda n: (_PHASE_ORDER + (n,)).index(n))
+    if not names:
+        return None
+    parts = [f"{n} {total(f'time/{n}'):.0f}/{total(f'cputime/{n}'):.0f}" for n in names]
+    wall, cpu = sum(total(f"time/{n}") for n in names), sum(total(f"cputime/{n}") for n in names)
+    split = (f"; rollout: engine busy {total('rollout/engine_busy_s'):.0f} s, episodes' sandbox commands "
+             f"{total('time/episode_command_s'):.0f} s, verifiers {total('time/episode_verify_s'):.0f} s")
+    return f"time per phase (wall/CPU s): {', '.join(parts)}; total {wall:.0f}/{cpu:.0f}" + split
 
 
 def rollout_metrics(trajs: list[Trajectory], rewards: list[float]) -> dict[str, float]:
@@ -302,9 +329,11 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float]) -> dict[str, 
 
 def closing_lines(metrics_path: Path, after: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     """The run's last lines: the fidelity summary over its steps, and what RL did to held-out success."""
-    fidelity = fidelity_line(read_metrics(metrics_path), bitwise=cfg.algo.bitwise == "on")
+    rows = read_metrics(metrics_path)
+    fidelity = fidelity_line(rows, bitwise=cfg.algo.bitwise == "on")
+    budget = phase_budget_line(rows)
     lines = summary_lines(after, temperature=cfg.rollout.temperature)
     lines += evaluation.closing_lines(after, temperature=cfg.rollout.temperature)
     if not after["eval/tasks"]:
         lines.append(f"evaluation: none ({evaluation.nothing_reason(cfg)})")
-    return ([fidelity] if fidelity else []) + lines
+    return ([fidelity] if fidelity else []) + lines + ([budget] if budget else [])

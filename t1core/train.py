@@ -137,6 +137,7 @@ class Trainer:
         busy, pause = engine_stat(self.engine, "step_s"), engine_stat(self.engine, "pause_s")
         if busy is not None:  # idle: no batch step running (waiting for sandboxes, for weights, or for work)
             out["rollout/engine_idle_frac"] = max(0.0, 1.0 - (busy - busy0) / wall)
+            out["rollout/engine_busy_s"] = busy - busy0
         if pause is not None:
             out["rollout/engine_pause_s"] = pause - pause0
         return {**out, "train/trainer_idle_frac": waited / wall}
@@ -153,11 +154,12 @@ class Trainer:
             builders.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
         if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "colocated" and self.engine.line.sleep:
             self.engine.sleep()  # vLLM gives the shared GPUs back for the update; the weight sync wakes it
-        with self.clock.phase("update"):
-            ac, every = self.actor_critic(), cfg.run.routing_agreement_every
+        ac, every = self.actor_critic(), cfg.run.routing_agreement_every
+        with self.clock.phase("score"):
             scored, fidelity = score(batch, plan, ac, algo=cfg.algo, temperature=cfg.rollout.temperature,
                                      routing_agreement=every > 0 and step % every == 0, replay=self.replay,
                                      dp=self.dp)
+        with self.clock.phase("update" if plan.update_actor else "critic_warmup"):
             upd = ppo_update(scored, plan, ac, algo=cfg.algo, optim=cfg.optim, temperature=cfg.rollout.temperature,
                              generator=gen, replay=self.replay, dp=self.dp)
         with self.clock.phase("sync"):

@@ -213,7 +213,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: to
         raise ValueError(f"x: the Triton backend takes float32/bfloat16/float16, got {x.dtype} "
                          f"(float64 runs on the torch path: T1_KERNEL_BACKEND=torch)")
     # Keep h only when a backward can come: needs_input_grad inside forward stays True under no_grad.
-    keep = (not recompute and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (x, w13, w2, topk_weights)))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w13, w2, topk_weights))
+    if backend == "torch" and not grad:  # inference (the engine's steps): the same forward, no autograd bookkeeping
+        return moe_fwd(x.contiguous(), w13.contiguous(), w2.contiguous(), topk_ids.contiguous(),
+                       topk_weights.contiguous())
+    keep = not recompute and grad
     return FusedMoEFunction.apply(x.contiguous(), w13.contiguous(), w2.contiguous(), topk_ids.contiguous(),
                                   topk_weights.contiguous(), backend, keep)

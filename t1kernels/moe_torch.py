@@ -45,10 +45,17 @@ class ExpertLayout:
     """Rows per expert in the padded layout (the largest expert's pair count)."""
 
 
+HOST_LAYOUT_MAX_PAIRS = 256
+"""Up to this many (token, slot) pairs on the CPU, `expert_layout` is computed in Python on the host: a decode step's
+few pairs cost a dozen tiny tensor ops otherwise (the same layout, element for element)."""
+
+
 def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
     """Group the T*K pairs by expert (stable sort) and pick the padded or the packed layout."""
     ids_P = topk_ids_TK.reshape(-1).long()
     num_p, dev = ids_P.numel(), ids_P.device
+    if dev.type == "cpu" and num_p <= HOST_LAYOUT_MAX_PAIRS:
+        return _host_layout(ids_P.tolist(), num_experts, topk_ids_TK.shape[1])  # sync: none (a CPU tensor)
     order_S = torch.sort(ids_P, stable=True).indices
     ids_S = ids_P.index_select(0, order_S)
     counts_E = torch.bincount(ids_P, minlength=num_experts)
@@ -81,6 +88,34 @@ def expert_layout(topk_ids_TK: torch.Tensor, num_experts: int) -> ExpertLayout:
     token_R = torch.zeros(firsts[-1], dtype=torch.long, device=dev).scatter_(0, row_S, token_S)
     groups = tuple((e, firsts[e], firsts[e] + c, firsts[e + 1]) for e, c in enumerate(counts) if c)
     return ExpertLayout(token_R=token_R, row_P=row_P, groups=groups, capacity=cap)
+
+
+def _host_layout(ids: list[int], num_experts: int, top_k: int) -> ExpertLayout:
+    """`expert_layout` for few pairs, in plain Python: the same rows, groups and capacity as the tensor path."""
+    counts = [0] * num_experts
+    for e in ids:
+        counts[e] += 1
+    cap = max(counts, default=0)
+    if batch_invariant():
+        cap = max(cap, MIN_ROWS)
+    padded = num_experts * cap <= PAD_LIMIT * len(ids)
+    if padded:
+        rows = [cap] * num_experts
+    elif batch_invariant():
+        rows = [max(c, MIN_ROWS) if c else 0 for c in counts]
+    else:
+        rows = counts
+    firsts = [0]
+    for r in rows:
+        firsts.append(firsts[-1] + r)
+    fill = firsts[:-1]  # next free row of each expert
+    row_P, token_R = [0] * len(ids), [0] * firsts[-1]
+    for p, e in enumerate(ids):  # pair order is kept within an expert (the stable sort)
+        row_P[p], token_R[fill[e]] = fill[e], p // top_k
+        fill[e] += 1
+    groups = None if padded else tuple((e, firsts[e], firsts[e] + c, firsts[e + 1]) for e, c in enumerate(counts) if c)
+    return ExpertLayout(token_R=torch.tensor(token_R, dtype=torch.long), row_P=torch.tensor(row_P, dtype=torch.long),
+                        groups=groups, capacity=cap)
 
 
 def _rows_mm(a_RX: torch.Tensor, w_EXY: torch.Tensor, lay: ExpertLayout, *, padding: bool) -> torch.Tensor:

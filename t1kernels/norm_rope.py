@@ -7,6 +7,7 @@ Legend: T tokens, H heads, X heads of any kind (q or kv), D/Dh head dim.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,6 +28,12 @@ class RMSNormFunction(torch.autograd.Function):
         x_hat = x * rstd
         ctx.save_for_backward(x_hat, rstd, weight)
         return x_hat * weight
+
+    @staticmethod
+    def infer(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """The forward's ops without the autograd machinery (the same bits): for calls no gradient will follow,
+        where `apply`'s bookkeeping costs more than the tiny engine's decode-step norms themselves."""
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))).mul_(weight)
 
     @staticmethod
     @once_differentiable
@@ -65,6 +72,13 @@ def rope_inv_freq(head_dim: int, *, theta: float, yarn: tuple[float, int, float,
     return inv_freq, 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
+@functools.lru_cache(maxsize=16)
+def _inv_freq_cached(head_dim: int, theta: float, yarn: tuple[float, int, float, float] | None,
+                     device: torch.device) -> tuple[torch.Tensor, float]:
+    """`rope_inv_freq`, once per shape (every forward and decode step needs it; a dozen small ops each time)."""
+    return rope_inv_freq(head_dim, theta=theta, yarn=yarn, device=device)
+
+
 def rope_cos_sin(positions_T: torch.Tensor, *, head_dim: int, theta: float, dtype: torch.dtype,
                  yarn: tuple[float, int, float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sign-folded sin tables [T, Dh] for rotate-half RoPE; angles in fp32 as HF computes them.
@@ -72,7 +86,7 @@ def rope_cos_sin(positions_T: torch.Tensor, *, head_dim: int, theta: float, dtyp
     The second table is [-sin, sin] over the two halves, so `apply_rope` needs no negation: (-x2) * s equals
     x2 * (-s) exactly in IEEE arithmetic. `yarn`: see `rope_inv_freq`.
     """
-    inv_freq, attention_factor = rope_inv_freq(head_dim, theta=theta, yarn=yarn, device=positions_T.device)
+    inv_freq, attention_factor = _inv_freq_cached(head_dim, theta, yarn, positions_T.device)
     freqs_TF = positions_T.float()[:, None] * inv_freq[None, :]
     emb_TD = torch.cat((freqs_TF, freqs_TF), dim=-1)  # full width, as HF: vectorised cos/sin tails may differ
     cos_TD, sin_TD = emb_TD.cos(), emb_TD.sin()
@@ -143,13 +157,22 @@ class NormRoPEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_TXD: torch.Tensor, weight_D: torch.Tensor, cos_TD: torch.Tensor,  # type: ignore[override]
                 sin_signed_TD: torch.Tensor, eps: float) -> torch.Tensor:
+        y_TXD, rstd_TX1 = NormRoPEFunction.rotate_scaled(x_TXD, weight_D, cos_TD, sin_signed_TD, eps)
+        ctx.save_for_backward(x_TXD, weight_D, cos_TD, sin_signed_TD, rstd_TX1)
+        return y_TXD
+
+    @staticmethod
+    def rotate_scaled(x_TXD: torch.Tensor, weight_D: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the forward's output, rstd [T, X, 1]) with no autograd bookkeeping; called directly where no gradient
+        will follow (the engine's decode steps), the same ops and bits as `apply`."""
         half = x_TXD.shape[-1] // 2
         rstd_TX1 = torch.rsqrt(x_TXD.pow(2).mean(-1, keepdim=True).add_(eps))
         # The rotation of x with w folded in: cos * w, and each sin half times the w of the half it multiplies.
-        sin_w_TD = torch.cat((sin_signed_TD[:, :half] * weight_D[half:], sin_signed_TD[:, half:] * weight_D[:half]), -1)
+        # (roll by half swaps the halves: [w2, w1], one op instead of four slices and a cat; the same products.)
+        sin_w_TD = sin_signed_TD * weight_D.roll(half)
         y_TXD = _rotate_halves(x_TXD, cos_TD * weight_D, sin_w_TD, transpose=False)
-        ctx.save_for_backward(x_TXD, weight_D, cos_TD, sin_signed_TD, rstd_TX1)
-        return y_TXD.mul_(rstd_TX1)
+        return y_TXD.mul_(rstd_TX1), rstd_TX1
 
     @staticmethod
     @once_differentiable

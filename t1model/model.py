@@ -204,6 +204,11 @@ def _linear(in_features: int, out_features: int, *, bias: bool = False, **factor
     return skip_init(Linear, in_features, out_features, bias=bias, **factory)
 
 
+def _no_grad(*tensors: torch.Tensor) -> bool:
+    """Whether no gradient can flow from this call (autograd off, or no input that wants one)."""
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, normalised in fp32 and cast back before the weight (as HF Qwen3 does)."""
 
@@ -214,6 +219,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype in (torch.float32, torch.float64):
+            if _no_grad(x, self.weight):  # the same ops without autograd's per-call bookkeeping (decode steps)
+                return RMSNormFunction.infer(x, self.weight, self.eps)
             return RMSNormFunction.apply(x, self.weight, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
 
@@ -221,6 +228,8 @@ class RMSNorm(nn.Module):
 def norm_rope(norm: RMSNorm, x_TXD: torch.Tensor, cos_TD: torch.Tensor, sin_signed_TD: torch.Tensor) -> torch.Tensor:
     """`apply_rope(norm(x), cos, sin)`, fused for fp32/fp64 (`NormRoPEFunction`)."""
     if x_TXD.dtype in (torch.float32, torch.float64) and norm.weight.dtype == x_TXD.dtype:
+        if _no_grad(x_TXD, norm.weight):
+            return NormRoPEFunction.rotate_scaled(x_TXD, norm.weight, cos_TD, sin_signed_TD, norm.eps)[0]
         return NormRoPEFunction.apply(x_TXD, norm.weight, cos_TD, sin_signed_TD, norm.eps)
     return apply_rope(norm(x_TXD), cos_TD, sin_signed_TD)
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from t1core.metrics import (MetricsLogger, Stopwatch, fidelity_line, gpu_stats, plot_metrics, progress_line,
-                            read_metrics)
+from t1core.metrics import (MetricsLogger, Stopwatch, fidelity_line, gpu_stats, phase_budget_line, plot_metrics,
+                            progress_line, read_metrics)
 
 
 def _fake_run(path, num_steps: int = 6) -> None:
@@ -93,10 +93,28 @@ def test_stopwatch_accumulates_and_resets():
     with pytest.raises(RuntimeError):
         with sw.phase("update"):
             raise RuntimeError("counted anyway")
+    with sw.phase("spin"):  # CPU time: a busy loop is counted, a sleep is not
+        t_end = time.perf_counter() + 0.05
+        while time.perf_counter() < t_end:
+            pass
     times = sw.pop()
-    assert set(times) == {"time/generate", "time/update"}
+    assert set(times) == {f"{kind}/{name}" for kind in ("time", "cputime") for name in ("generate", "update", "spin")}
     assert 0.02 <= times["time/generate"] < 1.0 and math.isfinite(times["time/update"])
+    assert times["cputime/generate"] < 0.01 and times["cputime/spin"] > 0.02  # CPU time is not wall time
     assert sw.pop() == {}
+
+
+def test_phase_budget_line_sums_phases_over_rows():
+    rows = [{"step": -1, "time/pretrain": 100.0, "cputime/pretrain": 180.0, "time/eval": 10.0, "cputime/eval": 12.0},
+            {"step": 0, "time/collect": 20.0, "cputime/collect": 30.0, "time/critic_warmup": 2.0,
+             "cputime/critic_warmup": 3.0, "rollout/engine_busy_s": 15.0, "time/episode_command_s": 40.0,
+             "time/episode_verify_s": 5.0, "time/step_s": 23.0},
+            {"step": 1, "time/collect": 22.0, "cputime/collect": 31.0, "time/update": 4.0, "cputime/update": 7.0,
+             "rollout/engine_busy_s": 16.0, "time/episode_command_s": 41.0, "time/episode_verify_s": 6.0}]
+    assert phase_budget_line(rows) == (
+        "time per phase (wall/CPU s): pretrain 100/180, collect 42/61, critic_warmup 2/3, update 4/7, eval 10/12; "
+        "total 158/263; rollout: engine busy 31 s, episodes' sandbox commands 81 s, verifiers 11 s")
+    assert phase_budget_line([{"step": 0, "reward/dense_mean": 1.0}]) is None
 
 
 def test_progress_line_says_what_a_row_says():

@@ -130,6 +130,22 @@ def test_torch_path_deterministic_and_empty_batch():
 
 # ---- routing ------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("invariant", [False, True])
+@pytest.mark.parametrize("T,E,K,mode", [(1, 16, 2, "random"), (3, 16, 2, "random"), (8, 4, 2, "random"),
+                                        (40, 16, 2, "skewed"), (64, 8, 8, "random"), (20, 16, 4, "one_expert")])
+def test_host_layout_equals_tensor_layout(T, E, K, mode, invariant, monkeypatch):
+    """The decode steps' Python layout (few pairs) is the tensor path's, element for element (so the same bits)."""
+    from t1kernels import moe_torch
+    from t1kernels.rows import batch_invariant_mode
+    ids_TK = _ids(T, E, K, torch.Generator().manual_seed(T * E + K), mode)
+    with batch_invariant_mode(invariant):
+        host = moe_torch.expert_layout(ids_TK, E)
+        monkeypatch.setattr(moe_torch, "HOST_LAYOUT_MAX_PAIRS", -1)
+        ref = moe_torch.expert_layout(ids_TK, E)
+    assert (host.groups, host.capacity) == (ref.groups, ref.capacity)
+    assert torch.equal(host.row_P, ref.row_P) and torch.equal(host.token_R, ref.token_R)
+
+
 def test_route_topk_matches_softmax_topk():
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(50, 16, generator=gen)
