@@ -27,7 +27,7 @@ from rollout.trajectory import Trajectory
 from t1core.config import RunConfig
 from t1core import evaluation
 from t1core.evaluation import benchmark_keys
-from t1core.heldout import summary_lines
+from t1core.heldout import shape_lines, summary_lines
 from t1core.step import solved
 
 
@@ -72,6 +72,9 @@ def fidelity_line(rows: list[Mapping[str, Any]], *, bitwise: bool) -> str | None
     drift = sum(r.get("tito/drift_tokens") or 0 for r in steps)
     line = (f"train/rollout log-probs over {len(steps)} RL steps: gap at most {gap:.3g}, max |d| at most {worst:.3g}, "
             f"TITO drift {drift:.0f} tokens")
+    segments = sum(r.get("train/segments") or 0 for r in steps)
+    if segments:  # each context of a compacted episode trains as a segment: the figures above cover every one
+        line += f" in the {segments:.0f} segments trained"
     if bitwise:
         exact = gap == 0.0 and worst == 0.0
         line += " (bitwise: exactly 0.0 at every step)" if exact else " (bitwise: NOT 0.0 at every step)"
@@ -289,9 +292,13 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float]) -> dict[str, 
 
 def closing_lines(metrics_path: Path, after: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     """The run's last lines: the fidelity summary over its steps, and what RL did to held-out success."""
-    fidelity = fidelity_line(read_metrics(metrics_path), bitwise=cfg.algo.bitwise == "on")
+    rows = read_metrics(metrics_path)
     lines = summary_lines(after, temperature=cfg.rollout.temperature)
+    if cfg.context.compaction != "off":  # long episodes: how long they were, before and after RL
+        before = next((r for r in rows if r.get("step") == -1), {})
+        lines += shape_lines(before, after)
     lines += evaluation.closing_lines(after, temperature=cfg.rollout.temperature)
     if not after["eval/tasks"]:
         lines.append(f"evaluation: none ({evaluation.nothing_reason(cfg)})")
+    fidelity = fidelity_line(rows, bitwise=cfg.algo.bitwise == "on")
     return ([fidelity] if fidelity else []) + lines
