@@ -203,6 +203,8 @@ class VLLMEngine:
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
         """Queue one request; thread-safe. ValueError for a prompt or params this engine cannot serve."""
         check_request(prompt, params, vocab_size=self.config.vocab_size)
+        if params.forced_token_ids:
+            raise ValueError("params.forced_token_ids: teacher forcing is a TorchEngine feature; vLLM samples every token")
         budget = max_new_tokens(prompt_len=len(prompt), requested=params.max_new_tokens,
                                 max_model_len=self.max_model_len)
         kwargs = vllm_sampling_kwargs(params, max_tokens=budget)  # ValueError for top_p < 1

@@ -44,7 +44,15 @@ def _names(rng: random.Random, n: int) -> list[str]:
 
 
 def follow_chain(rng: random.Random) -> TaskSpec:
-    names = _names(rng, rng.randint(*LINKS))
+    return chain_task(rng, rng.randint(*LINKS))
+
+
+def chain_task(rng: random.Random, links: int) -> TaskSpec:
+    """A `follow_chain` instance of `links` links (at most 2,300: the distinct names there are); longer than the
+    family's own for stress runs."""
+    if not 1 <= links <= len(LETTERS) * 100:
+        raise ValueError(f"chain_task: expected 1 to {len(LETTERS) * 100} links, got {links}")
+    names = _names(rng, links)
     contents = [*names[1:], END]  # what each link's file holds: the next name
     files = {f"{CHAIN_DIR}/{name}": f"{nxt}\n" for name, nxt in zip(names, contents)}
     turns = tuple(step_command(name) for name in names)
