@@ -128,10 +128,11 @@ def container_probe(container_id: str) -> dict[str, int]:
     """This process's open file descriptors and threads, and the processes running in the sandbox's container."""
     from sandbox.daemon import docker_client
 
+    processes = len(docker_client().top(container_id)["Processes"])  # first: its connection stays in the pool
     with open("/proc/self/status") as f:
         threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": threads, "py_threads": threading.active_count(),
-            "sandbox_processes": len(docker_client().top(container_id)["Processes"])}
+            "sandbox_processes": processes}
 
 
 def chain_episode(*, links: int, max_tokens: int = 1024, keep_turns: int = 2, observation_max_tokens: int = 32,
