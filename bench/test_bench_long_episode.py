@@ -49,11 +49,13 @@ def _per_turn(stamps: list[tuple[float, float]], turn: int) -> str:
     return f"turn {turn}: {c1 - c0:.3f} s CPU / {w1 - w0:.3f} s wall"
 
 
-def _window(stamps: list[tuple[float, float]], turn: int, half: int = 5) -> float | None:
-    """Median wall seconds of the turns around `turn` (one turn: from the completion before it to its own)."""
+def _window(stamps: list[tuple[float, float]], turn: int, half: int = 5) -> tuple[float, float]:
+    """Median (wall, process CPU) seconds of the turns around `turn` (one turn: from the completion before it to its
+    own; the process runs this one episode, so its CPU time is the turn's on a shared box)."""
     lo, hi = max(2, turn - half), min(len(stamps), turn + half)
-    times = sorted(stamps[t - 1][0] - stamps[t - 2][0] for t in range(lo, hi + 1))
-    return times[len(times) // 2] if times else None
+    wall = sorted(stamps[t - 1][0] - stamps[t - 2][0] for t in range(lo, hi + 1))
+    cpu = sorted(stamps[t - 1][1] - stamps[t - 2][1] for t in range(lo, hi + 1))
+    return wall[len(wall) // 2], cpu[len(cpu) // 2]
 
 
 def _exact_segments(traj, policy, log) -> list:
@@ -67,12 +69,12 @@ def _chain_report(name: str, traj, log, segs, wall: float) -> str:
     m = traj.metrics
     cached, prefilled = m["cached_prompt_tokens"], m["prefilled_prompt_tokens"]
     turns = [t for t in (10, 100, 300, 1000) if t <= len(log.stamps)]
-    per = ", ".join(f"turn {t}: {_window(log.stamps, t):.3f} s" for t in turns)
-    first, last = _window(log.stamps, 10), _window(log.stamps, turns[-1])
+    per = ", ".join("turn {}: {:.3f} s CPU / {:.3f} s wall".format(t, *_window(log.stamps, t)[::-1]) for t in turns)
+    first, last = _window(log.stamps, 10)[1], _window(log.stamps, turns[-1])[1]
     return (f"\n[long episode, container] {name}: {m['turns']:.0f} turns, {m['commands']:.0f} real commands, verifiers "
             f"{traj.verifier['passed']}/{traj.verifier['total']}; {len(segs)} segments (largest "
-            f"{max(s.num_tokens for s in segs)} tokens); drift 0 and gap exactly 0 in every segment; wall per turn "
-            f"(median of the 11 around it) {per}; turn {turns[-1]} / turn 10 = {last / first:.2f}x; prompt tokens "
+            f"{max(s.num_tokens for s in segs)} tokens); drift 0 and gap exactly 0 in every segment; per turn "
+            f"(median of the 11 around it) {per}; turn {turns[-1]} / turn 10 = {last / first:.2f}x CPU; prompt tokens "
             f"from the prefix cache {cached:.0f} of {cached + prefilled:.0f} ({cached / (cached + prefilled):.1%}); "
             f"whole episode {wall:.0f} s wall; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
