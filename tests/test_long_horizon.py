@@ -121,3 +121,23 @@ def test_sft_transcript_of_a_compacted_demonstration_follows_its_script(tmp_path
         assert [t.command for s in segs for t in s.turns if t.command] == demonstration_turns(task)[0]
         passed = {k.split("::")[-1] for k, ok in traj.verifier["per_test"].items() if ok}
         assert passed == {k.split("::")[-1] for k in traj.verifier["per_test"]} - set(demonstration_turns(task)[1])
+
+
+def test_episode_shape_and_its_closing_lines() -> None:
+    """The held-out evaluation's figures on long episodes: commands per episode (median, max), contexts (fewest,
+    mean), the median time of turns 10/100/300 where reached; and the closing lines before and after RL."""
+    from types import SimpleNamespace
+
+    from t1core.heldout import episode_shape, shape_lines
+
+    def ep(commands: int, contexts: int, **turn_s: float):
+        return SimpleNamespace(metrics={"commands": commands, **turn_s}, segments=lambda: [None] * contexts)
+
+    eps = [ep(120, 5, turn10_s=0.3, turn100_s=0.5), ep(30, 2, turn10_s=0.1), ep(101, 4, turn10_s=0.2, turn100_s=0.4)]
+    got = episode_shape("heldout/family", eps)
+    assert got == {"heldout/family_commands_median": 101.0, "heldout/family_commands_max": 120.0,
+                   "heldout/family_segments_min": 2.0, "heldout/family_segments_mean": 11 / 3,
+                   "heldout/family_turn10_s": 0.2, "heldout/family_turn100_s": 0.45}
+    lines = shape_lines(got, {**got, "heldout/family_commands_median": 110.0})
+    assert len(lines) == 2 and "before RL" in lines[0] and "median 110" in lines[1] and "turn 100 0.45 s" in lines[0]
+    assert episode_shape("heldout/family", []) == {} and shape_lines({}, {}) == []
