@@ -68,13 +68,18 @@ def summary_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
 
 def episode_shape(prefix: str, trajs: list[Any]) -> dict[str, float]:
     """How long an evaluation's episodes were: real sandbox commands per episode (median, max), contexts per episode
-    (fewest, mean: a compacted episode has several) and the median wall time of turns 10, 100 and 300 where reached."""
+    (fewest, mean: a compacted episode has several), the share of prompt tokens served from the engine's prefix cache
+    and the median wall time of turns 10, 100 and 300 where reached."""
     if not trajs:
         return {}
     commands = sorted(t.metrics.get("commands", 0) for t in trajs)
     segments = [len(t.segments()) for t in trajs]
     out = {f"{prefix}_commands_median": float(statistics.median(commands)), f"{prefix}_commands_max": float(commands[-1]),
            f"{prefix}_segments_min": float(min(segments)), f"{prefix}_segments_mean": sum(segments) / len(segments)}
+    cached = sum(t.metrics.get("cached_prompt_tokens", 0) for t in trajs)
+    prompts = cached + sum(t.metrics.get("prefilled_prompt_tokens", 0) for t in trajs)
+    if prompts:  # prompt tokens the engine served from its prefix cache
+        out[f"{prefix}_prefix_cached_frac"] = cached / prompts
     for n in PROBE_TURNS:
         times = [t.metrics[f"turn{n}_s"] for t in trajs if f"turn{n}_s" in t.metrics]
         if times:
@@ -94,5 +99,7 @@ def shape_lines(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str
             lines.append(f"held-out episodes, {kind}, {tag} RL: real sandbox commands per episode median "
                          f"{row[f'{p}_commands_median']:.0f}, max {row[f'{p}_commands_max']:.0f}; contexts per episode "
                          f"at least {row[f'{p}_segments_min']:.0f} (mean {row[f'{p}_segments_mean']:.1f}); TITO drift "
-                         f"{row.get(f'{p}_drift_tokens', 0):.0f} tokens" + (f"; median {turns}" if turns else ""))
+                         f"{row.get(f'{p}_drift_tokens', 0):.0f} tokens" + (f"; median {turns}" if turns else "")
+                         + (f"; prompt tokens from the prefix cache {row[f'{p}_prefix_cached_frac']:.1%}"
+                            if f"{p}_prefix_cached_frac" in row else ""))
     return lines

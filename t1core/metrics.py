@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import resource
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -297,6 +298,7 @@ def closing_lines(metrics_path: Path, after: Mapping[str, Any], cfg: RunConfig) 
     if cfg.context.compaction != "off":  # long episodes: how long they were, before and after RL
         before = next((r for r in rows if r.get("step") == -1), {})
         lines += shape_lines(before, after)
+        lines.append(f"peak resident memory of the trainer: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     lines += evaluation.closing_lines(after, temperature=cfg.rollout.temperature)
     if not after["eval/tasks"]:
         lines.append(f"evaluation: none ({evaluation.nothing_reason(cfg)})")
