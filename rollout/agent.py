@@ -43,6 +43,9 @@ from t1model.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_t
 DONE_MARKER = "TASK_DONE"
 INFRA = "infra"
 """finish_reason prefix of an episode that the infrastructure ended (sandbox.failure): never trained."""
+PROBE_TURNS = (10, 100, 300)
+"""Turns whose wall time (sampling the reply, running its command) an episode records as metrics `turn{n}_s`: a long
+episode's turn should cost what its tenth did (compaction keeps the context bounded)."""
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent working in a Linux shell inside a container. Solve the user's task by "
@@ -293,7 +296,10 @@ class _Episode:
                 if stop is not None:
                     reason = stop
                     break
+                t0 = time.monotonic()
                 done = self.step(turn)
+                if turn + 1 in PROBE_TURNS:
+                    self.metrics[f"turn{turn + 1}_s"] = time.monotonic() - t0
                 if done is not None:
                     reason = done
                     break

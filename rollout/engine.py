@@ -44,6 +44,9 @@ class SamplingParams:
     prompt_routing_from: int = 0
     """First prompt position whose routing comes back in `Completion.prompt_routing`. A multi-turn caller
     passes the length it already holds routing for, so routes travel incrementally, never twice."""
+    forced_token_ids: tuple[int, ...] = ()
+    """Teacher forcing (TorchEngine): the first tokens of the reply are these instead of draws, each with the
+    log-prob and routing a draw of it would have had; sampling goes on after them (up to max_new_tokens)."""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -56,6 +59,8 @@ class SamplingParams:
             raise TypeError(f"stop_token_ids must be a tuple of ints, got {type(self.stop_token_ids).__name__}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not isinstance(self.forced_token_ids, tuple):
+            raise TypeError(f"forced_token_ids must be a tuple of ints, got {type(self.forced_token_ids).__name__}")
         if self.prompt_routing_from < 0:
             raise ValueError(f"prompt_routing_from must be >= 0, got {self.prompt_routing_from}")
 
@@ -154,6 +159,9 @@ def check_request(prompt: list[int], params: SamplingParams, *, vocab_size: int)
                          f"{len(prompt)}")
     if min(prompt) < 0 or max(prompt) >= vocab_size:
         raise ValueError(f"prompt ids must be in [0, {vocab_size}), got min {min(prompt)} max {max(prompt)}")
+    forced = params.forced_token_ids
+    if forced and (min(forced) < 0 or max(forced) >= vocab_size):
+        raise ValueError(f"params.forced_token_ids must be in [0, {vocab_size}), got min {min(forced)} max {max(forced)}")
 
 
 def generate_via_submit(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

@@ -49,13 +49,14 @@ def uniform(seed: int, step: int) -> float:
 
 def sample_tokens(logits_BV: torch.Tensor, *, temperature_B: torch.Tensor, top_p_B: torch.Tensor,
                   uniform_B: torch.Tensor, any_top_p: bool | None = None,
-                  any_greedy: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  any_greedy: bool | None = None, forced_B: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (token_ids_B int64, logprobs_B fp32).
 
     temperature_B: fp32 [B], 0 means greedy. top_p_B: fp32 [B] in (0, 1]. uniform_B: fp64 [B] in [0, 1),
     one draw per row (from `uniform`). Log-probs follow the module docstring's definition. `any_top_p` /
     `any_greedy`: whether some row has top_p < 1 / temperature 0, when the caller knows it on the host
-    (saves a device sync each); None checks the tensors.
+    (saves a device sync each); None checks the tensors. `forced_B`: int64 [B], a row's token where >= 0 (teacher
+    forcing: its log-prob as if it had been drawn), a draw where -1.
     """
     if logits_BV.dim() != 2:
         raise ValueError(f"logits_BV must be [B, V], got shape {tuple(logits_BV.shape)}")
@@ -87,4 +88,6 @@ def sample_tokens(logits_BV: torch.Tensor, *, temperature_B: torch.Tensor, top_p
     tokens_B = pos_B if order_BV is None else order_BV.gather(1, pos_B[:, None]).squeeze(1)
     if any_greedy:
         tokens_B = torch.where(temperature_B <= 0, logits_BV.argmax(-1), tokens_B)
+    if forced_B is not None:
+        tokens_B = torch.where(forced_B >= 0, forced_B, tokens_B)
     return tokens_B, logp_BV.gather(1, tokens_B[:, None]).squeeze(1)

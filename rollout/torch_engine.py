@@ -425,11 +425,14 @@ class TorchEngine:
         temps = [r.params.temperature for r in reqs]
         top_ps = [r.params.top_p for r in reqs]
         uniforms = [uniform(r.params.seed, len(r.tokens)) for r in reqs]
+        forced = [r.params.forced_token_ids[len(r.tokens)] if len(r.tokens) < len(r.params.forced_token_ids) else -1
+                  for r in reqs]
         tokens_B, logp_B = sample_tokens(
             logits_BV, temperature_B=torch.tensor(temps, dtype=torch.float32, device=device),
             top_p_B=torch.tensor(top_ps, dtype=torch.float32, device=device),
             uniform_B=torch.tensor(uniforms, dtype=torch.float64, device=device),
-            any_top_p=min(top_ps) < 1, any_greedy=min(temps) <= 0)
+            any_top_p=min(top_ps) < 1, any_greedy=min(temps) <= 0,
+            forced_B=torch.tensor(forced, dtype=torch.int64, device=device) if max(forced) >= 0 else None)
         tokens, logps = tokens_B.tolist(), logp_B.tolist()  # sync: the host decides stops and the next feed
         self.stats["decode_tokens"] += len(tokens)
         max_len = self.config.max_seq_len

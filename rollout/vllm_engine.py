@@ -218,6 +218,8 @@ class VLLMEngine:
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
         """Queue one request; thread-safe. ValueError for a prompt or params this engine cannot serve."""
         check_request(prompt, params, vocab_size=self.config.vocab_size)
+        if params.forced_token_ids:
+            raise ValueError("params.forced_token_ids: teacher forcing is a TorchEngine feature; vLLM samples every token")
         if params.return_routing and not self.line.routed_experts:
             raise ValueError(vllm_api.unavailable(self.line, "routed experts (R3, return_routing=True)",
                                                   "request return_routing=False (the trainer routes on its own)"))

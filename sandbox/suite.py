@@ -19,7 +19,7 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandbox.families import FAMILIES, SHORT_FAMILIES, Split, generate, write_harbor_task
+from sandbox.families import FAMILIES, SHORT_FAMILIES, Split, generate, known_families, write_harbor_task
 import sandbox.tasks as task_formats
 from sandbox.families.common import DEMO_FAILS_PREFIX, DEMONSTRATION_FILE, TURN_BREAK
 from sandbox.tasks import Task, TaskFormatError, load_task
@@ -64,16 +64,17 @@ def family_tasks(out_dir: str | Path, *, split: Split, num_per_family: int, seed
     """Write `num_per_family` instances of each family for `split` under `out_dir` and load them.
 
     A directory that already exists under the same name is replaced (generation is deterministic, so the
-    content is the same unless the generator changed). `families=None` means all of FAMILIES. An instance whose
+    content is the same unless the generator changed). `families=None` means all of FAMILIES (LONG_FAMILIES only by
+    name). An instance whose
     instruction repeats one of `avoid` (e.g. the training tasks, when generating held-out ones) is skipped and
     the next seed drawn instead: both splits share one distribution, so a rare exact repeat is possible.
     """
     if num_per_family < 0 or seed < 0:
         raise ValueError(f"expected num_per_family >= 0 and seed >= 0, got {num_per_family}, {seed}")
     names = list(FAMILIES) if families is None else list(families)
-    unknown = [f for f in names if f not in FAMILIES]
+    unknown = [f for f in names if f not in known_families()]
     if unknown:
-        raise ValueError(f"unknown task families {unknown}; expected names from {sorted(FAMILIES)}")
+        raise ValueError(f"unknown task families {unknown}; expected names from {known_families()}")
     out = Path(out_dir)
     seen = {t.instruction for t in avoid}
     tasks = []

@@ -88,7 +88,8 @@ def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     families = list(t.families) or None
     if t.source == "builtin":
         out = run_dir / "tasks"
-        train = train_tasks(out, num_per_family=t.num_per_family, seed=int(SeedBlock.TRAIN), families=families)
+        train = train_tasks(out, num_per_family=t.num_per_family, seed=int(SeedBlock.TRAIN), families=families,
+                            include_fixed=t.fixed_tasks)
         rl = train
         if t.num_rl_per_family:
             rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=int(SeedBlock.RL),
@@ -97,7 +98,7 @@ def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
             return TaskSets(train, rl, [], [])
         fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=int(SeedBlock.HELDOUT),
                                    families=families, avoid=train + rl)
-        return TaskSets(train, rl, fam, fixed)
+        return TaskSets(train, rl, fam, fixed if t.fixed_tasks else [])
     root = Path(t.source)
     if not root.is_dir():
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {t.source!r}")

@@ -94,12 +94,17 @@ class ModelSection:
 @dataclass(frozen=True, kw_only=True)
 class TasksSection:
     source: str = _field("builtin", "'builtin' for the repo's suite, or a directory of Harbor/Terminal-Bench tasks")
-    families: tuple[str, ...] = _field((), "seeded task families to train on; empty = every built-in family")
+    families: tuple[str, ...] = _field(
+        (), "seeded task families to train on; empty = every built-in family but the long ones (sandbox.families."
+        "LONG_FAMILIES, e.g. follow_chain: named here to be used)")
     num_per_family: int = _field(24, "training (SFT) instances synthesized per family (seed block SeedBlock.TRAIN)")
     num_heldout_per_family: int = _field(8, "held-out instances per family (seed block SeedBlock.HELDOUT)")
     num_rl_per_family: int = _field(
         16, "RL instances per family (seed block SeedBlock.RL): instances the warm start never saw; 0 = RL on the "
         "SFT instances")
+    fixed_tasks: bool = _field(
+        True, "the built-in fixed tasks (tasks/fixed/) join the families: their train split SFT, their held-out split "
+        "the evaluation; false = the families alone (e.g. a long-horizon family on its own)")
     rl_fixed_tasks: bool = _field(
         False, "RL also practises the fixed train tasks (SFT'd already; long multi-turn episodes whose many "
         "sampled tokens weigh heavily in a step's loss); false = RL on the unseen family instances only")
@@ -122,6 +127,8 @@ class TasksSection:
         _check(self.num_heldout_per_family >= 0, "tasks.num_heldout_per_family", ">= 0",
                self.num_heldout_per_family)
         _check(self.num_rl_per_family >= 0, "tasks.num_rl_per_family", ">= 0", self.num_rl_per_family)
+        _check(self.fixed_tasks or not self.rl_fixed_tasks, "tasks.rl_fixed_tasks",
+               "false with tasks.fixed_tasks=false (there are no fixed tasks to practise)", self.rl_fixed_tasks)
         for pair in self.base_image_overrides:
             pattern, sep, image = pair.partition("=")
             _check(bool(sep and pattern and image), "tasks.base_image_overrides", "'PATTERN=IMAGE' items", pair)

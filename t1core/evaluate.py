@@ -12,7 +12,7 @@ from t1core.builders import TaskSets
 from t1core.config import RunConfig
 from t1core import evaluation
 from t1core.distributed import DataParallel
-from t1core.heldout import change_metrics
+from t1core.heldout import change_metrics, episode_shape
 from t1core.metrics import Stopwatch
 from t1core.step import Stream, seed_for, solved
 
@@ -39,8 +39,8 @@ def evaluate(collect: Collect, tasks: TaskSets, tag: str, *, cfg: RunConfig, run
         # The greedy runs share their seed (as always); the sampled run has its own.
         seed = seed_for(cfg.run.seed, Stream.HELDOUT) if i < 2 else seed_for(cfg.run.seed, Stream.HELDOUT, i)
         with clock.phase("eval"):
-            trajs, _ = collect([t for t in chosen for _ in range(k)], seed=seed, desc=f"eval {tag} {name}",
-                               temperature=temperature)
+            trajs, drift = collect([t for t in chosen for _ in range(k)], seed=seed, desc=f"eval {tag} {name}",
+                                   temperature=temperature)
         if dp.is_main:
             save_trajectories(trajs, run_dir / "trajectories" / f"eval_{tag}_{name}")
         passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
@@ -50,6 +50,8 @@ def evaluate(collect: Collect, tasks: TaskSets, tag: str, *, cfg: RunConfig, run
         out[f"heldout/{name}_episodes"] = float(len(trajs))
         out[f"heldout/{name}_success"] = num_solved / len(trajs)
         out[f"heldout/{name}_verifier_frac"] = sum(passed) / len(trajs)
+        out[f"heldout/{name}_drift_tokens"] = float(sum(drift))
+        out.update(episode_shape(f"heldout/{name}", trajs))
     if tag != "before" and dp.is_main:
         out.update(change_metrics(run_dir, tag))
     for j, (name, bench) in enumerate(tasks.benchmarks.items()):

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+import statistics
 
+from rollout.agent import PROBE_TURNS
 from rollout.report import load_samples, paired_change
 
 KINDS = ("greedy", "sampled")
@@ -61,4 +63,43 @@ def summary_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
                      f"{row[p]:+.3f}, 95% bootstrap [{row[f'{p}_lo']:+.3f}, {row[f'{p}_hi']:+.3f}] over {n} "
                      f"instances ({row[f'{p}_up']:.0f} up, {row[f'{p}_down']:.0f} down); verifier fraction "
                      f"{row[f'{p}_verifier_before']:.3f} -> {row[f'{p}_verifier_after']:.3f}")
+    return lines
+
+
+def episode_shape(prefix: str, trajs: list[Any]) -> dict[str, float]:
+    """How long an evaluation's episodes were: real sandbox commands per episode (median, max), contexts per episode
+    (fewest, mean: a compacted episode has several), the share of prompt tokens served from the engine's prefix cache
+    and the median wall time of turns 10, 100 and 300 where reached."""
+    if not trajs:
+        return {}
+    commands = sorted(t.metrics.get("commands", 0) for t in trajs)
+    segments = [len(t.segments()) for t in trajs]
+    out = {f"{prefix}_commands_median": float(statistics.median(commands)), f"{prefix}_commands_max": float(commands[-1]),
+           f"{prefix}_segments_min": float(min(segments)), f"{prefix}_segments_mean": sum(segments) / len(segments)}
+    cached = sum(t.metrics.get("cached_prompt_tokens", 0) for t in trajs)
+    prompts = cached + sum(t.metrics.get("prefilled_prompt_tokens", 0) for t in trajs)
+    if prompts:  # prompt tokens the engine served from its prefix cache
+        out[f"{prefix}_prefix_cached_frac"] = cached / prompts
+    for n in PROBE_TURNS:
+        times = [t.metrics[f"turn{n}_s"] for t in trajs if f"turn{n}_s" in t.metrics]
+        if times:
+            out[f"{prefix}_turn{n}_s"] = statistics.median(times)
+    return out
+
+
+def shape_lines(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Closing lines on the held-out episodes' length before and after RL (the keys of `episode_shape`)."""
+    lines = []
+    for kind, name in (("greedy", "family"), ("sampled", "family_sampled")):
+        p = f"heldout/{name}"
+        for tag, row in (("before", before), ("after", after)):
+            if f"{p}_commands_median" not in row:
+                continue
+            turns = ", ".join(f"turn {n} {row[f'{p}_turn{n}_s']:.2f} s" for n in PROBE_TURNS if f"{p}_turn{n}_s" in row)
+            lines.append(f"held-out episodes, {kind}, {tag} RL: real sandbox commands per episode median "
+                         f"{row[f'{p}_commands_median']:.0f}, max {row[f'{p}_commands_max']:.0f}; contexts per episode "
+                         f"at least {row[f'{p}_segments_min']:.0f} (mean {row[f'{p}_segments_mean']:.1f}); TITO drift "
+                         f"{row.get(f'{p}_drift_tokens', 0):.0f} tokens" + (f"; median {turns}" if turns else "")
+                         + (f"; prompt tokens from the prefix cache {row[f'{p}_prefix_cached_frac']:.1%}"
+                            if f"{p}_prefix_cached_frac" in row else ""))
     return lines

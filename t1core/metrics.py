@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import resource
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -28,7 +29,7 @@ from rollout.trajectory import Trajectory
 from t1core.config import RunConfig
 from t1core import evaluation
 from t1core.evaluation import benchmark_keys
-from t1core.heldout import summary_lines
+from t1core.heldout import shape_lines, summary_lines
 from t1core.step import solved
 
 
@@ -73,6 +74,9 @@ def fidelity_line(rows: list[Mapping[str, Any]], *, bitwise: bool) -> str | None
     drift = sum(r.get("tito/drift_tokens") or 0 for r in steps)
     line = (f"train/rollout log-probs over {len(steps)} RL steps: gap at most {gap:.3g}, max |d| at most {worst:.3g}, "
             f"TITO drift {drift:.0f} tokens")
+    segments = sum(r.get("train/segments") or 0 for r in steps)
+    if segments:  # each context of a compacted episode trains as a segment: the figures above cover every one
+        line += f" in the {segments:.0f} segments trained"
     if bitwise:
         exact = gap == 0.0 and worst == 0.0
         line += " (bitwise: exactly 0.0 at every step)" if exact else " (bitwise: NOT 0.0 at every step)"
@@ -333,6 +337,10 @@ def closing_lines(metrics_path: Path, after: Mapping[str, Any], cfg: RunConfig) 
     fidelity = fidelity_line(rows, bitwise=cfg.algo.bitwise == "on")
     budget = phase_budget_line(rows)
     lines = summary_lines(after, temperature=cfg.rollout.temperature)
+    if cfg.context.compaction != "off":  # long episodes: how long they were, before and after RL
+        before = next((r for r in rows if r.get("step") == -1), {})
+        lines += shape_lines(before, after)
+        lines.append(f"peak resident memory of the trainer: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     lines += evaluation.closing_lines(after, temperature=cfg.rollout.temperature)
     if not after["eval/tasks"]:
         lines.append(f"evaluation: none ({evaluation.nothing_reason(cfg)})")

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from t1kernels.logprob import token_logprobs
-from sandbox.families import FAMILIES, generate
+from sandbox.families import FAMILIES, generate, known_families
 from sandbox.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
 from t1core import builders
 from t1core.builders import TaskSets
@@ -41,9 +41,9 @@ def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[
     """Endless, deterministic stream of `instruction\\n<tool_call>...</tool_call>\\n`, families in turn.
 
     An instance whose instruction is in `avoid` (the RL and held-out instructions) is skipped."""
-    unknown = [f for f in families if f not in FAMILIES]
+    unknown = [f for f in families if f not in known_families()]
     if not families or unknown:
-        raise ValueError(f"pretraining corpus: expected family names from {sorted(FAMILIES)}, got {list(families)}")
+        raise ValueError(f"pretraining corpus: expected family names from {known_families()}, got {list(families)}")
     i = 0
     while True:
         family = families[i % len(families)]

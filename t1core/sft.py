@@ -33,6 +33,8 @@ def run_sft(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, task
             num_parallel=cfg.rollout.concurrency, pool_size=cfg.sandbox.pool_size, dp=dp)
         if dp.is_main:
             save_trajectories(transcripts, run_dir / "trajectories" / "sft")
+    # A compacted transcript (a long task) trains every context it was folded into, each on its own tokens.
+    transcripts = [s for t in transcripts for s in t.segments()]
     gen = torch.Generator().manual_seed(seed_for(cfg.run.seed, Stream.SFT))
     planned = sft_num_steps([t.num_tokens for t in transcripts], epochs=w.sft_epochs,
                             minibatch_tokens=w.sft_minibatch_tokens, generator=gen, dp=dp)

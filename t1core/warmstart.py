@@ -19,6 +19,7 @@ import torch
 
 from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Completion, SamplingParams, generate_via_submit
+from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory
 from sandbox.suite import demonstration_turns
 from sandbox.task_images import TaskImage
@@ -31,15 +32,21 @@ class ReferenceEngine:
     """An `Engine` whose reply n to an episode of task X is script[X][n] (teacher forcing for SFT).
 
     The episode is recognised by its first prompt (system + instruction), the turn by the number of
-    assistant headers in the prompt. Replies are written text, tokenized once, closed by <|im_end|>.
+    assistant headers in the prompt. Given each episode's seed (`seeds`), both are known instead by the request's
+    sampling seed (`seeds`: episode seed -> first prompt; turn n of an episode of seed s samples with `derive_seed(s, n)`, `rollout.agent`), which also
+    holds in a compacted context: its prompt starts with a summary, not the first prompt, and shows only the last
+    turns. Replies are written text, tokenized once, closed by <|im_end|>.
     """
 
-    def __init__(self, tok: ChatTokenizer, scripts: dict[tuple[int, ...], list[str]]) -> None:
+    def __init__(self, tok: ChatTokenizer, scripts: dict[tuple[int, ...], list[str]], *,
+                 seeds: dict[int, tuple[int, ...]] | None = None) -> None:
         self.tok = tok
         self._header = tok.encode("<|im_start|>assistant\n")
         self._replies = {key: [tok.encode(text) + [tok.im_end_id] for text in texts]
                          for key, texts in scripts.items()}
         self._prefix_len = {len(k) for k in scripts}
+        self._by_seed = {derive_seed(seed, n): (key, n) for seed, key in (seeds or {}).items()
+                         for n in range(len(self._replies[key]))}
 
     @property
     def policy_version(self) -> int:
@@ -56,11 +63,14 @@ class ReferenceEngine:
         return max(len(ids) for ids in self._replies[key])
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Future[Completion]:
-        key = next((tuple(prompt[:n]) for n in self._prefix_len if tuple(prompt[:n]) in self._replies), None)
+        key, turn = self._by_seed.get(params.seed, (None, 0))
+        if key is None:
+            key = next((tuple(prompt[:n]) for n in self._prefix_len if tuple(prompt[:n]) in self._replies), None)
+            turn = self._turn(prompt) if key is not None else 0
         if key is None:
             raise ValueError("ReferenceEngine: prompt of an episode it has no script for")
         replies = self._replies[key]
-        ids = replies[min(self._turn(prompt), len(replies) - 1)]
+        ids = replies[min(turn, len(replies) - 1)]
         fut: Future[Completion] = Future()
         fut.set_result(Completion(token_ids=ids, logprobs=torch.zeros(len(ids)), routing=None,
                                   finish_reason="stop"))
@@ -89,7 +99,8 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
     is_mine = set(mine)
     trajs: dict[int, Trajectory] = {}
     for batch in _distinct_prompt_batches(keys, scripts):
-        engine = ReferenceEngine(tok, {keys[i]: scripts[i] for i in batch})
+        engine = ReferenceEngine(tok, {keys[i]: scripts[i] for i in batch},
+                                 seeds={specs[i].seed: keys[i] for i in batch})
         longest.update({tasks[i].name: engine.longest_reply(keys[i]) for i in batch})
         batch = [i for i in batch if i in is_mine]
         for i, traj in zip(batch, run_episodes(engine, tok, [specs[i] for i in batch], config=config,

@@ -294,7 +294,8 @@ def test_shipped_presets_and_their_old_form_load_alike(tmp_path, capsys):
         body, _, plan = text.partition("[plan]\n")  # the presets end with their [plan] table
         old = body.replace('actor_push = "group"', "negative_adv_scale = 1.0").replace("[parallel]\n", "[parallel]\n" + plan)
         assert load_config(_write(tmp_path, old), []) == new, path.name
-        assert "deprecated: " in capsys.readouterr().err
+        if old != text:  # a CPU preset (no [plan], plain PPO rule unset) has no old form of its own
+            assert "deprecated: " in capsys.readouterr().err
 
 
 def test_moved_eval_fields_load_into_the_eval_section(capsys):

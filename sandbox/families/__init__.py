@@ -9,6 +9,9 @@ command after copies from the instruction and from that look's output (`TaskSpec
 Every instance also asks for one finishing step, the same in every family (remove the scratch directory
 /app/tmp), which the full reference does and about half of the SFT demonstrations leave out: see
 `sandbox.families.finish`.
+
+`LONG_FAMILIES` take 100 commands and more each (`sandbox.families.chain`): they are chosen by name
+(tasks.families), never part of "every family", and have no finishing step (their demonstrations stop early instead).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from sandbox.families import basic, data, text
+from sandbox.families import basic, chain, data, text
 from sandbox.families.finish import with_cleanup
 from sandbox.families.common import Split, TaskSpec, write_harbor_task
 
@@ -38,6 +41,9 @@ FAMILIES: dict[str, Generator] = {
     "csv_column_sum": data.csv_column_sum,
     "fix_script": data.fix_script,
 }
+LONG_FAMILIES: dict[str, Generator] = {
+    "follow_chain": chain.follow_chain,
+}
 SHORT_FAMILIES: tuple[str, ...] = (
     "create_file", "append_line", "make_dir", "copy_file", "rename_file", "chmod_exec", "count_lines",
     "sort_file", "replace_word", "head_lines", "grep_lines", "json_field",
@@ -46,12 +52,19 @@ SHORT_FAMILIES: tuple[str, ...] = (
 
 def generate(family: str, seed: int, split: Split) -> TaskSpec:
     """The instance of `family` for `seed` (deterministic: same inputs, same task)."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown task family {family!r}; expected one of {sorted(FAMILIES)}")
+    if family not in FAMILIES and family not in LONG_FAMILIES:
+        raise ValueError(f"unknown task family {family!r}; expected one of {known_families()}")
     if split not in ("train", "heldout"):
         raise ValueError(f"expected split 'train' or 'heldout', got {split!r}")
     rng = random.Random(f"{family}:{split}:{seed}")
+    if family in LONG_FAMILIES:
+        return LONG_FAMILIES[family](rng)
     return with_cleanup(FAMILIES[family](rng), rng)
 
 
-__all__ = ["FAMILIES", "SHORT_FAMILIES", "Split", "TaskSpec", "generate", "write_harbor_task"]
+def known_families() -> list[str]:
+    """Every family name `generate` takes, sorted: FAMILIES and LONG_FAMILIES."""
+    return sorted([*FAMILIES, *LONG_FAMILIES])
+
+
+__all__ = ["FAMILIES", "LONG_FAMILIES", "SHORT_FAMILIES", "known_families", "Split", "TaskSpec", "generate", "write_harbor_task"]

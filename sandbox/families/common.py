@@ -100,12 +100,15 @@ class TaskSpec:
     inspect: tuple[str, ...] = ()
     """Read-only commands the reference runs first, one turn each, where the instruction leaves out what the
     solution needs (which column of a CSV file is which, what a script's bug is): `solution` is what their
-    output tells. Without them a policy that copies the instruction can only guess."""
+    output tells. Without them a policy that copies the instruction can only guess. A long task
+    (`sandbox.families.chain`) holds its earlier steps here, each written from the output of the one before."""
     demonstration: tuple[str, ...] | None = None
     """The SFT demonstration's tool calls where they differ from `turns`: an incomplete one that leaves a step
     out (see sandbox.families.finish); None = the demonstration is the full reference."""
     demonstration_fails: tuple[str, ...] = ()
     """Names of the test functions an incomplete demonstration leaves failing (empty when it is complete)."""
+    agent_timeout_s: float = 120.0
+    """The agent timeout task.toml states (a long task needs more than a short one's two minutes)."""
 
     @property
     def turns(self) -> tuple[str, ...]:
@@ -148,7 +151,8 @@ def write_harbor_task(spec: TaskSpec, out_dir: Path, *, family: str, seed: int, 
     (out_dir / "task.toml").write_text(
         f'version = "1.0"\n\n[metadata]\ncategory = "{spec.category}"\ndifficulty = "easy"\n'
         f'family = "{family}"\nseed = {seed}\nsplit = "{split}"\n\n'
-        "[agent]\ntimeout_sec = 120.0\n\n[verifier]\ntimeout_sec = 60.0\n\n"
+        f"[agent]\ntimeout_sec = {spec.agent_timeout_s}\n\n"
+        "[verifier]\ntimeout_sec = 60.0\n\n"
         "[environment]\ncpus = 1\nmemory_mb = 512\nnetwork = false\n")
     env = out_dir / "environment"
     env.mkdir()
