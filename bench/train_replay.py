@@ -16,7 +16,9 @@ A replay is exact only while the policy that sampled the recording is the policy
 and the replay share config and seed, and the actor does not move before the last recorded collection (critic-only
 steps, or one actor step at the end). On the CPU the replayed run is bit-identical to the recorded one
 (tests/test_gpu_scripts.py: same final weights); on CUDA the gap between the recorded CPU log-probs and the GPU
-trainer's is what the device check reports.
+trainer's is what the device check reports. CPU bits also depend on the instruction set the CPU kernels take
+(`torch.backends.cpu.get_cpu_capability()`: MKL and oneDNN pick other kernels, so other roundings, on AVX2 than on
+AVX512): the recording names its capability, and a CPU replay on another one is refused rather than run inexactly.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import json
 import shutil
 import sys
 from pathlib import Path
+
+import torch
 
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 from sandbox.tasks import Task
@@ -65,7 +69,13 @@ class ReplayTrainer(train.Trainer):
         if not index.is_file():
             raise FileNotFoundError(f"{recording}: no {INDEX} (record one with `python bench/train_replay.py "
                                     "record DIR -- ...` on a machine with Docker)")
-        self.recording, self.calls = recording, json.loads(index.read_text())["calls"]
+        recorded = json.loads(index.read_text())
+        here = torch.backends.cpu.get_cpu_capability()
+        if cfg.run.device == "cpu" and recorded.get("cpu_capability") != here:
+            raise RuntimeError(f"{recording}: recorded on a CPU running {recorded.get('cpu_capability', 'unnamed')} "
+                               f"kernels, this one runs {here}: a CPU replay would not be the recorded run bit for "
+                               "bit (record one here: python bench/train_replay.py record DIR -- ...)")
+        self.recording, self.calls = recording, recorded["calls"]
         self.next_call = 0
         super().__init__(cfg, run_dir)
 
@@ -104,7 +114,8 @@ def record(argv: list[str], recording: Path) -> Path:
         shutil.rmtree(recording)
     recording.mkdir(parents=True)
     trainer = run(RecordingTrainer, argv, recording)
-    index = {"argv": argv, "calls": trainer.calls, "final_sha256": weights_sha256(trainer.run_dir)}
+    index = {"argv": argv, "calls": trainer.calls, "final_sha256": weights_sha256(trainer.run_dir),
+             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     (recording / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     return trainer.run_dir
 

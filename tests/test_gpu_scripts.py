@@ -104,26 +104,40 @@ def _train_check() -> object:
 
 
 @pytest.mark.slow
+@pytest.mark.docker  # only to record where the fixture's CPU kernels are not this box's
 def test_train_check_replays_its_recording_exactly_without_docker(tmp_path: Path) -> None:
     """The train part's route on a device without Docker: the recorded episodes, replayed on the CPU with no daemon
     reachable, give the recorded run's final weights bit for bit (so the replay is the run, not an imitation of
     it) and pass the check's own criteria. A stale recording fails here: `python bench/gpu_check_train.py
     --record` refreshes it."""
     check = _train_check()
-    index = json.loads((check.RECORDING / "recording.json").read_text())
-    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")  # any Docker call would fail
+    recording, env = check.RECORDING, dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    replay = [sys.executable, "bench/train_replay.py", "replay"]
+    if json.loads((recording / "recording.json").read_text()).get("cpu_capability") != \
+            torch.backends.cpu.get_cpu_capability():
+        # Recorded on a CPU of another instruction set: its replay here is refused by name, and this box records
+        # its own (the same run, with Docker) to replay.
+        proc = subprocess.run([*replay, str(recording), "--", "--out", str(tmp_path / "refused"), "--run.device=cpu",
+                               *check.RUN_ARGV], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode != 0 and "a CPU replay would not be the recorded run" in proc.stderr, \
+            proc.stderr[-2000:]
+        recording = tmp_path / "recording"
+        proc = subprocess.run([sys.executable, "bench/train_replay.py", "record", str(recording), "--", "--out",
+                               str(tmp_path / "recorded"), "--run.device=cpu", *check.RUN_ARGV], cwd=ROOT,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    index = json.loads((recording / "recording.json").read_text())
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "bench/train_replay.py", "replay", str(check.RECORDING), "--", "--out",
-                           str(run), "--run.device=cpu", *check.RUN_ARGV], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([*replay, str(recording), "--", "--out", str(run), "--run.device=cpu", *check.RUN_ARGV],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"final sha256 {index['final_sha256']}" in proc.stdout, "stale recording: rerun gpu_check_train.py --record"
     problems, lines = check.check_run(run)
     assert problems == [] and len(lines) == check.STEPS, (problems, lines)
     # Another seed draws other task instances: refused, naming the recording, instead of training on them.
-    proc = subprocess.run([sys.executable, "bench/train_replay.py", "replay", str(check.RECORDING), "--", "--out",
-                           str(tmp_path / "other"), "--run.device=cpu", *check.RUN_ARGV, "--run.seed=1"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*replay, str(recording), "--", "--out", str(tmp_path / "other"), "--run.device=cpu",
+                           *check.RUN_ARGV, "--run.seed=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode != 0 and "recorded for tasks" in proc.stderr, proc.stderr[-2000:]
 
 
