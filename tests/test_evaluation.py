@@ -121,6 +121,8 @@ def test_tiny_run_reports_the_benchmark_before_and_after_rl(tmp_path: Path, trai
         table = (run / "eval" / "after" / f"B_{kind}.tsv").read_text().splitlines()
         assert [line.split("\t")[0] for line in table] == ["task", *sorted(BENCHMARK)]
     assert "B greedy resolved 33.3% [0.0%, 100.0%]" in next(x for x in lines if x.startswith("warm start:"))
+    assert lines[-2].startswith("time per phase (wall/CPU s): ")  # the time budget, last before the run directory
+    lines = lines[:-2] + lines[-1:]
     assert lines[-3].startswith("B resolved, greedy, over 3 tasks: 0.333 [0.000, 1.000] -> 0.333 [0.000, 1.000], "
                                 "change +0.000 [+0.000, +0.000]")
     assert lines[-2].startswith("B resolved, sampled (2 attempts at T=1), over 3 tasks: ")
