@@ -31,7 +31,7 @@ from rollout.compaction import SUMMARY_REQUEST, Compaction, cap_observation, ext
 from rollout.engine import Engine, SamplingParams
 from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
-from rollout.trajectory import Trajectory, Turn
+from rollout.trajectory import INFRA, Trajectory, Turn, is_infra
 from sandbox.environment import Environment, EnvironmentProvider
 from sandbox.errors import SandboxError
 from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
@@ -41,8 +41,6 @@ from sandbox.verify import run_verifiers
 from t1model.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
 
 DONE_MARKER = "TASK_DONE"
-INFRA = "infra"
-"""finish_reason prefix of an episode that the infrastructure ended (sandbox.failure): never trained."""
 PROBE_TURNS = (10, 100, 300)
 """Turns whose wall time (sampling the reply, running its command) an episode records as metrics `turn{n}_s`: a long
 episode's turn should cost what its tenth did (compaction keeps the context bounded)."""
@@ -58,7 +56,7 @@ DEFAULT_SYSTEM_PROMPT = (
 
 def is_masked(traj: Trajectory) -> bool:
     """Whether the update must leave `traj` out: its sandbox died through no action of the agent, on every try."""
-    return traj.finish_reason.startswith(INFRA)
+    return is_infra(traj.finish_reason)
 
 
 def failure_reason(sandbox: Any, error: SandboxError) -> str:

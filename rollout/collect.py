@@ -6,7 +6,9 @@ Defaults: the built-in task suite (`sandbox.suite`, the given split) and the tin
 (`ModelConfig.tiny()`, seed 0) with the built-in tokenizer. `--tasks DIR` takes a task directory or a
 directory of task directories (Harbor or Terminal-Bench 1 layout). Episode i runs task i mod #tasks.
 Writes NNNNNN.safetensors/.json per trajectory (rollout.trajectory) and summary.json; the last line
-printed is the output directory.
+printed is the output directory. --host (repeated; the trainer's sandbox.hosts entries) spreads the sandboxes over
+several Docker daemons; an episode the infrastructure ended on every try is written with its "infra" reason and
+counted as unscored (`rollout.report` leaves it out of every rate).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from rollout import budget
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
-from rollout.trajectory import Trajectory, save_trajectory
+from rollout.trajectory import Trajectory, is_infra, save_trajectory
 from sandbox import suite
 from sandbox.cli import Parser, bad_input
+from sandbox.hosts import parse_hosts, use_hosts
 from sandbox.task_images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task
 from t1model.device import check_device
@@ -77,6 +80,7 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
         "mean_reward": sum(t.reward for t in trajs) / max(n, 1),
         "solved": sum(bool(t.verifier and t.verifier.get("outcome")) for t in verified),
         "verified": len(verified),
+        "unscored": sum(is_infra(t.finish_reason) for t in trajs),
         "finish_reasons": dict(Counter(t.finish_reason.split(":")[0] for t in trajs)),
         "turns": turns,
         "tokens": sum(t.num_tokens for t in trajs),
@@ -116,11 +120,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                    help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
+    p.add_argument("--host", action="append", default=[], metavar="'URL [max=N] [tls=DIR] ...'",
+                   help="a Docker host for the sandboxes, as an entry of the trainer's sandbox.hosts (repeat for "
+                        "several; default: the daemon of DOCKER_HOST)")
     p.add_argument("--no-verify", action="store_true", help="skip the verifiers (reward 0)")
     p.add_argument("--not-batch-invariant", action="store_true",
                    help="plain CPU products in the engine: faster decoding, but results then depend on which "
                         "episodes the engine batched together (EngineConfig.batch_invariant)")
     args = p.parse_args(argv)
+    try:
+        parse_hosts(args.host)
+    except ValueError as e:  # named as the trainer names it: the entry and what is wrong with it
+        p.error(f"--host: {e}")
     if args.episodes is not None and args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
     try:
@@ -142,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
     n = args.episodes if args.episodes is not None else len(tasks)
     episode_tasks = [tasks[i % len(tasks)] for i in range(n)]
+    hosts = use_hosts(args.host)  # every sandbox pool starts from these
+    hosts.reap()  # containers of crashed runs
     images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in episode_tasks}
+    if args.host:  # built once on DOCKER_HOST's daemon, streamed to each host
+        hosts.distribute({image.ref for image in images.values()})
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=derive_seed(args.seed, i))
              for i, t in enumerate(episode_tasks)]
     config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
@@ -164,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(trajs) | {"wall_s": time.monotonic() - t0, "engine": stats, "args": vars(args)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"mean reward {summary['mean_reward']:.2f}, solved {summary['solved']}/{summary['verified']}, "
-          f"{summary['sampled_tokens']} sampled tokens, {summary['wall_s']:.1f}s")
+          f"{summary['sampled_tokens']} sampled tokens, {summary['wall_s']:.1f}s" + (
+              f"; {summary['unscored']} episodes unscored (the infrastructure failed on every try)"
+              if summary["unscored"] else ""))
     print(out.resolve())
     return 0
 

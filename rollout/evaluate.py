@@ -12,6 +12,11 @@ Writes OUT/attempts.jsonl (one record per finished attempt, appended as it finis
 summary, per-task rows) and OUT/tasks.tsv (task, attempts, resolved, tests passed/total, turns, tokens, time,
 why it failed). Run again with the same arguments and it resumes: finished attempts are not run again (more
 --attempts adds attempts; other settings must match the first run's). The last line printed is report.json.
+
+--host (repeated; the trainer's sandbox.hosts entries, docs/sandbox-hosts.md) spreads the sandboxes over several
+Docker daemons. An attempt the infrastructure ended on every try (a daemon or host died, `sandbox.failure`) is no
+verdict on the checkpoint: it is not recorded, the report counts it as unscored, and running the same command
+again runs it again.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from rollout.trajectory import Trajectory
 from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from sandbox.base_image import ensure_base_image
 from sandbox.cli import Parser, bad_input
+from sandbox.hosts import parse_hosts, use_hosts
 from sandbox.task_images import build_task_images, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task_dirs
 from t1model.device import check_device
@@ -74,7 +80,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                    help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
+    p.add_argument("--host", action="append", default=[], metavar="'URL [max=N] [tls=DIR] ...'",
+                   help="a Docker host for the sandboxes, as an entry of the trainer's sandbox.hosts (repeat for "
+                        "several; default: the daemon of DOCKER_HOST)")
     args = p.parse_args(argv)
+    try:
+        parse_hosts(args.host)
+    except ValueError as e:  # named as the trainer names it: the entry and what is wrong with it
+        p.error(f"--host: {e}")
     for name in ("attempts", "parallel", "max_turns", "max_reply_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -135,9 +148,13 @@ def open_engine(args: argparse.Namespace) -> tuple[Engine, ChatTokenizer]:
 def run_attempts(args: argparse.Namespace, todo: list[tuple[Task, int]], out: Path) -> None:
     """Run the `todo` (task, attempt) pairs, appending each finished attempt's record to attempts.jsonl."""
     overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
+    hosts = use_hosts(args.host)  # every sandbox pool starts from these
+    hosts.reap()  # containers of crashed runs
     ensure_base_image()
     images = build_task_images(sorted({t.name: t for t, _ in todo}.values(), key=lambda t: t.name),
                                base_image_overrides=overrides)
+    if args.host:  # built once on DOCKER_HOST's daemon, streamed to each host
+        hosts.distribute({image.ref for image in images.values()})
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=attempt_seed(args.seed, t.name, a)) for t, a in todo]
     # wall_clock_s None: each attempt is cut at its own task's agent timeout, so one long task stalls nothing else.
     # An evaluation replays no routing: vLLM is not asked for it (its CPU build has none, rollout.vllm_api).
@@ -149,6 +166,10 @@ def run_attempts(args: argparse.Namespace, todo: list[tuple[Task, int]], out: Pa
 
     def on_done(i: int, traj: Trajectory) -> None:
         rec = scorecard.attempt_record(traj, attempt=todo[i][1])
+        if rec["infra"]:  # not recorded: the report counts it as unscored and the next run of the command retries it
+            print(f"  {rec['task']:32s} attempt {rec['attempt']:2d}  unscored (the infrastructure failed on every "
+                  f"try; run again to retry it): {rec['finish'][:160]}", flush=True)
+            return
         with lock:  # one whole line per attempt, on disk before the next: what a resumed run trusts
             records.write(json.dumps(rec) + "\n")
             records.flush()
@@ -165,9 +186,13 @@ def run_attempts(args: argparse.Namespace, todo: list[tuple[Task, int]], out: Pa
         records.close()
 
 
-def write_report(out: Path, settings: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+def write_report(out: Path, settings: dict[str, Any], records: list[dict[str, Any]],
+                 unscored: list[tuple[str, int]]) -> dict[str, Any]:
+    """report.json and tasks.tsv of the recorded attempts; `unscored`: the (task, attempt) pairs not recorded."""
     rows = scorecard.task_table(records)
-    report = {"settings": settings, "summary": scorecard.summarize(records), "tasks": rows}
+    summary = scorecard.summarize(records) | {"unscored": float(len(unscored))}
+    report = {"settings": settings, "summary": summary, "tasks": rows,
+              "unscored": [{"task": t, "attempt": a} for t, a in unscored]}
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "tasks.tsv").write_text(scorecard.format_table(rows, sep="\t"))
     return report
@@ -195,12 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     names = {t.name for t in tasks}
     records = [r for r in scorecard.read_records(out / "attempts.jsonl")
                if r["task"] in names and r["attempt"] < args.attempts]
-    report = write_report(out, settings, records)
+    recorded = {(r["task"], r["attempt"]) for r in records}
+    unscored = [(t.name, a) for t in tasks for a in range(args.attempts) if (t.name, a) not in recorded]
+    if not records:
+        print(f"evaluate: no attempt was scored: the infrastructure ended all {len(unscored)} on every try; run the "
+              "same command again to retry them", file=sys.stderr)
+        return 1
+    report = write_report(out, settings, records, unscored)
     s = report["summary"]
     print(scorecard.format_table(report["tasks"]))
     print(f"resolved {s['resolved_rate']:.3f}, 95% bootstrap [{s['ci_low']:.3f}, {s['ci_high']:.3f}] over "
           f"{s['tasks']:.0f} tasks x {s['attempts']:.0f} attempts at T={args.temperature:g}; verifier fraction "
-          f"{s['verifier_frac']:.3f}")
+          f"{s['verifier_frac']:.3f}" + (f"; {len(unscored)} attempts unscored (the infrastructure failed on every "
+                                         "try): run the same command again to retry them" if unscored else ""))
     print((out / "report.json").resolve())
     return 0
 

@@ -12,6 +12,10 @@ success towards pass@k, so the gap between the two is the headroom an RL run has
 With --baseline, tasks present in both directories are compared pairwise (same task names; with the same
 `--seed` the two collections also share their sampling seeds): the change in success rate, how many instances
 went up or down, and a 95% bootstrap interval over instances (10,000 resamples, fixed seed).
+
+An episode the infrastructure ended on every try (finish_reason "infra: ...", `rollout.trajectory.is_infra`) says
+nothing of the policy: it is unscored, left out of every rate (a task with no scored sample drops out of the table
+and the pairing), and counted as `unscored`.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import json
 import random
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollout.trajectory import is_infra
 from sandbox.cli import Parser
 
 _SPLIT_SUFFIX = re.compile(r"-(train|heldout)-\d+$")
@@ -35,6 +40,13 @@ class Sample:
     task: str
     solved: bool
     verifier_frac: float
+    infra: bool = False
+    """The infrastructure ended it on every try: unscored (module docstring)."""
+
+
+def scored(samples: list[Sample]) -> list[Sample]:
+    """The samples that are a verdict on the policy (the infrastructure's failures left out)."""
+    return [s for s in samples if not s.infra]
 
 
 def family_of(task_name: str) -> str:
@@ -58,7 +70,8 @@ def load_samples(directory: str | Path) -> list[Sample]:
         v = meta.get("verifier") or {}
         total = v.get("total") or 0
         out.append(Sample(task=meta["task_name"], solved=bool(v.get("outcome")),  # VerifierResult.outcome
-                          verifier_frac=(v.get("passed", 0) / total) if total else 0.0))
+                          verifier_frac=(v.get("passed", 0) / total) if total else 0.0,
+                          infra=is_infra(str(meta.get("finish_reason", "")))))
     return out
 
 
@@ -70,8 +83,12 @@ def by_task(samples: list[Sample]) -> dict[str, list[Sample]]:
 
 
 def family_table(samples: list[Sample]) -> dict[str, dict[str, float]]:
-    """Per family (and "total"): instances, samples, solved, success_rate, pass_at_k, verifier_frac, k_min."""
-    all_tasks = by_task(samples)
+    """Per family (and "total"): instances, samples, solved, success_rate, pass_at_k, verifier_frac, k_min over the
+    scored samples, and unscored (the infrastructure's failures, left out)."""
+    unscored = Counter(family_of(s.task) for s in samples if s.infra)
+    all_tasks = by_task(scored(samples))
+    if not all_tasks:
+        raise ValueError(f"no scored episode: the infrastructure ended all {len(samples)} (finish_reason 'infra')")
     fams: dict[str, dict[str, list[Sample]]] = defaultdict(dict)
     for task, ss in all_tasks.items():
         fams[family_of(task)][task] = ss
@@ -83,7 +100,8 @@ def family_table(samples: list[Sample]) -> dict[str, dict[str, float]]:
                       "success_rate": sum(s.solved for s in flat) / len(flat),
                       "pass_at_k": sum(any(s.solved for s in ss) for ss in tasks.values()),
                       "verifier_frac": sum(s.verifier_frac for s in flat) / len(flat),
-                      "k_min": min(len(ss) for ss in tasks.values())}
+                      "k_min": min(len(ss) for ss in tasks.values()),
+                      "unscored": sum(unscored.values()) if fam == "total" else unscored[fam]}
     return table
 
 
@@ -91,9 +109,10 @@ def paired_change(samples: list[Sample], baseline: list[Sample], *, seed: int = 
     """Success-rate change from `baseline` to `samples` over the tasks both hold, with a bootstrap 95% interval.
 
     Per task the rate is solved / samples; the change is the mean over tasks of (rate - baseline rate), so each
-    task weighs the same whatever its sample count. The interval resamples tasks with replacement.
+    task weighs the same whatever its sample count. The interval resamples tasks with replacement. Unscored
+    samples are left out ("unscored" counts them on both sides); a task with none scored on a side is not compared.
     """
-    new, old = by_task(samples), by_task(baseline)
+    new, old = by_task(scored(samples)), by_task(scored(baseline))
     common = sorted(set(new) & set(old))
     if not common:
         raise ValueError("no task in common between the two directories")
@@ -106,7 +125,8 @@ def paired_change(samples: list[Sample], baseline: list[Sample], *, seed: int = 
     lo, hi = bootstrap_interval(diffs, seed=seed)
     return {"tasks": n, "baseline_rate": sum(rate(old[t]) for t in common) / n,
             "rate": sum(rate(new[t]) for t in common) / n, "change": sum(diffs) / n,
-            "ci_low": lo, "ci_high": hi, "up": sum(d > 0 for d in diffs), "down": sum(d < 0 for d in diffs)}
+            "ci_low": lo, "ci_high": hi, "up": sum(d > 0 for d in diffs), "down": sum(d < 0 for d in diffs),
+            "unscored": sum(s.infra for s in samples) + sum(s.infra for s in baseline)}
 
 
 def bootstrap_interval(values: list[float], *, seed: int = 0) -> tuple[float, float]:
@@ -148,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     total = report["families"]["total"]  # type: ignore[index]
     print(_format_table(report["families"]))  # type: ignore[arg-type]
-    print(f"k = {total['k_min']} samples per task at least")
+    print(f"k = {total['k_min']} samples per task at least" + (
+        f"; {total['unscored']} episodes unscored (the infrastructure ended them on every try)"
+        if total["unscored"] else ""))
     if "paired" in report:
         c = report["paired"]
         print(f"vs baseline over {c['tasks']} tasks: success rate {c['baseline_rate']:.3f} -> {c['rate']:.3f} "
               f"({c['change']:+.3f}, 95% bootstrap [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]); "
-              f"tasks up {c['up']}, down {c['down']}")
+              f"tasks up {c['up']}, down {c['down']}" + (f"; {c['unscored']} episodes unscored" if c["unscored"] else ""))
     return 0
 
 

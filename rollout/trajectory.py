@@ -52,6 +52,15 @@ class Turn:
         if not 0 <= self.start < self.end:
             raise ValueError(f"turn span must satisfy 0 <= start < end, got [{self.start}, {self.end})")
 
+INFRA = "infra"
+"""finish_reason prefix of an episode that the infrastructure ended on every try (sandbox.failure): no verdict on
+the policy, so the update leaves it out and every success rate leaves it unscored."""
+
+
+def is_infra(finish_reason: str) -> bool:
+    """Whether an episode that ended with `finish_reason` is masked: its sandbox died through no action of the agent."""
+    return finish_reason.startswith(INFRA)
+
 
 @dataclass(kw_only=True)
 class Trajectory:

@@ -173,9 +173,17 @@ class DockerHosts:
             ensure_image(host, ref)
 
     def distribute(self, refs: Collection[str]) -> None:
-        """Load `refs` into every host that answers now (ahead of the first sandbox), in parallel per host."""
-        threads = [threading.Thread(target=lambda h=h: [ensure_image(h, r) for r in refs], daemon=True)
-                   for h in self.hosts if h.up]
+        """Load `refs` into every host that answers now (ahead of the first sandbox), in parallel per host. A host
+        that stops answering meanwhile is taken out of placement; it gets the images when a sandbox first needs
+        them there (`start` loads what is missing)."""
+        def load(host: DockerHost) -> None:
+            try:
+                for ref in refs:
+                    ensure_image(host, ref)
+            except DaemonUnreachable:
+                self.mark_down(host)
+
+        threads = [threading.Thread(target=load, args=(h,), daemon=True) for h in self.hosts if h.up]
         for t in threads:
             t.start()
         for t in threads:

@@ -5,7 +5,8 @@ eval.every steps, after RL) each of its tasks gets one greedy attempt (eval.temp
 attempts at rollout.temperature, with the same sampling seeds every time, at the rollout concurrency, each cut
 at its own task's agent timeout. A task is resolved by an attempt when all its verifiers pass; the benchmark's
 resolved rate is the mean of the task rates with a 95% bootstrap interval over tasks (rollout.scorecard), and
-after RL the paired change per task from the evaluation before RL (rollout.report.paired_change).
+after RL the paired change per task from the evaluation before RL (rollout.report.paired_change). An attempt the
+infrastructure ended on every try is recorded with `"infra": true` and left out of both (`_unscored` counts it).
 
 Files: run_dir/eval/{tag}/{benchmark}_{kind}.jsonl (one record per attempt) and .tsv (the per-task table), the
 episodes in run_dir/trajectories/eval_{tag}_{benchmark}_{kind}; metrics `eval/{benchmark}/{kind}_*`. The built-in
@@ -91,7 +92,8 @@ def score(run_dir: Path, tag: str, name: str, kind: str, trajs: list[Trajectory]
     path.with_suffix(".tsv").write_text(scorecard.format_table(scorecard.task_table(records), sep="\t"))
     s, p = scorecard.summarize(records), f"eval/{name}/{kind}"
     out = {f"{p}_resolved": s["resolved_rate"], f"{p}_resolved_lo": s["ci_low"], f"{p}_resolved_hi": s["ci_high"],
-           f"{p}_verifier_frac": s["verifier_frac"], f"{p}_tasks": s["tasks"], f"{p}_attempts": s["attempts"]}
+           f"{p}_verifier_frac": s["verifier_frac"], f"{p}_tasks": s["tasks"], f"{p}_attempts": s["attempts"],
+           f"{p}_unscored": s["unscored"]}
     before_path = _path(run_dir, "before", name, kind)
     if tag != "before" and before_path.is_file():
         before = scorecard.read_records(before_path)
@@ -116,7 +118,9 @@ def closing_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
         p = f"eval/{name}/{kind}"
         how = "greedy" if kind == "greedy" else f"sampled ({row[f'{p}_attempts']:.0f} attempts at T={temperature:g})"
         after = f"{row[f'{p}_resolved']:.3f} [{row[f'{p}_resolved_lo']:.3f}, {row[f'{p}_resolved_hi']:.3f}]"
-        head = f"{name} resolved, {how}, over {row[f'{p}_tasks']:.0f} tasks: "
+        head = f"{name} resolved, {how}, over {row[f'{p}_tasks']:.0f} tasks" + (
+            f" ({row[f'{p}_unscored']:.0f} attempts unscored: the infrastructure failed on every try): "
+            if row.get(f"{p}_unscored") else ": ")
         if f"{p}_change" not in row:
             lines.append(head + f"{after} (95% bootstrap); no evaluation before RL to compare with")
             continue

@@ -5,7 +5,8 @@ The trainer evaluates the same held-out instances with the same sampling seeds b
 (`trajectories/eval_{tag}_family[_sampled]`). The change is paired per instance: the mean over instances of
 (success rate after - success rate before), each instance's rate over its samples, with a 95% bootstrap interval
 that resamples instances (`rollout.report.paired_change`, also what `python -m rollout.report DIR --baseline DIR`
-prints). Greedy reads the policy's mode; the sampled rate is what RL optimises.
+prints). Greedy reads the policy's mode; the sampled rate is what RL optimises. An episode the infrastructure ended
+on every try is no verdict on either policy: it is left out and counted (`{kind}_unscored`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import statistics
 
 from rollout.agent import PROBE_TURNS
-from rollout.report import load_samples, paired_change
+from rollout.report import load_samples, paired_change, scored
 
 KINDS = ("greedy", "sampled")
 """The two held-out evaluations of the family instances: their trajectory directories end "" and "_sampled"."""
@@ -45,8 +46,14 @@ def change_metrics(run_dir: Path, tag: str) -> dict[str, float]:
                     f"{p}_lo": c["ci_low"], f"{p}_hi": c["ci_high"], f"{p}_up": float(c["up"]),
                     f"{p}_down": float(c["down"]), f"{p}_instances": float(c["tasks"]),
                     f"{p}_samples": len(now) / c["tasks"],
-                    f"{p}_verifier_before": sum(s.verifier_frac for s in before) / len(before),
-                    f"{p}_verifier_after": sum(s.verifier_frac for s in now) / len(now)})
+                    f"{p}_verifier_before": _verifier_frac(before), f"{p}_verifier_after": _verifier_frac(now),
+                    f"{p}_unscored": float(c["unscored"])})
+    return out
+
+
+def _verifier_frac(samples: list[Any]) -> float:
+    ss = scored(samples)
+    return sum(s.verifier_frac for s in ss) / len(ss)
     return out
 
 
@@ -62,7 +69,9 @@ def summary_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
         lines.append(f"held-out success, {how}: {row[f'{p}_before']:.3f} -> {row[f'{p}_after']:.3f}, change "
                      f"{row[p]:+.3f}, 95% bootstrap [{row[f'{p}_lo']:+.3f}, {row[f'{p}_hi']:+.3f}] over {n} "
                      f"instances ({row[f'{p}_up']:.0f} up, {row[f'{p}_down']:.0f} down); verifier fraction "
-                     f"{row[f'{p}_verifier_before']:.3f} -> {row[f'{p}_verifier_after']:.3f}")
+                     f"{row[f'{p}_verifier_before']:.3f} -> {row[f'{p}_verifier_after']:.3f}"
+                     + (f"; {row[f'{p}_unscored']:.0f} episodes unscored (the infrastructure failed on every try)"
+                        if row.get(f"{p}_unscored") else ""))
     return lines
 
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from rollout import evaluate, scorecard
 from rollout.report import bootstrap_interval
@@ -187,6 +188,76 @@ def test_evaluate_writes_its_report_and_resumes(tmp_path: Path, checkpoint: Path
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds an evaluation with temperature=0.0, not 1.0" in err[0]
+
+
+@pytest.mark.docker
+@needs_docker
+def test_evaluate_leaves_infrastructure_failures_unscored_and_retries_them(tmp_path: Path, checkpoint: Path, capsys,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every attempt placed on a Docker host that does not answer is unscored: nothing recorded, exit 1 with one
+    line; the same command on a daemon that answers then runs them all, and nothing of the first try counts."""
+    import sandbox.hosts
+    monkeypatch.setattr(sandbox.hosts, "NO_HOST_WAIT_S", 0.5)  # a start gives up on the dead host at once
+    bench, out = write_benchmark(tmp_path / "B", ("probe-os", "probe-flag")), tmp_path / "out"
+    args = ["--checkpoint", str(checkpoint), "--tasks", str(bench), "--out", str(out), "--max-turns", "2",
+            "--max-reply-tokens", "8", "--max-tokens", "300", "--parallel", "2"]
+    assert evaluate.main([*args, "--host", f"unix://{tmp_path}/no-daemon.sock"]) == 1
+    io = capsys.readouterr()
+    unscored = [line for line in io.out.splitlines() if "unscored (the infrastructure failed on every try" in line]
+    assert len(unscored) == 2 and all("no Docker host answers" in line for line in unscored), io.out
+    assert io.err.strip().splitlines() == ["evaluate: no attempt was scored: the infrastructure ended all 2 on every "
+                                           "try; run the same command again to retry them"]
+    assert (out / "attempts.jsonl").read_text() == "" and not (out / "report.json").exists()
+    sandbox.hosts.use_hosts(())  # back to the local daemon for this process
+    assert evaluate.main(args) == 0
+    assert ": 2 to run, 0 already done; " in capsys.readouterr().out.splitlines()[0]
+    records = scorecard.read_records(out / "attempts.jsonl")
+    assert sorted(r["task"] for r in records) == ["probe-flag", "probe-os"] and not any(r["infra"] for r in records)
+    report = json.loads((out / "report.json").read_text())
+    assert report["unscored"] == [] and report["summary"]["unscored"] == 0.0
+
+
+def test_infrastructure_failures_are_left_out_of_every_rate(tmp_path: Path) -> None:
+    """rollout.report, rollout.scorecard and the trainer's held-out change leave an episode the infrastructure ended
+    out of the rates and count it; against the same outcomes with those episodes removed by hand."""
+    from rollout.report import family_table, load_samples, paired_change
+    from rollout.trajectory import Trajectory, Turn, save_trajectory
+    from t1core import heldout
+
+    def episode(task: str, passed: int, reason: str = "done") -> Trajectory:
+        mask = torch.tensor([False, True])
+        verified = not reason.startswith("infra")
+        return Trajectory(token_ids=torch.arange(2), loss_mask=mask, rollout_logprobs=torch.zeros(2), routing=None,
+                          prompt_len=1, turns=[Turn(start=1, end=2, finish_reason="stop", text="ls")], task_name=task,
+                          finish_reason=reason, policy_version=0, reward=float(passed),
+                          verifier={"passed": passed, "total": 2, "outcome": passed == 2} if verified else None,
+                          metrics={}, system_prompt="s", instruction="i")
+
+    dead = "infra: DaemonUnreachable: no Docker host answers (host0)"
+    before = [episode("a-heldout-0", 0), episode("b-heldout-0", 2), episode("c-heldout-0", 0, dead)]
+    after = [episode("a-heldout-0", 0, dead), episode("b-heldout-0", 2), episode("c-heldout-0", 2)]
+    for tag, trajs in (("before", before), ("after", after)):
+        for i, t in enumerate(trajs):
+            save_trajectory(t, heldout.eval_dir(tmp_path, tag, "greedy"), i)
+    b, a = (load_samples(heldout.eval_dir(tmp_path, tag, "greedy")) for tag in ("before", "after"))
+    assert [s.infra for s in b] == [False, False, True]
+    table = family_table(b)
+    assert table["total"]["instances"] == 2 and table["total"]["unscored"] == 1
+    assert "c" not in table  # a family with no scored episode drops out; the total counts its episode
+    c = paired_change(a, b)
+    assert (c["tasks"], c["change"], c["unscored"]) == (1, 0.0, 2)  # only b is scored on both sides
+    m = heldout.change_metrics(tmp_path, "after")
+    assert m["heldout_change/greedy_unscored"] == 2 and m["heldout_change/greedy_instances"] == 1
+    assert m["heldout_change/greedy_verifier_before"] == 0.5 and m["heldout_change/greedy_verifier_after"] == 1.0
+    line = heldout.summary_lines(m, temperature=1.0)[0]
+    assert line.endswith("; 2 episodes unscored (the infrastructure failed on every try)"), line
+    recs = [scorecard.attempt_record(t, attempt=0) for t in after]
+    assert [r["infra"] for r in recs] == [True, False, False] and recs[0]["why"] == dead
+    s = scorecard.summarize(recs)
+    assert (s["tasks"], s["resolved_rate"], s["unscored"]) == (2, 1.0, 1)
+    assert [r["task"] for r in scorecard.task_table(recs)] == ["b-heldout-0", "c-heldout-0"]
+    with pytest.raises(ValueError, match="no scored attempt"):
+        scorecard.summarize(recs[:1])
 
 
 def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path,
