@@ -42,7 +42,7 @@ from sandbox.image_cache import IMAGE_REPO, TaskImage, touch_image
 from sandbox.tarball import RootOwned
 from sandbox.services import ServiceGroup
 from sandbox.settings import SandboxSettings
-from sandbox.shell import (Channel, Discard, OutputCap, ShellExited, control_line, encode_command, init_script,
+from sandbox.shell import (Channel, Discard, exec_stream, OutputCap, ShellExited, control_line, encode_command, init_script,
                            killer_script)
 
 # What a root shell doing a task needs: own/chmod files, bypass file modes, signal its processes, switch users
@@ -187,9 +187,8 @@ class DockerSandbox:
                 self.id, ["bash", "--noprofile", "--norc", "--noediting", "-i"], stdin=True, tty=True,
                 environment=self._env, workdir=self.settings.workdir)["Id"]
             sock = self._api.exec_start(self._exec_id, tty=True, socket=True)
-        raw = getattr(sock, "_sock", sock)  # SocketIO over a unix socket: talk to the socket itself
         self._sock_owner = sock  # keeps the HTTP response (and so the connection) alive
-        self._chan = Channel(raw)
+        self._chan = Channel(exec_stream(sock))
         token = secrets.token_hex(8)
         deadline = time.monotonic() + self.settings.startup_timeout_s
         try:

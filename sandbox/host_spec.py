@@ -2,10 +2,16 @@
 validates its entries with it; `sandbox.hosts` connects to them).
 
     HostSpec.parse("tcp://box1:2376 tls=/etc/t1/box1 max=64 memory_mb=65536 name=box1")
+
+ssh://[user@]box[:port] runs the `ssh` binary (the Docker SDK's `use_ssh_client`), so the user's ssh set-up applies:
+~/.ssh/config, the agent, known_hosts. One trap is handled here: the SDK puts port 22 in a URL that names none, and
+its `-p 22` overrides the Port of the user's ssh_config for that box; the port ssh itself would use (`ssh -G`) is
+made explicit instead.
 """
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,9 +79,25 @@ class HostSpec:
             kwargs["tls"] = docker.tls.TLSConfig(client_cert=(str(d / "cert.pem"), str(d / "key.pem")),
                                                  ca_cert=str(d / "ca.pem"), verify=True)
         if self.url.startswith("ssh://"):
-            kwargs["use_ssh_client"] = True
+            kwargs.update(base_url=ssh_url_with_port(self.url), use_ssh_client=True)
         api = docker.APIClient(**kwargs)
         # requests lets $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE override a session's own CA (psf/requests#3829):
         # the host's CA must win, and no proxy may stand between us and a daemon.
         api.trust_env = False
         return api
+
+
+def ssh_url_with_port(url: str) -> str:
+    """`url` (ssh://[user@]box[:port]) with the port ssh would use for it made explicit (module docstring): ValueError
+    naming the entry when `ssh -G` cannot resolve it."""
+    parsed = urlparse(url)
+    if parsed.port is not None:
+        return url
+    try:
+        out = subprocess.run(["ssh", "-G", parsed.netloc], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"sandbox.hosts: {url!r}: the ssh binary did not answer `ssh -G` ({e})") from None
+    ports = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("port ")]
+    if out.returncode != 0 or not ports:
+        raise ValueError(f"sandbox.hosts: {url!r}: `ssh -G {parsed.netloc}` failed: {out.stderr.strip()[:300]}")
+    return f"ssh://{parsed.netloc}:{ports[0]}"

@@ -9,7 +9,8 @@ A host entry (`sandbox.hosts` in the run config) is a Docker URL followed by opt
   a tcp:// URL needs it (a daemon's plain TCP port is root on that host for anyone who reaches it);
 - `max=N`: sandboxes at once on that host; `memory_mb=M`: the sum of their memory limits; `name=NAME`: the
   name in metrics (default host0, host1, ... in the given order).
-ssh://user@box goes through the Docker SDK's ssh support (the `ssh` binary); it is accepted but untested here.
+ssh://user@box goes through the Docker SDK's ssh support with the `ssh` binary (the user's ssh_config, agent and
+known_hosts; `sandbox.host_spec`), and a sandbox's shell stream over it through `sandbox.shell.SshPipe`.
 
 A host that stops answering is taken out of placement (a sandbox call that finds its daemon gone, or the health
 thread's ping every HEALTH_EVERY_S); the thread keeps pinging it, and when it answers again it removes the

@@ -23,10 +23,12 @@ when the pids limit is exhausted, and the same text runs from a separate `docker
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import socket
 import ssl
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -222,12 +224,71 @@ class Discard:
         pass
 
 
+def exec_stream(sock: object) -> socket.socket | SshPipe:
+    """What `Channel` talks to for the socket `exec_start(socket=True)` returned: the socket itself (the SDK wraps a
+    unix one in a SocketIO), or an `SshPipe` for a host reached over ssh://."""
+    raw = getattr(sock, "_sock", sock)
+    return SshPipe(raw) if isinstance(getattr(raw, "proc", None), subprocess.Popen) else raw  # type: ignore[return-value]
+
+
+class SshPipe:
+    """The exec stream of an ssh:// host as a socket with timeouts. The Docker SDK's SSHSocket is a pipe pair to
+    `ssh BOX docker system dial-stdio`: its recv(n) blocks until n bytes arrive and it ignores timeouts, so the
+    shell protocol (small frames, deadlines) would hang on it. This reads the ssh process's stdout fd directly,
+    after taking what the SDK's buffered reader already holds (bytes read past the HTTP response's head)."""
+
+    def __init__(self, ssh_sock: object) -> None:
+        proc: subprocess.Popen = ssh_sock.proc  # type: ignore[attr-defined]
+        assert proc.stdout is not None and proc.stdin is not None
+        self._ssh, self._out, self._in = ssh_sock, proc.stdout.fileno(), proc.stdin
+        self._timeout: float | None = None
+        os.set_blocking(self._out, False)
+        self._early = bytearray()
+        try:
+            while chunk := proc.stdout.read1(self.READ_AHEAD):  # non-blocking: the buffer, then what the pipe holds
+                self._early += chunk
+        except BlockingIOError:
+            pass
+        os.set_blocking(self._out, True)
+
+    READ_AHEAD = 64 * 1024
+
+    def fileno(self) -> int:
+        return self._out
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+
+    def recv(self, n: int) -> bytes:
+        if self._early:
+            chunk = bytes(self._early[:n])
+            del self._early[:n]
+            return chunk
+        readable, _, _ = select.select([self._out], [], [], self._timeout)
+        if not readable:
+            raise BlockingIOError if self._timeout == 0 else socket.timeout("timed out")
+        return os.read(self._out, n)  # b"": ssh exited, the stream ended
+
+    def send(self, data: memoryview | bytes) -> int:
+        self._in.flush()  # whatever the SDK wrote through its buffered writer goes first
+        _, writable, _ = select.select([], [self._in], [], self._timeout)
+        if not writable:
+            raise socket.timeout("timed out")
+        return os.write(self._in.fileno(), data)
+
+    def close(self) -> None:
+        try:
+            self._ssh.close()  # type: ignore[attr-defined]  # ends the ssh process
+        except OSError:  # it had exited already
+            pass
+
+
 class Channel:
     """One exec socket (TTY: a raw byte stream, no multiplexing headers) with deadline-bounded I/O."""
 
     RECV_BYTES = 256 * 1024
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket | SshPipe) -> None:
         self.sock = sock
         self._pending = bytearray()
 

@@ -7,7 +7,14 @@ private /24 that no interface here uses) and address pool for user networks. One
 touched: `stop()` checks that docker0 is still there. Their state lives on a tmpfs mounted for them (unmounted at
 `stop()`, which takes ~3 s instead of ~50 s of deleting image layers from the disk).
 
-    with ExtraDaemons(3, tls=1) as fleet:        # fleet.specs: "unix:///..." and "tcp://127.0.0.1:N tls=DIR"
+With `ssh=i`, daemon i is also reached over SSH, as a remote box would be: an sshd of the test's own on 127.0.0.1
+(its host key, an authorized client key, `SetEnv DOCKER_HOST` pointing its sessions at daemon i), and the client
+side the Docker SDK runs (the `ssh` binary, `docker system dial-stdio` on the far end) configured by an ssh_config
+file of the test's. ssh reads ~/.ssh/config from the user's passwd entry, not $HOME, so `ssh_bin` holds an `ssh`
+that passes `-F` that file: put it first on PATH (what a user's ~/.ssh/config entry for the box would do).
+
+    with ExtraDaemons(3, tls=1, ssh=0) as fleet:  # fleet.spec(i): "unix:///..." or "tcp://127.0.0.1:N tls=DIR";
+        fleet.ssh_spec(): "ssh://root@t1-ssh-PID", daemon 0 again
         fleet.kill(0); fleet.restart(0)
 """
 
@@ -25,6 +32,8 @@ from pathlib import Path
 from tests.machine import free_port
 
 _START_TIMEOUT_S = 60.0
+SSHD = "/usr/sbin/sshd"
+"""Debian's openssh-server (sshd wants its absolute path)."""
 
 
 @dataclass
@@ -80,9 +89,12 @@ class ExtraDaemons:
     """`num` extra dockerd processes (index `tls` also on TCP+TLS); a context manager that stops them and removes
     their bridges and state."""
 
-    def __init__(self, num: int, *, tls: int | None = None) -> None:
+    def __init__(self, num: int, *, tls: int | None = None, ssh: int | None = None) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="t1d-", dir="/tmp"))  # short: socket paths must stay < 108 bytes
         self.certs = self.base / "certs"
+        self.ssh_index, self.ssh_dir, self.ssh_port = ssh, self.base / "ssh", free_port() if ssh is not None else None
+        self.ssh_alias = f"t1-ssh-{os.getpid()}"
+        self.sshd: subprocess.Popen | None = None
         used = _used_octets()
         start = 16 + (os.getpid() % 40) * 5
         octets = [o for o in range(start, 250) if o not in used][:num]
@@ -105,6 +117,8 @@ class ExtraDaemons:
                 self._launch(d)
             for d in self.daemons:
                 self._wait(d)
+            if self.ssh_index is not None:
+                self._start_sshd(self.daemons[self.ssh_index])
         except BaseException:
             self.stop()
             raise
@@ -118,6 +132,48 @@ class ExtraDaemons:
         d = self.daemons[i]
         url = f"tcp://127.0.0.1:{d.tcp_port} tls={self.certs}" if d.tcp_port else d.url
         return f"{url} {options}".strip()
+
+    def ssh_spec(self, options: str = "") -> str:
+        """The `sandbox.hosts` entry that reaches daemon `ssh` over SSH (with `ssh_bin` first on PATH)."""
+        assert self.ssh_index is not None, "ExtraDaemons(..., ssh=i) reaches daemon i over SSH"
+        return f"ssh://root@{self.ssh_alias} {options}".strip()
+
+    @property
+    def ssh_bin(self) -> Path:
+        """A directory whose `ssh` is the real one with this fleet's ssh_config (module docstring)."""
+        return self.ssh_dir / "bin"
+
+    def _start_sshd(self, d: Daemon) -> None:
+        """sshd on 127.0.0.1:ssh_port, key login only, its sessions' DOCKER_HOST daemon `d`; the client's config."""
+        s = self.ssh_dir
+        (s / "bin").mkdir(parents=True)
+        for key in ("host_key", "client_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(s / key)], check=True)
+        shutil.copy(s / "client_key.pub", s / "authorized_keys")
+        host_pub = (s / "host_key.pub").read_text().split()
+        (s / "known_hosts").write_text(f"[127.0.0.1]:{self.ssh_port} {host_pub[0]} {host_pub[1]}\n")
+        (s / "sshd_config").write_text(
+            f"Port {self.ssh_port}\nListenAddress 127.0.0.1\nHostKey {s}/host_key\nPidFile {s}/sshd.pid\n"
+            f"AuthorizedKeysFile {s}/authorized_keys\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            f"KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nSetEnv DOCKER_HOST={d.url}\n")
+        (s / "ssh_config").write_text(
+            f"Host {self.ssh_alias}\n  HostName 127.0.0.1\n  Port {self.ssh_port}\n  IdentityFile {s}/client_key\n"
+            f"  IdentitiesOnly yes\n  UserKnownHostsFile {s}/known_hosts\n  StrictHostKeyChecking yes\n"
+            "  BatchMode yes\n")
+        ssh = s / "bin" / "ssh"
+        ssh.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {s}/ssh_config "$@"\n')
+        ssh.chmod(0o755)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        log = open(s / "sshd.log", "ab")
+        self.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(s / "sshd_config")],
+                                     stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while subprocess.run([str(ssh), f"root@{self.ssh_alias}", "docker", "version"],
+                             capture_output=True).returncode != 0:
+            if self.sshd.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sshd did not let the test in: {(s / 'sshd.log').read_text()[-2000:]}")
+            time.sleep(0.2)
 
     def _launch(self, d: Daemon) -> None:
         args = ["dockerd", "--data-root", str(d.root / "data"), "--exec-root", str(d.root / "x"),
@@ -181,6 +237,9 @@ class ExtraDaemons:
     def stop(self) -> None:
         """Stop every daemon (then its containerd, by the pid it recorded), remove bridges, mounts and state;
         check the main daemon's docker0 is still there."""
+        if self.sshd is not None and self.sshd.poll() is None:
+            self.sshd.terminate()
+            self.sshd.wait()
         running = [d for d in self.daemons if d.proc is not None and d.proc.poll() is None]
         for d in running:  # all at once: each takes a while to stop its containers and containerd
             d.proc.send_signal(signal.SIGTERM)

@@ -20,13 +20,13 @@ from sandbox import hosts as hosts_mod
 from sandbox import suite
 from sandbox.base_image import ensure_base_image
 from sandbox.errors import SandboxError
-from sandbox.host_spec import HostSpec
+from sandbox.host_spec import HostSpec, ssh_url_with_port
 from sandbox.hosts import DockerHosts
 from sandbox.settings import SandboxSettings
 from sandbox.task_images import build_task_image, default_base_image_overrides
 from sandbox.tasks import load_task
 from t1model.tokenizer import ChatTokenizer, format_tool_call
-from tests.docker_hosts import ExtraDaemons
+from tests.docker_hosts import SSHD, ExtraDaemons
 from tests.machine import docker_answers
 from tests.test_rollout_agent import ScriptedEngine, solve_then_done
 
@@ -40,7 +40,8 @@ def daemons():
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         pytest.skip("extra Docker daemons need root and dockerd")
     base = ensure_base_image()
-    with ExtraDaemons(3, tls=2) as fleet:
+    # Daemon 0 is also reached over SSH where an sshd is installed (.ci/run installs openssh-server).
+    with ExtraDaemons(3, tls=2, ssh=0 if Path(SSHD).is_file() else None) as fleet:
         fleet.load_image(base)
         yield fleet
         for i in range(3):
@@ -70,6 +71,18 @@ def test_host_entries_are_checked(tmp_path: Path) -> None:
         HostSpec.parse("http://box:2375")
     spec = HostSpec.parse("ssh://me@box max=4 memory_mb=2048 name=box")
     assert (spec.max_sandboxes, spec.memory_mb, spec.name) == (4, 2048, "box")
+    # The SDK would put port 22 in and override the user's ssh_config: the port ssh resolves is made explicit.
+    config = tmp_path / "ssh_config"
+    config.write_text("Host box\n  HostName 10.9.8.7\n  Port 2222\n")
+    ssh = tmp_path / "bin" / "ssh"
+    ssh.parent.mkdir()
+    ssh.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {config} "$@"\n')
+    ssh.chmod(0o755)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{ssh.parent}:{os.environ['PATH']}")
+        assert ssh_url_with_port("ssh://me@box") == "ssh://me@box:2222"
+        assert ssh_url_with_port("ssh://me@other") == "ssh://me@other:22"
+        assert ssh_url_with_port("ssh://me@box:2200") == "ssh://me@box:2200"  # the user's own port wins
 
 
 @pytest.mark.docker
@@ -128,6 +141,40 @@ def test_image_built_once_and_loaded_on_every_host(daemons: ExtraDaemons, tmp_pa
         provider.close()
         for i in range(3):
             daemons.docker(i, "rmi", image.ref)
+
+
+@pytest.mark.docker
+def test_a_host_over_ssh_gets_the_image_and_runs_sandboxes(daemons: ExtraDaemons, tmp_path: Path, monkeypatch) -> None:
+    """ssh://: the Docker SDK's SSH client (the `ssh` binary running `docker system dial-stdio` on the far end) into a
+    real sshd whose sessions reach daemon 0. A task image built on the main daemon is streamed there over SSH, a
+    sandbox from it answers commands, placement counts it, and closing it leaves nothing on that daemon."""
+    if daemons.ssh_index is None:
+        pytest.skip("no sshd here (apt-get install openssh-server)")
+    monkeypatch.setenv("PATH", f"{daemons.ssh_bin}:{os.environ['PATH']}")
+    task_dir = tmp_path / "over-ssh"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "instruction.md").write_text("Nothing to do.\n")
+    (task_dir / "task.toml").write_text('version = "1.0"\n')
+    (task_dir / "tests").mkdir()
+    (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (task_dir / "environment" / "Dockerfile").write_text(
+        f"FROM debian:bookworm\nRUN echo ssh-{time.time_ns()} > /built\n")
+    image = build_task_image(load_task(task_dir), base_image_overrides=default_base_image_overrides())
+    provider = DockerHosts([HostSpec.parse(daemons.ssh_spec("max=2 name=viassh"))])
+    try:
+        provider.distribute([image.ref])
+        main_id = docker.APIClient().inspect_image(image.ref)["Id"]
+        assert daemons.docker(0, "image", "inspect", "-f", "{{.Id}}", image.ref).strip() == main_id
+        with provider.start(image, run_id=RUN_ID) as sb:
+            assert sb.host_name == "viassh" and provider.load() == {"viassh": 1}
+            assert sb.run("cat /built").output.startswith("ssh-")
+            assert sb.run("echo $((1+2+3))").output == "6\n"
+            assert daemons.docker(0, "ps", "-q", "--filter", f"label=t1.run_id={RUN_ID}").split() == [sb.id[:12]]
+        assert provider.load() == {"viassh": 0}
+        assert _leftovers(daemons, 0) == ([], [])
+    finally:
+        provider.close()
+        daemons.docker(0, "rmi", image.ref)
 
 
 @pytest.mark.docker
