@@ -11,8 +11,11 @@ setup(
     # Hugging Face's `kernels`, which transformers imports, is why ours is `t1kernels`. tests/ and bench/ run
     # from the checkout and are never installed as top-level packages.
     packages=find_packages(include=["t1kernels", "t1kernels.*", "t1model", "t1model.*", "t1core", "t1core.*",
-                                    "rollout", "rollout.*", "sandbox", "sandbox.*"]),
+                                    "rollout", "rollout.*", "sandbox", "sandbox.*", "t1cli", "t1cli.*"]),
     package_data={"t1model": ["assets/*", "assets/**/*"], "t1core": ["configs/*.toml"]},
+    # One command for every tool: `t1 train|plan|eval|tasks|reap|report|mismatch` (t1cli.main; `python -m t1cli`
+    # runs the same without the script).
+    entry_points={"console_scripts": ["t1=t1cli.main:main"]},
     install_requires=[
         # torch: install the build for your machine first (scripts/setup.sh takes the CPU wheel on CPU boxes);
         # a floor here so that an existing install is kept and no CUDA build is pulled in.

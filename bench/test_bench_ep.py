@@ -4,7 +4,7 @@ Run: `python -m pytest bench/test_bench_ep.py -q -s`. A small MoE (E=16 experts 
 T tokens per rank with a random replayed routing; one optimizer step = forward + backward + clip + AdamW step of the
 policy on every rank. Bytes are counted by wrapping torch.distributed's collectives (what each rank receives: a
 gather's output less its own part, a reduce-scatter's input less its own part, an all-to-all's output less what it
-sent itself, 2 (n - 1) / n of an all-reduce), then set beside `t1core.plan_comm.comm_rows` for the same shapes
+sent itself, 2 (n - 1) / n of an all-reduce), then set beside `t1cli.plan_comm.comm_rows` for the same shapes
 (uniform routing assumed there). Gates on correctness only: the EP run's losses equal the non-EP run's (fp32
 round-off) and the counted FSDP bytes match the planner's to 2%.
 """
@@ -135,8 +135,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.torchrun
 def test_bench_expert_parallel_bytes_and_time(tmp_path: Path) -> None:
-    from t1core.plan import policy_shapes
-    from t1core.plan_comm import comm_rows
+    from t1cli.plan import policy_shapes
+    from t1cli.plan_comm import comm_rows
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     for r in got:  # correctness: EP trains the same model

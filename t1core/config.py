@@ -460,7 +460,7 @@ class EvalSection:
 @dataclass(frozen=True, kw_only=True)
 class ParallelSection:
     """How the trainer spreads its memory (torchrun sets the ranks; the hardware a plan is made for is the planner's
-    own [plan] table: python -m t1core.plan)."""
+    own [plan] table: t1 plan)."""
 
     activation_checkpointing: bool = _field(
         False, "recompute each decoder layer's activations in the backward (torch.utils.checkpoint per layer): "

@@ -24,7 +24,7 @@ from t1core.config import RunConfig, _type_name, sections
 from t1core.config_compat import migrate, parse_bool
 
 PLANNER_TABLE = "plan"
-"""A TOML table the trainer skips: the hardware `python -m t1core.plan` plans for (`t1core.plan.Hardware`)."""
+"""A TOML table the trainer skips: the hardware `t1 plan` plans for (`t1cli.plan.Hardware`)."""
 
 
 def read_toml(path: str) -> dict[str, Any]:

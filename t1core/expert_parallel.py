@@ -29,7 +29,7 @@ Gradients: an expert's weight gradient on its owner is the sum over the N ranks 
 all-to-all carried their output gradients there). `_ExpertGrad` then sums it over the dp replicas and divides by
 W, which is what FSDP2 does to every other parameter (the mean of the W ranks' losses). The optimizer holds only
 this rank's experts. With shard_experts the dp sum is a reduce-scatter (`_GatherExperts`). One row is sent per (token, slot) pair; a token with two experts on one rank travels twice
-(what the planner counts, `t1core.plan`). Public designs do the same: torchtitan's EP all-to-all dispatch
+(what the planner counts, `t1cli.plan`). Public designs do the same: torchtitan's EP all-to-all dispatch
 (torchtitan/distributed/expert_parallel.py) also splits by the routed counts exchanged first.
 """
 

@@ -4,7 +4,7 @@ Legend: T packed tokens, B trajectories, L_moe MoE layers, K top-k.
 
 The trainer's forward always runs over the exact token IDs of the trajectories (TITO) and replays the routing
 recorded at rollout (R3; `replay=False` is for hand-built trajectories without routing, and the ablation lives in
-`t1core.experiments.mismatch`). The scoring pass (no grad) gives pi_old, the critic's
+`t1cli.experiments.mismatch`). The scoring pass (no grad) gives pi_old, the critic's
 V_old, GAE advantages and the train-vs-rollout mismatch metrics; then `ppo_epochs` passes update the actor
 (unless critic-only) and the critic. A non-finite loss or gradient skips that optimizer step and says why.
 Under torchrun (`dp`, t1core.distributed) each optimizer step takes one minibatch per rank and scoring is

@@ -165,7 +165,7 @@ def test_tiny_async_run_stays_within_the_bound_with_drift_0(tmp_path: Path) -> N
 def test_simulator_matches_the_closed_form_of_equal_episodes() -> None:
     """Every episode 100 s, one slot each: a synchronous step is episode + update + sync = 140 s; asynchronous,
     the engine never waits for the update and only stalls for the sync: 110 s per step, nothing stale past N = 1."""
-    from t1core.async_sim import SimInputs, planner_inputs, simulate
+    from t1cli.async_sim import SimInputs, planner_inputs, simulate
 
     x = SimInputs(episodes_per_step=8, group_size=2, slots=8, min_turns=1, max_turns=1, turn_s=100.0, turn_sigma=0.0,
                   train_s=30.0, sync_s=10.0)

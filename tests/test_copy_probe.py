@@ -1,11 +1,11 @@
-"""t1core.experiments.copy_probe: its KV-cache greedy decoding against a full-forward loop, and its CLI errors."""
+"""t1cli.experiments.copy_probe: its KV-cache greedy decoding against a full-forward loop, and its CLI errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from t1core.experiments import copy_probe
+from t1cli.experiments import copy_probe
 from t1model.model import ModelConfig, MoEModel
 from t1model.tokenizer import ChatTokenizer
 

@@ -1,5 +1,6 @@
 """The README's commands work: the main job runs (with tiny settings appended), every other `python -m` line
-parses, the test command is the one CI runs, and the page stays a page (<= 12,000 characters)."""
+parses, every `t1` line names a subcommand, the test command is the one CI runs, and the page stays a page (<= 12,000
+characters)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,20 @@ def test_every_module_the_readme_names_has_help(module: str, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0 and f"python -m {module}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [a for a in _commands() if a[0] == "t1"], ids=shlex.join)
+def test_every_t1_command_the_readme_names_has_help(argv: list[str], capsys) -> None:
+    """`t1 --help`, `t1 plan ...`, `t1 tasks check ...`: the subcommand exists, with its own help under its name."""
+    from t1cli.main import COMMANDS, main
+
+    sub = [] if argv[1] == "--help" else argv[1:3] if isinstance(COMMANDS.get(argv[1]), dict) else argv[1:2]
+    assert not sub or sub[0] in COMMANDS, f"README: {shlex.join(argv)}: t1 has no such command"
+    try:
+        code = main([*sub, "--help"])  # t1's own help returns; a tool's (argparse) exits
+    except SystemExit as e:
+        code = e.code
+    assert code == 0 and capsys.readouterr().out.startswith(f"usage: {' '.join(['t1', *sub])} ")
 
 
 def test_the_trainer_lines_parse() -> None:

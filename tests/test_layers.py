@@ -1,12 +1,13 @@
 """The house has floors, a folder each, and imports only go down (ARCHITECTURE.md):
 
-    t1kernels  <-  t1model  <-  {sandbox, rollout}  <-  t1core  <-  bench
+    t1kernels  <-  t1model  <-  {sandbox, rollout}  <-  t1core  <-  t1cli  <-  bench
 
-sandbox needs neither torch nor the model (nor rollout). Read from the source: every import, function-level ones
-included, relative ones (`from . import x`, `from ..t1core import train`) resolved against their package, and
-`importlib.import_module` / `__import__` strings. A call with a computed name (`import_module(_EXPORTS[n])`)
-counts every string in that file that names a project module. So a cycle or an upward import fails here before
-anyone has to untangle it."""
+sandbox needs neither torch nor the model (nor rollout). t1cli, the `t1` command and the tools off the training path
+(planner, simulator, experiments), may import every floor below it; only bench, which measures what the planner
+predicts, imports it. Read from the source: every import, function-level ones included, relative ones
+(`from . import x`, `from ..t1core import train`) resolved against their package, and `importlib.import_module` /
+`__import__` strings. A call with a computed name (`import_module(_EXPORTS[n])`) counts every string in that file
+that names a project module. So a cycle or an upward import fails here before anyone has to untangle it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = {"t1kernels": 0, "t1model": 1, "sandbox": 2, "rollout": 2, "t1core": 3, "bench": 4}
+FLOORS = {"t1kernels": 0, "t1model": 1, "sandbox": 2, "rollout": 2, "t1core": 3, "t1cli": 4, "bench": 5}
 """Folder -> floor: a module may import its own floor's folder and the floors below, never above."""
 SIDEWAYS_FORBIDDEN = {"sandbox": {"rollout"}}
 """Same-floor imports that are still refused: sandboxes run where no engine (and no torch) is."""
@@ -136,13 +137,22 @@ def test_sandbox_needs_neither_torch_nor_the_model() -> None:
     """Sandboxes run on hosts without torch (a remote Docker box, a task checker)."""
     offenders = [f"{module}: {n}" for module, path in _modules().items() if module.split(".")[0] == "sandbox"
                  for n in _import_names(module, path)
-                 if n.split(".")[0] in ("torch", "t1kernels", "t1model", "t1core", "rollout")]
+                 if n.split(".")[0] in ("torch", "t1kernels", "t1model", "t1core", "rollout", "t1cli")]
     assert not offenders, offenders
+
+
+def test_the_trainer_package_runs_only_the_trainer() -> None:
+    """Tools off the training path (planner, simulator, experiments) live in t1cli, behind the `t1` command: the
+    trainer's package has one entry point, the trainer."""
+    mains = sorted(module for module, path in _modules().items() if module.split(".")[0] == "t1core"
+                   and 'if __name__ == "__main__":' in path.read_text())
+    assert mains == ["t1core.train"]
 
 
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert _floor("t1core.train") > _floor("rollout.agent") > _floor("t1model.model") > _floor("t1kernels.moe")
+    assert _floor("bench.test_bench_ep") > _floor("t1cli.plan") > _floor("t1core.train") > _floor("rollout.agent") \
+        > _floor("t1model.model") > _floor("t1kernels.moe")
 
 
 def test_the_checker_sees_every_form_of_import(tmp_path: Path) -> None:

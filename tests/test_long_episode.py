@@ -124,7 +124,7 @@ def test_segments_share_the_reward_and_cut_episodes_follow_the_option() -> None:
 @pytest.mark.parametrize("args,needle", [
     (["-m", "t1core.train", "--rollout.max_tokens=5000", "--algo.minibatch_tokens=8192",
       "--warmstart.sft_minibatch_tokens=8192"], "rollout.max_tokens=5000: a context would run past the model's 4096"),
-    (["-m", "t1core.plan", "--config", "t1core/configs/qwen3_30b_a3b_harbor.toml", "--rollout.max_tokens=65536",
+    (["-m", "t1cli.plan", "--config", "t1core/configs/qwen3_30b_a3b_harbor.toml", "--rollout.max_tokens=65536",
       "--context.compaction=off"], "past the model's 40960 positions"),
 ])
 def test_position_check_refuses_overlong_contexts(args: list[str], needle: str) -> None:

@@ -13,7 +13,7 @@ from rollout.tito import retokenization_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, Turn, load_trajectories
 from t1core.drift import CompletionLog
-from t1core.experiments.mismatch import (CONDITIONS, MismatchConfig, MismatchResult, _routing_counts,
+from t1cli.experiments.mismatch import (CONDITIONS, MismatchConfig, MismatchResult, _routing_counts,
                                          format_table, loss_region_drift, router_choices, run_experiment)
 from t1core.losses import routing_agreement
 from t1model.model import ModelConfig, MoEModel

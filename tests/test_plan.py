@@ -1,4 +1,4 @@
-"""The memory planner (t1core.plan): parameter counts of a real shape, per-rank bytes against what gloo ranks
+"""The memory planner (t1cli.plan): parameter counts of a real shape, per-rank bytes against what gloo ranks
 allocate, the command line's verdicts and its errors."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from t1model.hf_io import config_from_hf, config_to_hf
 from t1model.model import ModelConfig
-from t1core.plan import Hardware, count_params, hardware_from, plan, policy_shapes
+from t1cli.plan import Hardware, count_params, hardware_from, plan, policy_shapes
 from t1core.config_toml import load_config
 from tests.machine import free_port, gloo_rank
 
@@ -110,7 +110,7 @@ def test_planned_shard_bytes_equal_what_gloo_ranks_allocate(tmp_path: Path, worl
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "t1core.plan", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "t1cli.plan", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=120)
 
 
@@ -188,7 +188,7 @@ def test_communication_with_and_without_expert_parallelism() -> None:
     FSDP2 collectives (ring: (W - 1) / W of the whole through each rank), and the lower bound at the stated links.
     The preset runs EP 8 with its experts sharded over dp = 3: the planner says it is faster and fits, EP 8 with
     whole experts does not fit."""
-    from t1core.plan import format_comm, step_comm
+    from t1cli.plan import format_comm, step_comm
     preset = str(REPO / "t1core/configs/moe_122b_harbor.toml")
     cfg, hw = load_config(preset, []), hardware_from(preset)
     mcfg = ModelConfig.moe_120b_a8b()

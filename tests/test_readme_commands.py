@@ -75,7 +75,8 @@ COMMANDS: tuple[Row, ...] = (
     Row(r"^python3 -m t1core\.train --resume runs/exp1 --run\.steps=\d+$", subs={"runs/exp1": "COPY"},
         extra=("--run.steps=2",)),
     Row(r"^python3 -m t1core\.train --[a-z_]+\.", extra=TINY, in_fixture=True),
-    Row(r"^python3 -m t1core\.plan --config t1core/configs/\S+\.toml$"),
+    Row(r"^t1 --help$"),
+    Row(r"^t1 plan --config t1core/configs/\S+\.toml$"),
     Row(r"^python3 -m sandbox\.check_tasks /data/my-tasks", subs={"/data/my-tasks": "TASKS"}),
     Row(r"^python3 -m sandbox\.run_task /data/my-tasks/TASK", subs={"/data/my-tasks/TASK": "TASK"}),
     Row(r"^python3 -m sandbox\.decontaminate runs/r1/tasks --against /data/tb2$",
@@ -84,7 +85,7 @@ COMMANDS: tuple[Row, ...] = (
         subs={"runs/exp1/tb2": "NEW", "runs/exp1": "RUN", "/data/tb2": "TASKS"},
         extra=("--max-turns", "1", "--max-reply-tokens", "16")),
     Row(r"^python3 -m rollout\.report runs/exp1/", subs={"runs/exp1": "RUN"}),
-    Row(r"^python3 -m t1core\.experiments\.mismatch ", subs={"runs/mismatch.json": "NEW"},
+    Row(r"^t1 mismatch ", subs={"runs/mismatch.json": "NEW"},
         extra=("--episodes", "1", "--seeds", "0", "--families", "create_file", "--sft-epochs", "0", "--max-turns", "1",
                "--max-reply-tokens", "32")),
 )
@@ -171,6 +172,8 @@ def test_readme_command(n: int, line: str, workspace: dict[str, Path]) -> None:
     argv = _resolve(shlex.split(line), row, workspace, n)
     if argv[0] in ("python", "python3"):
         argv[0] = sys.executable
+    elif argv[0] == "t1":  # the console script is `t1cli.main:main` (setup.py): the same, without an install
+        argv[0:1] = [sys.executable, "-m", "t1cli"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     said = proc.stdout[-3000:] + proc.stderr[-3000:]
     if row.exit2:

@@ -1,6 +1,6 @@
 """Does a checkpoint write the right command for an unseen instruction, in the pretraining format?
 
-`python -m t1core.experiments.copy_probe CHECKPOINT [--per-family N] [--families a,b] [--seed-block B]`
+`python -m t1cli.experiments.copy_probe CHECKPOINT [--per-family N] [--families a,b] [--seed-block B]`
 
 For N held-out instances of each built-in family, greedy decoding continues `instruction\\n` (the text
 `t1core.pretrain` trains on, no chat template, no sandbox) until `</tool_call>`, and the result is compared with
@@ -62,8 +62,8 @@ def probe(model: MoEModel, tok: ChatTokenizer, *, families: list[str], per_famil
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m t1core.experiments.copy_probe", description=__doc__.splitlines()[0],
-               epilog="example: python -m t1core.experiments.copy_probe runs/exp1/warmstart --per-family 12")
+    p = Parser(prog="python -m t1cli.experiments.copy_probe", description=__doc__.splitlines()[0],
+               epilog="example: python -m t1cli.experiments.copy_probe runs/exp1/warmstart --per-family 12")
     p.add_argument("checkpoint", help="HF checkpoint directory (a run's warmstart/ or final/)")
     p.add_argument("--per-family", type=int, default=6, help="held-out instances per family")
     p.add_argument("--families", default="", help="comma-separated family names (default: all built-in)")

@@ -1,4 +1,5 @@
-"""`python -m t1core.plan --config FILE [--nodes N] [--gpus-per-node G] [--gpu-mem-gib M] [--host-mem-gib H] [--section.key=value ...]`
+"""`t1 plan --config FILE [--nodes N] [--gpus-per-node G] [--gpu-mem-gib M] [--host-mem-gib H] [--section.key=value ...]`
+(or `python -m t1cli.plan`)
 
 Per-rank memory of a run before renting the nodes: built from the model's shape alone (meta device, no weight is
 read), laid out as the trainer lays it out. Ends with `fits: yes|no (peak X GiB of M GiB per rank)`; exit status 0
@@ -34,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-from sandbox.cli import Parser
+from sandbox.cli import Parser, prog_name
 from t1core.config import RunConfig, _check, _check_types, _field
 from t1core.config_compat import PLAN_KEYS
 from t1core.config_toml import PLANNER_TABLE, _coerce, load_config, read_toml
 from t1core.expert_parallel import check_expert_parallel
-from t1core.plan_comm import comm_rows, ep_choices, is_expert, link_seconds, lower_bound_s
+from t1cli.plan_comm import comm_rows, ep_choices, is_expert, link_seconds, lower_bound_s
 from t1core.positions import check_positions, describe_context, engine_length
 from t1model.model import PRESETS, ModelConfig, MoEModel, ValueModel
 
@@ -50,7 +51,9 @@ RESERVE_BYTES = 3 * GIB
 KNOWN_CHECKPOINTS = {"qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LINK_KEYS = ("nvlink_gbs", "ib_gbs", "pcie_gbs")
-"""[plan] keys of the link bandwidths (the communication lower bounds, t1core.plan_comm)."""
+"""[plan] keys of the link bandwidths (the communication lower bounds, t1cli.plan_comm)."""
+PROG = "python -m t1cli.plan"
+"""The planner's own name (`t1 plan` runs it under that name: sandbox.cli.invoked_as)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -382,7 +385,7 @@ def vllm_layout(cfg: RunConfig, *, world: int) -> str:
 
 
 def step_comm(cfg: RunConfig, hw: Hardware, ep: int, shard_experts: bool | None = None) -> list:
-    """`t1core.plan_comm.comm_rows` for this run with parallel.expert_parallel = ep (and shard_experts, default the
+    """`t1cli.plan_comm.comm_rows` for this run with parallel.expert_parallel = ep (and shard_experts, default the
     run's)."""
     mcfg, _ = model_shape(cfg.model.name)
     compute = _DTYPE_BYTES[cfg.model.dtype]
@@ -412,7 +415,7 @@ def format_comm(cfg: RunConfig, hw: Hardware) -> list[str]:
              + (" (this run)" if (n, se) == (par.expert_parallel, par.shard_experts) else "") for n, se, _ in runs]
     width = max(18, *(len(h) + 2 for h in heads))
     lines = ["", f"communication per optimizer step and rank (a micro-batch of {micro_batch_tokens(cfg)} tokens, "
-                 "forward + backward of the policy; the critic's step moves as much again; t1core.plan_comm):",
+                 "forward + backward of the policy; the critic's step moves as much again; t1cli.plan_comm):",
              f"{'GB moved':<84}" + "".join(f"{h:>{width}}" for h in heads) + "  link"]
     names = list(dict.fromkeys(r.name for _, _, rows in runs for r in rows))
     for name in names:
@@ -484,8 +487,8 @@ def format_plan(p: Plan, cfg: RunConfig, hw: Hardware) -> str:
 
 
 def parse_args(argv: list[str] | None) -> tuple[RunConfig, Hardware]:
-    p = Parser(prog="python -m t1core.plan", description=__doc__.split("\n\n")[1].strip(),
-               epilog="example: python -m t1core.plan --config t1core/configs/qwen3_30b_a3b_harbor.toml --nodes 2")
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[1].strip(),
+               epilog="example: python -m t1cli.plan --config t1core/configs/qwen3_30b_a3b_harbor.toml --nodes 2")
     p.add_argument("--config", help="TOML file of the run (defaults: the embedded CPU run)")
     p.add_argument("--nodes", type=int, help="nodes (default: plan.nodes of the config file, else 1)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: plan.gpus_per_node, else 1)")
@@ -517,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         p = plan(cfg, hw)
         text = format_plan(p, cfg, hw)
     except ValueError as e:  # PlanError, or a checkpoint's config.json this model cannot load
-        print(f"python -m t1core.plan: error: {e}", file=sys.stderr)
+        print(f"{prog_name(PROG)}: error: {e}", file=sys.stderr)
         return 2
     print(text)
     return 0 if p.fits else 1

@@ -1,6 +1,6 @@
 """The TITO / R3 ablation: how far the trainer's log-probs are from the rollout engine's, and why.
 
-`python -m t1core.experiments.mismatch [--episodes N] [--seeds 0,1,2] [--out result.json] ...`
+`t1 mismatch [--episodes N] [--seeds 0,1,2] [--out result.json] ...` (or `python -m t1cli.experiments.mismatch`)
 
 Legend: T packed tokens, L_moe MoE layers, K top-k experts.
 
@@ -461,8 +461,8 @@ def format_table(result: MismatchResult) -> str:
 
 def _parse_args(argv: list[str] | None) -> tuple[MismatchConfig, str | None]:
     d = MismatchConfig()
-    p = Parser(prog="python -m t1core.experiments.mismatch", description=__doc__.splitlines()[0],
-               epilog="example: python -m t1core.experiments.mismatch --episodes 8 --out runs/mismatch.json")
+    p = Parser(prog="python -m t1cli.experiments.mismatch", description=__doc__.splitlines()[0],
+               epilog="example: python -m t1cli.experiments.mismatch --episodes 8 --out runs/mismatch.json")
     p.add_argument("--episodes", type=int, default=d.num_episodes, help="episodes per seed")
     p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated sampling seeds")
     p.add_argument("--families", default=",".join(d.families), help="comma-separated task families")

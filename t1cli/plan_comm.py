@@ -1,4 +1,4 @@
-"""Bytes a rank moves per optimizer step, and the time they take at least (`python -m t1core.plan`).
+"""Bytes a rank moves per optimizer step, and the time they take at least (`t1 plan`).
 
 Legend: W ranks, G GPUs per node, N expert-parallel ranks (dp = W / N), T tokens of one micro-batch per rank, L_moe
 MoE layers, D model dim, K top-k, c compute-dtype bytes, r gradient-reduce bytes (fp32 under mixed precision).

@@ -1,4 +1,4 @@
-"""`python -m t1core.async_sim [--preset 30b|122b|all] [--steps N] [--seed S] [--section.key=value ...]`
+"""`python -m t1cli.async_sim [--preset 30b|122b|all] [--steps N] [--seed S] [--section.key=value ...]`
 
 Predicts what asynchronous collection (rollout.max_staleness, t1core.async_collect) buys over the synchronous loop,
 from an episode-time distribution, the trainer's step time and the weight-sync time, by simulating both schedules
@@ -17,7 +17,7 @@ Assumptions (each is a field of `SimInputs`, printed with the result):
 - Weight sync: bf16 bytes of all parameters / SYNC_BYTES_PER_S, fitted to verl's measured 15.76 s per sync for
   Qwen3-30B-A3B (61 GB, 16 trainer + 16 rollout H20s; 4.38 s with its checkpoint engine): verl-project/verl,
   docs/advance/fully_async.md, "checkpoint-engine Ablation Experiment".
-The planner presets take the parameter counts of the model presets (t1core.plan.count_params) and episodes per step,
+The planner presets take the parameter counts of the model presets (t1cli.plan.count_params) and episodes per step,
 concurrency and GPUs from the shipped configs (t1core/configs/*.toml), and say whether the preset's layout can run
 rollout.max_staleness at all (`layout`): the prediction is for disaggregated engines, which a preset with an engine
 per torchrun rank does not have (t1core.builders refuses max_staleness there).
@@ -34,6 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import t1core
 from sandbox.cli import Parser, bad_input
 from t1core.config import _check, _field
 
@@ -42,7 +43,8 @@ PEAK_FLOPS = 706e12
 bench/gpu_logs/h200-2026-11-29/run1-logprob.log (NVIDIA's datasheet peak: 989 TFLOP/s dense)."""
 SYNC_BYTES_PER_S = 2 * 30.53e9 / 15.76
 """Weight-sync bandwidth: Qwen3-30B-A3B's bf16 bytes over verl's 15.76 s per sync (module docstring): ~3.9 GB/s."""
-CONFIGS = Path(__file__).parent / "configs"
+CONFIGS = Path(t1core.__file__).parent / "configs"
+"""The GPU presets, packaged with the trainer (setup.py package_data)."""
 PRESETS = {"30b": ("qwen3_30b_a3b_harbor.toml", "qwen3_30b_a3b"), "122b": ("moe_122b_harbor.toml", "moe_120b_a8b")}
 
 
@@ -182,7 +184,7 @@ def planner_inputs(preset: str) -> tuple[SimInputs, str]:
     """SimInputs of a shipped config (t1core/configs) with its model preset's parameter counts, and how they were
     derived (module docstring)."""
     from t1core.config_toml import load_config
-    from t1core.plan import count_params, hardware_from
+    from t1cli.plan import count_params, hardware_from
     from t1model.model import PRESETS as MODEL_PRESETS
 
     toml, model = PRESETS[preset]
@@ -223,7 +225,7 @@ def report(x: SimInputs, *, staleness: tuple[int, ...] = (0, 1, 2), steps: int =
 def main(argv: list[str] | None = None) -> int:
     fields = "\n".join(f"  --{f.name}=VALUE  {f.metadata.get('help', '')} (preset or {f.default})"
                         for f in dataclasses.fields(SimInputs))
-    p = Parser(prog="python -m t1core.async_sim", description=__doc__.split("\n\n")[1],
+    p = Parser(prog="python -m t1cli.async_sim", description=__doc__.split("\n\n")[1],
                epilog=f"assumptions, each overridable:\n{fields}", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=[*PRESETS, "all", "none"], default="all",
                    help="the planner's config to simulate ('none': SimInputs' defaults and the overrides)")

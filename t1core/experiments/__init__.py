@@ -1,4 +1,0 @@
-"""Reproducible experiments on T1's own stack (each one a module with a `python -m` entry point).
-
-    mismatch   the TITO / R3 ablation: train-vs-rollout log-prob gap and token drift (`run_experiment`)
-"""
