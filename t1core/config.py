@@ -1,5 +1,5 @@
-"""The one typed config tree of a T1 run: frozen keyword-only dataclasses (the schema; reading and writing TOML,
-`--section.key=value` overrides and old field names live in `t1core.config_toml`).
+"""The one typed config tree of a T1 run: frozen keyword-only dataclasses (the schema; reading and writing TOML
+and `--section.key=value` overrides live in `t1core.config_toml`).
 
 Every field carries its help text in `metadata["help"]` (printed by `format_config(cfg, with_help=True)` and
 written as a comment above each key by `config_to_toml`). The defaults ARE the embedded default run: the tiny
