@@ -266,8 +266,8 @@ def make_engine(policy: MoEModel, cfg: RunConfig,
     r = cfg.rollout
     if r.engine == "vllm":
         return _make_vllm_engine(policy, cfg, dp or distributed.DataParallel.single())
-    ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
-                        max_seq_len=engine_length(cfg, policy.config), batch_invariant=r.batch_invariant)
+    ecfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=engine_length(cfg, policy.config),
+                                     batch_invariant=r.batch_invariant)
     dtype = DTYPES[cfg.model.dtype]
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
         engine_model = load_pretrained(cfg.model.name, dtype=dtype, device=cfg.run.device)
