@@ -395,7 +395,7 @@ def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> N
     assert not (instructions[0] & instructions[1]) and not (instructions[2] & (instructions[0] | instructions[1]))
     # On request the fixed train tasks are practised in RL too; 0 RL instances means RL on the SFT instances.
     with_fixed = builders.load_tasks(train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
-                                                    "--tasks.rl_fixed_tasks=true"])[0], tmp_path / "c")
+                                                    "--tasks.fixed_tasks=rl"])[0], tmp_path / "c")
     assert [t.name for t in with_fixed.rl] == [t.name for t in family] + [t.name for t in sets.train[6:]]
     cfg0, _ = train.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=0"])
     same = builders.load_tasks(cfg0, tmp_path / "b")
