@@ -1,5 +1,6 @@
 """The README's commands work: the main job runs (with tiny settings appended), every other `python -m` line
-parses, the test command is the one CI runs, and the page stays a page (<= 12,000 characters)."""
+parses, the test command is the one CI runs, and the page stays a page (<= 12,000 characters); EXPERIMENTS.md
+stays a record of figures (<= 30,000 characters)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ def _module_runs() -> list[tuple[str, list[str]]]:
 def test_readme_is_a_page_for_users() -> None:
     assert len(README) <= 12_000, f"README.md has {len(README)} characters"
     assert "DEMO_SENTENCE" not in README and "LIFT_ROW" not in README and "DEFAULT_TIME" not in README
+
+
+def test_experiments_stays_a_record_of_figures() -> None:
+    """EXPERIMENTS.md holds the current figures (<= 30,000 characters); lab notes move to docs/, each leaving a
+    pointer that must lead somewhere."""
+    text = (ROOT / "EXPERIMENTS.md").read_text()
+    assert len(text) <= 30_000, f"EXPERIMENTS.md has {len(text)} characters"
+    named = set(re.findall(r"\bdocs/[\w./-]+\.md\b", text))
+    assert {"docs/lab-notes-terminal-bench.md", "docs/lab-notes-refactor-issue-48.md"} <= named
+    assert [p for p in sorted(named) if not (ROOT / p).is_file()] == []
 
 
 def test_the_two_quick_start_commands_are_the_ones_that_run() -> None:
