@@ -71,7 +71,7 @@ def test_every_module_the_readme_names_has_help(module: str, capsys) -> None:
 def test_the_trainer_lines_parse() -> None:
     """Every `t1core.train` line of the README parses into a config; the only errors allowed are the example
     paths that do not exist here (a --config file, a run to resume)."""
-    from t1core import train
+    from t1core import cli
 
     runs = [args for module, args in _module_runs() if module == "t1core.train"]
     assert len(runs) >= 5
@@ -79,7 +79,7 @@ def test_the_trainer_lines_parse() -> None:
         if "--help" in args:
             continue
         try:
-            train.parse_args(args)
+            cli.parse_args(args)
         except ValueError as e:
             assert re.search(r"no such file|no config\.toml there", str(e)), (args, e)
 
