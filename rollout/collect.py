@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
              for i, t in enumerate(episode_tasks)]
     config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
                          temperature=args.temperature, top_p=args.top_p, verify=not args.no_verify)
-    engine_cfg = EngineConfig(max_batch=max(args.parallel, 1), num_slots=2 * max(args.parallel, 1),
-                              max_seq_len=max_len, batch_invariant=not args.not_batch_invariant)
+    engine_cfg = EngineConfig.for_parallel(args.parallel, max_seq_len=max_len,
+                                           batch_invariant=not args.not_batch_invariant)
     print(f"collect: {n} episodes over {len(tasks)} tasks, {args.parallel} at once, policy "
           f"{args.checkpoint or 'tiny untrained'} on {args.device}", flush=True)
 

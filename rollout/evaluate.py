@@ -141,7 +141,7 @@ def open_engine(args: argparse.Namespace) -> tuple[Engine, ChatTokenizer]:
     max_len = budget.engine_slot(args.max_tokens, args.max_reply_tokens, model.config.max_positions)
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.config.vocab_size}")
-    cfg = EngineConfig(max_batch=args.parallel, num_slots=2 * args.parallel, max_seq_len=max_len)
+    cfg = EngineConfig.for_parallel(args.parallel, max_seq_len=max_len)
     return TorchEngine(model, cfg), tok
 
 

@@ -64,6 +64,15 @@ class EngineConfig:
     a batch-8 decode step took about twice as long on two threads as on one). Prefill chunks above about 1,000
     tokens gain from the full team."""
 
+    @classmethod
+    def for_parallel(cls, parallel: int, *, max_seq_len: int, batch_invariant: bool = False) -> EngineConfig:
+        """The engine of `parallel` episodes at once (at least 1): that many decode together, over twice as many
+        KV slots. An episode's slot waits idle while its sandbox runs a command, and its next turn's prompt starts
+        with everything the slot holds; the spare slots keep finished and waiting episodes cached, so a turn
+        prefills only its new tokens instead of evicting a neighbour's whole history."""
+        parallel = max(parallel, 1)
+        return cls(max_batch=parallel, num_slots=2 * parallel, max_seq_len=max_seq_len, batch_invariant=batch_invariant)
+
     def __post_init__(self) -> None:
         for name in ("max_batch", "num_slots", "max_seq_len", "max_prefill_tokens", "cpu_parallel_min_tokens"):
             if getattr(self, name) < 1:

@@ -37,7 +37,7 @@ import torch
 
 from sandbox.cli import Parser, prog_name
 from t1core.config import RunConfig, _check, _check_types, _field
-from t1core.config_compat import PLAN_KEYS
+from t1core.config_toml import PLAN_KEYS
 from t1core.config_toml import PLANNER_TABLE, _coerce, load_config, read_toml
 from t1core.expert_parallel import check_expert_parallel
 from t1cli.plan_comm import comm_rows, ep_choices, is_expert, link_seconds, lower_bound_s

@@ -66,7 +66,7 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     """The built-in suite (families written under run_dir/tasks) or a directory of task dirs (all train).
 
     Built-in: SFT instances, RL instances (fresh seeds: RL then practises on instances the warm start has not
-    memorised, which is what held-out success measures; the fixed train tasks too if tasks.rl_fixed_tasks) and
+    memorised, which is what held-out success measures; the fixed train tasks too if tasks.fixed_tasks='rl') and
     held-out instances, no instruction repeated across the three. Then eval.source's directories, refused when
     they overlap the training tasks (t1core.evaluation)."""
     sets = _training_tasks(cfg, run_dir)
@@ -89,16 +89,16 @@ def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     if t.source == "builtin":
         out = run_dir / "tasks"
         train = train_tasks(out, num_per_family=t.num_per_family, seed=int(SeedBlock.TRAIN), families=families,
-                            include_fixed=t.fixed_tasks)
+                            include_fixed=t.fixed_tasks != "off")
         rl = train
         if t.num_rl_per_family:
             rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=int(SeedBlock.RL),
-                              families=families, avoid=train) + (fixed_tasks("train") if t.rl_fixed_tasks else [])
+                              families=families, avoid=train) + (fixed_tasks("train") if t.fixed_tasks == "rl" else [])
         if evaluation.BUILTIN not in cfg.eval.source:
             return TaskSets(train, rl, [], [])
         fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=int(SeedBlock.HELDOUT),
                                    families=families, avoid=train + rl)
-        return TaskSets(train, rl, fam, fixed if t.fixed_tasks else [])
+        return TaskSets(train, rl, fam, fixed if t.fixed_tasks != "off" else [])
     root = Path(t.source)
     if not root.is_dir():
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {t.source!r}")
@@ -266,8 +266,8 @@ def make_engine(policy: MoEModel, cfg: RunConfig,
     r = cfg.rollout
     if r.engine == "vllm":
         return _make_vllm_engine(policy, cfg, dp or distributed.DataParallel.single())
-    ecfg = EngineConfig(max_batch=max(r.concurrency, 1), num_slots=2 * max(r.concurrency, 1),
-                        max_seq_len=engine_length(cfg, policy.config), batch_invariant=r.batch_invariant)
+    ecfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=engine_length(cfg, policy.config),
+                                     batch_invariant=r.batch_invariant)
     dtype = DTYPES[cfg.model.dtype]
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
         engine_model = load_pretrained(cfg.model.name, dtype=dtype, device=cfg.run.device)
@@ -337,7 +337,7 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: distributed.DataPara
         nccl = {"master_address": host, "master_port": port, "world_size": 1 + v.tensor_parallel_size}
     settings = VLLMSettings(tensor_parallel_size=v.tensor_parallel_size,
                             gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len,
-                            enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[v.dtype],
+                            enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[cfg.model.dtype],
                             seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
                             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
     if distributed.is_sharded(policy):

@@ -1,19 +1,24 @@
 """The command line of `python -m t1core.train`: arguments to (config, run directory), and the run's first lines.
 
-Kept out of `t1core.train` so that the trainer reads like the loop; `t1core.train.main` calls it.
+Kept out of `t1core.train` so that the trainer reads like the loop; `t1core.train.main` calls it (`parse_args`,
+`session`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from sandbox.cli import Parser
+from sandbox.signals import exit_on_signals_while
+from t1core import distributed
 from t1core.config import RunConfig, resolved
 from t1core.config_toml import config_to_toml, format_config, load_config
 from t1core.distributed import DataParallel
@@ -102,3 +107,20 @@ def start(cfg: RunConfig, run_dir: Path, dp: DataParallel) -> None:
         if dp.distributed:
             print(f"data-parallel: {dp.world_size} ranks, FSDP2-sharded policy and critic", flush=True)
         (run_dir / "config.toml").write_text(config_to_toml(cfg))
+
+
+@contextlib.contextmanager
+def session(cfg: RunConfig, run_dir: Path) -> Iterator[tuple[DataParallel, Path]]:
+    """The processes around a run: (this rank, the run directory) inside, after the run's first lines (`start`);
+    SIGTERM / SIGINT stop builds, remove the run's sandboxes on every host and exit; on the way out the ranks close,
+    and the main rank prints the run directory when the run ended normally."""
+    dp = distributed.init_from_env(cfg.run.device)
+    try:
+        run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's
+        start(cfg, run_dir, dp)
+        with exit_on_signals_while():
+            yield dp, run_dir
+    finally:
+        distributed.close(dp)
+    if dp.is_main:
+        print(run_dir.resolve())

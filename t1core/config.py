@@ -1,5 +1,5 @@
-"""The one typed config tree of a T1 run: frozen keyword-only dataclasses (the schema; reading and writing TOML,
-`--section.key=value` overrides and old field names live in `t1core.config_toml`).
+"""The one typed config tree of a T1 run: frozen keyword-only dataclasses (the schema; reading and writing TOML
+and `--section.key=value` overrides live in `t1core.config_toml`).
 
 Every field carries its help text in `metadata["help"]` (printed by `format_config(cfg, with_help=True)` and
 written as a comment above each key by `config_to_toml`). The defaults ARE the embedded default run: the tiny
@@ -102,12 +102,11 @@ class TasksSection:
     num_rl_per_family: int = _field(
         16, "RL instances per family (seed block SeedBlock.RL): instances the warm start never saw; 0 = RL on the "
         "SFT instances")
-    fixed_tasks: bool = _field(
-        True, "the built-in fixed tasks (tasks/fixed/) join the families: their train split SFT, their held-out split "
-        "the evaluation; false = the families alone (e.g. a long-horizon family on its own)")
-    rl_fixed_tasks: bool = _field(
-        False, "RL also practises the fixed train tasks (SFT'd already; long multi-turn episodes whose many "
-        "sampled tokens weigh heavily in a step's loss); false = RL on the unseen family instances only")
+    fixed_tasks: Literal["on", "rl", "off"] = _field(
+        "on", "the built-in fixed tasks (tasks/fixed/): 'on' they join the families, their train split in SFT and "
+        "their held-out split in the evaluation, RL practising the unseen family instances only; 'rl' RL also "
+        "practises their train split (SFT'd already; long multi-turn episodes whose many sampled tokens weigh heavily "
+        "in a step's loss); 'off' the families alone (e.g. a long-horizon family on its own)")
     base_image_overrides: tuple[str, ...] = _field(
         (), "'PATTERN=IMAGE' pairs mapping a Dockerfile FROM (glob, e.g. 'debian:*') onto a local image")
     decontaminate_against: tuple[str, ...] = _field(
@@ -127,8 +126,6 @@ class TasksSection:
         _check(self.num_heldout_per_family >= 0, "tasks.num_heldout_per_family", ">= 0",
                self.num_heldout_per_family)
         _check(self.num_rl_per_family >= 0, "tasks.num_rl_per_family", ">= 0", self.num_rl_per_family)
-        _check(self.fixed_tasks or not self.rl_fixed_tasks, "tasks.rl_fixed_tasks",
-               "false with tasks.fixed_tasks=false (there are no fixed tasks to practise)", self.rl_fixed_tasks)
         for pair in self.base_image_overrides:
             pattern, sep, image = pair.partition("=")
             _check(bool(sep and pattern and image), "tasks.base_image_overrides", "'PATTERN=IMAGE' items", pair)
@@ -256,7 +253,8 @@ class ContextSection:
 
 @dataclass(frozen=True, kw_only=True)
 class VllmSection:
-    """Settings of the vLLM rollout engine (read only with rollout.engine='vllm')."""
+    """Settings of the vLLM rollout engine (read only with rollout.engine='vllm'). It serves model.dtype, as the
+    torch engine does: the weights a sync streams are the policy's, in its dtype."""
 
     placement: Literal["colocated", "disaggregated"] = _field(
         "colocated", "'colocated': vLLM shares the trainer's GPUs (CUDA IPC weight transfer, sleep mode); "
@@ -265,7 +263,6 @@ class VllmSection:
     gpu_memory_utilization: float = _field(
         0.5, "fraction of each GPU vLLM may take for weights and KV cache (colocated: leave the trainer its share)")
     enforce_eager: bool = _field(False, "no CUDA graphs (faster start, slower decode)")
-    dtype: Literal["bfloat16", "float16", "float32"] = _field("bfloat16", "vLLM's weight dtype")
     executor: Literal["mp", "ray"] = _field(
         "mp", "where vLLM's workers run: 'mp' vLLM's local executor, on the owning trainer rank's node (colocated: "
         "its GPU; disaggregated: GPUs no trainer rank holds); 'ray' (disaggregated) vLLM's Ray executor, on a Ray "
@@ -435,15 +432,14 @@ class RunSection:
 @dataclass(frozen=True, kw_only=True)
 class EvalSection:
     """What the run is evaluated on, before RL, every `every` steps and after RL (same tasks and sampling seeds
-    each time; the change after RL is paired per task). Moved here from run.*: run.eval_every -> eval.every,
-    run.eval_temperature -> eval.temperature, run.eval_samples -> eval.attempts."""
+    each time; the change after RL is paired per task): one greedy attempt per task (temperature 0, pass@1:
+    `t1core.evaluation.GREEDY`) and `attempts` more at rollout.temperature."""
 
     source: tuple[str, ...] = _field(
         ("builtin",), "task directories to evaluate on (each a task dir or a dir of task dirs, e.g. a benchmark; "
         "none may share a task name or instruction with tasks.source) and/or 'builtin': the built-in suite's "
         "held-out split (with tasks.source='builtin' only); empty = no evaluation")
     every: int = _field(0, "evaluation every N RL steps; 0 = only before and after RL")
-    temperature: float = _field(0.0, "sampling temperature of the one greedy attempt per task; 0 = greedy (pass@1)")
     attempts: int = _field(
         2, "attempts per task at rollout.temperature besides the greedy one (the sampled resolved rate is the mean "
         "over tasks of each task's rate over its attempts; same sampling seeds at every evaluation); 0 = greedy only")
@@ -453,7 +449,6 @@ class EvalSection:
         _check(all(self.source), "eval.source", "non-empty items (a directory or 'builtin')", self.source)
         _check(len(set(self.source)) == len(self.source), "eval.source", "no item twice", self.source)
         _check(self.every >= 0, "eval.every", ">= 0", self.every)
-        _check(self.temperature >= 0, "eval.temperature", ">= 0", self.temperature)
         _check(self.attempts >= 0, "eval.attempts", ">= 0", self.attempts)
 
 

@@ -1,5 +1,6 @@
-"""Reading and writing the run config: TOML files, `--section.key=value` overrides, old field names
-(`t1core.config_compat`), and the run's own config.toml with each key's help as a comment.
+"""Reading and writing the run config: TOML files, `--section.key=value` overrides, and the run's own config.toml
+with each key's help as a comment. A key the schema does not have (a typo, or a field an older config had) is one
+line naming it, exit 2.
 
 The schema itself is `t1core.config`.
 """
@@ -21,10 +22,21 @@ else:  # Python 3.10 has no tomllib; tomli is the same parser (needs `pip instal
     import tomli as tomllib
 
 from t1core.config import RunConfig, _type_name, sections
-from t1core.config_compat import migrate, parse_bool
 
 PLANNER_TABLE = "plan"
 """A TOML table the trainer skips: the hardware `t1 plan` plans for (`t1cli.plan.Hardware`)."""
+PLAN_KEYS = ("nodes", "gpus_per_node", "gpu_mem_gib", "host_mem_gib")
+"""The machine keys of the [plan] table (`t1cli.plan.Hardware`); only the planner reads them."""
+
+
+def parse_bool(text: str) -> bool:
+    """A config bool from the command line."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected a bool (true/false), got {text!r}")
 
 
 def read_toml(path: str) -> dict[str, Any]:
@@ -104,14 +116,12 @@ def parse_override(arg: str) -> tuple[str, str, str]:
 
 
 def load_config(toml_path: str | None, overrides: list[str]) -> RunConfig:
-    """The embedded defaults, updated by a TOML file (if given), then by `--section.key=value` overrides. Old field
-    names are read into their replacements, one `deprecated:` line each (`t1core.config_compat`); the file's
+    """The embedded defaults, updated by a TOML file (if given), then by `--section.key=value` overrides; the file's
     [plan] table is the planner's and is skipped here."""
     raw: dict[str, dict[str, Any]] = {}
     if toml_path is not None:
         raw = read_toml(toml_path)
         raw.pop(PLANNER_TABLE, None)
-        raw = migrate(raw, toml_path)
         _check_keys(raw, toml_path)
     given: dict[str, dict[str, Any]] = {}
     for arg in overrides:
@@ -119,8 +129,6 @@ def load_config(toml_path: str | None, overrides: list[str]) -> RunConfig:
         if section in sections() and not isinstance(raw.get(section, {}), dict):
             raise ValueError(f"{arg}: expected [{section}] to be a table")
         given.setdefault(section, {})[key] = value
-    # Migrated together: old knobs that became one field are read as a set.
-    given = migrate(given, "command line") if overrides else given
     for section, table in given.items():
         for key, value in table.items():
             _check_keys({section: {key: value}}, f"--{section}.{key}={value}")

@@ -29,8 +29,8 @@ def evaluate(collect: Collect, tasks: TaskSets, tag: str, *, cfg: RunConfig, run
     seeds at every evaluation."""
     out: dict[str, float] = {}
     runs: list[tuple[str, list[Task], int, float]] = [
-        ("family", tasks.heldout_family, 1, cfg.eval.temperature),
-        ("fixed", tasks.heldout_fixed, 1, cfg.eval.temperature)]
+        ("family", tasks.heldout_family, 1, evaluation.GREEDY),
+        ("fixed", tasks.heldout_fixed, 1, evaluation.GREEDY)]
     if cfg.eval.attempts:
         runs.append(("family_sampled", tasks.heldout_family, cfg.eval.attempts, cfg.rollout.temperature))
     for i, (name, chosen, k, temperature) in enumerate(runs):

@@ -1,7 +1,7 @@
 """Evaluation on benchmark directories (eval.source): resolved rates before, during and after RL.
 
 Each directory of eval.source is a benchmark, named after the directory. At every evaluation (before RL, every
-eval.every steps, after RL) each of its tasks gets one greedy attempt (eval.temperature) and eval.attempts
+eval.every steps, after RL) each of its tasks gets one greedy attempt (temperature `GREEDY`) and eval.attempts
 attempts at rollout.temperature, with the same sampling seeds every time, at the rollout concurrency, each cut
 at its own task's agent timeout. A task is resolved by an attempt when all its verifiers pass; the benchmark's
 resolved rate is the mean of the task rates with a 95% bootstrap interval over tasks (rollout.scorecard), and
@@ -29,6 +29,8 @@ from t1core.config import RunConfig
 BUILTIN = "builtin"
 """The eval.source item naming the built-in suite's held-out split."""
 KINDS = ("greedy", "sampled")
+GREEDY = 0.0
+"""Sampling temperature of every evaluation's first attempt per task: greedy decoding, pass@1 (the `greedy` kind)."""
 
 
 def load_benchmarks(cfg: RunConfig, train: list[Task]) -> tuple[dict[str, list[Task]], list[Task]]:
@@ -67,7 +69,7 @@ def nothing_reason(cfg: RunConfig) -> str:
 def runs(cfg: RunConfig, index: int, tasks: list[Task]) -> list[tuple[str, list[Task], float, int]]:
     """(kind, episodes, temperature, seed index) of benchmark `index`: one greedy attempt per task, then
     eval.attempts per task at rollout.temperature (none when 0). The seed indices are the benchmark's own."""
-    out = [("greedy", list(tasks), cfg.eval.temperature, 1000 + 2 * index)]
+    out = [("greedy", list(tasks), GREEDY, 1000 + 2 * index)]
     if cfg.eval.attempts:
         out.append(("sampled", [t for t in tasks for _ in range(cfg.eval.attempts)], cfg.rollout.temperature,
                     1001 + 2 * index))

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import resource
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from rollout.agent import is_masked
 from rollout.trajectory import Trajectory
@@ -118,6 +120,31 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RunLog:
+    """The run's metrics.jsonl, written by the main rank with one progress line per row for people; on the other
+    ranks every call does nothing."""
+
+    def __init__(self, run_dir: Path, *, resume_step: int | None, total_steps: int, is_main: bool) -> None:
+        self.run_dir, self.total_steps = run_dir, total_steps
+        self.logger = MetricsLogger(run_dir / "metrics.jsonl", resume_step=resume_step) if is_main else None
+
+    def row(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if self.logger is not None:  # tqdm.write keeps terminal bars intact
+            tqdm.write(progress_line(self.logger.log(step, metrics), total_steps=self.total_steps), file=sys.stdout)
+            sys.stdout.flush()
+
+    def close(self) -> None:
+        """Close the file and draw its curves (metrics.png)."""
+        if self.logger is not None:
+            self.logger.close()
+            plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
+
+    def print_closing_lines(self, after: Mapping[str, Any] | None, cfg: RunConfig) -> None:
+        """The run's last lines (`closing_lines`), when it evaluated after RL (`after`)."""
+        if after is not None and self.logger is not None:
+            print("\n".join(closing_lines(self.run_dir / "metrics.jsonl", after, cfg)), flush=True)
 
 
 _PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
@@ -233,6 +260,26 @@ def engine_stat(engine: Any, name: str) -> float | None:
     updates), None for an engine that keeps none."""
     stats = getattr(engine, "stats", None)
     return None if not isinstance(stats, dict) else stats.get(name)
+
+
+class EngineWindow:
+    """The engine's running totals (`engine_stat`) from its construction to `metrics(wall)`: one RL step's."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.busy0, self.pause0 = engine_stat(engine, "step_s"), engine_stat(engine, "pause_s")
+
+    def metrics(self, wall: float) -> dict[str, float]:
+        """Busy and paused seconds over the `wall` seconds since, and the fraction idle; {} for an engine keeping
+        none."""
+        out = {}
+        busy, pause = engine_stat(self.engine, "step_s"), engine_stat(self.engine, "pause_s")
+        if busy is not None:  # idle: no batch step running (waiting for sandboxes, for weights, or for work)
+            out["rollout/engine_idle_frac"] = max(0.0, 1.0 - (busy - self.busy0) / wall)
+            out["rollout/engine_busy_s"] = busy - self.busy0
+        if pause is not None:
+            out["rollout/engine_pause_s"] = pause - self.pause0
+        return out
 
 
 def gpu_stats(device_index: int = 0) -> dict[str, float]:

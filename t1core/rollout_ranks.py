@@ -15,14 +15,20 @@ each layer into vLLM (NCCL) as it arrives, the others drop theirs once gathered.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+from tqdm import tqdm
 
+from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Engine
-from t1core.distributed import DataParallel
+from rollout.trajectory import Trajectory
+from t1core.distributed import DataParallel, compute_dtype, iter_hf_tensors
+from t1core.drift import CompletionLog
+from t1model.tokenizer import ChatTokenizer
 
 T = TypeVar("T")
 
@@ -58,6 +64,34 @@ class RolloutRanks:
         if per_rank is None or not self.single_engine:
             return per_rank
         return per_rank * self.dp.world_size
+
+    def run(self, specs: list[EpisodeSpec], log: CompletionLog | None, tok: ChatTokenizer, *, config: AgentConfig,
+            concurrency: int, pool_size: int | None, desc: str, keep_log: bool) -> tuple[list[Trajectory], list[int]]:
+        """(trajectories, loss-region drift of each) of every episode of `specs`, in their order, on every rank
+        (collective): this rank's share (`mine`) runs on its engine through `log`, and each episode's drift is
+        counted against what that engine returned. keep_log: episodes of the asynchronous collector are still
+        sampling on the engine (their records stay; these episodes' go once checked)."""
+        mine = self.mine(specs)
+        bar = tqdm(total=len(mine), desc=desc, leave=False, file=sys.stdout, disable=None if self.dp.is_main else True)
+        trajs = []
+        if log is not None and not keep_log:  # drift is checked against this engine's own completions
+            log.clear()
+        if mine:
+            trajs = run_episodes(log, tok, mine, config=config, num_parallel=self.parallel(concurrency),
+                                 pool_size=self.parallel(pool_size), on_done=lambda i, t: bar.update())
+        bar.close()
+        # Drift of every segment (a compacted episode's contexts), each against the completions of its own prompts.
+        done = self.gather([(t, sum(log.drift(s) for s in t.segments())) for t in trajs], len(specs))
+        if keep_log:
+            for t in trajs:
+                for s in t.segments():
+                    log.forget(s)
+        return [t for t, _ in done], [d for _, d in done]
+
+    def sync_policy(self, engine: Engine | None, policy: torch.nn.Module) -> None:
+        """Every rank's engine (rank 0's alone when it serves all ranks) gets `policy`'s current weights, streamed one
+        decoder layer at a time (gathered from the shards when sharded; collective then), in the engine's dtype."""
+        self.sync(engine, iter_hf_tensors(policy, dtype=compute_dtype(policy)))
 
     def sync(self, engine: Engine | None, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream `named_tensors` (collective: every rank runs it to its end) into this rank's engine, if it has one."""

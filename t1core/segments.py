@@ -1,5 +1,5 @@
-"""From collected episodes to what the update trains on: compacted episodes as segments, cut episodes as
-algo.cut_episodes says.
+"""From collected episodes to what the update trains on (`step_batch`): compacted episodes as segments, cut episodes
+as algo.cut_episodes says, masked episodes left out.
 
 An episode whose history was compacted (`rollout.compaction`) is several contexts, each a trajectory with its own
 exact tokens and routing (`Trajectory.segments`). Each segment trains as a trajectory of its own with the episode's
@@ -15,6 +15,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from rollout.agent import is_masked
+from rollout.trajectory import Trajectory
+from t1core.metrics import rollout_metrics
+from t1core.step import StepBatch
 
 CUT_REASONS = ("max_turns", "token_budget", "wall_clock")
 """Finish reasons of an episode that was stopped, not finished."""
@@ -65,3 +70,22 @@ def bootstrap_flags(trajectories: Sequence[Any], cut_episodes: str) -> list[bool
         return None
     flags = [is_cut(t) for t in trajectories]
     return flags if any(flags) else None
+
+
+def step_batch(sampled: list[Trajectory], rewards: list[float], drift: list[int], groups: list[int], *,
+               cut_episodes: str, trained: list[Trajectory] | None = None, metrics: dict[str, float] | None = None,
+               version: int | None = None) -> StepBatch:
+    """A step's episodes as the update takes them: rewarded as whole episodes (`rewards`, of `sampled`: a trimmed one
+    keeps its outcome), and the `trained` part of those with sampled tokens (default: all of `sampled`) cut into
+    training segments; `drift` and `groups` per episode, `metrics` added to the step's rollout metrics."""
+    trained = sampled if trained is None else trained
+    metrics = {**rollout_metrics(sampled, rewards), **cut_metrics(sampled), **(metrics or {})}
+    # An episode the infrastructure ended on every try is masked: never trained, never a group's 0.
+    kept = [i for i, t in enumerate(trained)
+            if not is_masked(sampled[i]) and any(bool(s.loss_mask.any()) for s in t.segments())]
+    if kept:
+        metrics["tito/drift_tokens"] = float(sum(drift[i] for i in kept))
+    segments, seg_rewards, seg_groups = training_segments(  # each context of a compacted episode trains alone
+        [trained[i] for i in kept], [rewards[i] for i in kept], [groups[i] for i in kept], cut_episodes=cut_episodes)
+    metrics["train/segments"] = float(len(segments))  # what the update trains on, one trajectory per context
+    return StepBatch(segments, seg_rewards, seg_groups, metrics, version=version)

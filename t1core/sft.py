@@ -1,4 +1,5 @@
-"""Warm start (a): supervised fine-tuning of the actor on reference-solution transcripts of the training tasks."""
+"""Warm start: base pretraining of a from-scratch model (t1core.pretrain), then supervised fine-tuning of the actor
+on reference-solution transcripts of the training tasks."""
 
 from __future__ import annotations
 
@@ -15,10 +16,24 @@ from t1core.builders import TaskSets
 from t1core.config import RunConfig
 from t1core.distributed import DataParallel
 from t1core.metrics import Stopwatch
+from t1core.pretrain import pretrain_base
 from t1core.step import Stream, seed_for
 from t1core.update import sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
 from t1model.tokenizer import ChatTokenizer
+
+
+def warm_start(cfg: RunConfig, policy: torch.nn.Module, *, pretrains: bool, tok: ChatTokenizer, tasks: TaskSets,
+               run_dir: Path, dp: DataParallel, clock: Stopwatch) -> dict[str, float]:
+    """Base pretraining (`pretrains`: from-scratch presets only), then SFT (warmstart.sft_epochs > 0): the metrics of
+    both, {} when neither ran (the policy is as loaded)."""
+    out = {}
+    if pretrains:
+        with clock.phase("pretrain"):
+            out = pretrain_base(cfg, policy, tok=tok, tasks=tasks, dp=dp)
+    if cfg.warmstart.sft_epochs:
+        out.update(run_sft(cfg, policy, tok=tok, tasks=tasks, run_dir=run_dir, dp=dp, clock=clock))
+    return out
 
 
 def run_sft(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, tasks: TaskSets, run_dir: Path,

@@ -10,31 +10,26 @@ import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from rollout.agent import EpisodeSpec, is_masked, run_episodes
+from rollout.agent import EpisodeSpec
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
-from sandbox.signals import exit_on_signals_while
 from sandbox.tasks import Task
-from t1core import async_collect, builders, cli, distributed
+from t1core import async_collect, builders, cli, segments
 from t1core.async_collect import AsyncCollector
-from t1core.cli import parse_args, precision_notice  # noqa: F401  (the command line, as `train.parse_args`)
 from t1core.config import RunConfig, resolved
-from t1core.config_toml import load_config  # noqa: F401  (tests and notebooks load configs through here)
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.evaluate import evaluate
-from t1core.metrics import (MetricsLogger, Stopwatch, closing_lines, engine_stat, gpu_stats, plot_metrics,
-                            progress_line, rollout_metrics)
-from t1core.pretrain import pretrain_base
+from t1core.metrics import EngineWindow, RunLog, Stopwatch, gpu_stats
 from t1core.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
 from t1core.export import save_hf
-from t1core.segments import cut_metrics, training_segments
-from t1core.sft import run_sft
+from t1core.sft import warm_start
 from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, step_draws
 from t1core.update import ActorCritic, ppo_update, score
 
@@ -71,45 +66,21 @@ class Trainer:
         """The task sets, their images built (a seam: bench/train_replay.py replays episodes without Docker)."""
         return builders.prepare_tasks(self.cfg, self.run_dir, self.dp)
 
-    # ---- phases ----
     def collect(self, tasks: list[Task], *, seed: int, desc: str, temperature: float | None = None,
                 task_timeouts: bool = False) -> tuple[list[Trajectory], list[int]]:
         """(trajectories, loss-region drift of each), episode i of `tasks` sampled with seed derive_seed(seed, i),
-        on every rank. Rank r runs episodes r, r + W, ... on its own engine (or rank 0 all: t1core.rollout_ranks).
+        on every rank. Rank r runs episodes r, r + W, ... on its own engine (or rank 0 all: `RolloutRanks.run`).
         task_timeouts: each episode's wall clock is its own task's agent timeout (evaluation)."""
         specs = [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
                  for i, t in enumerate(tasks)]
-        mine = self.ranks.mine(specs)
-        bar = tqdm(total=len(mine), desc=desc, leave=False, file=sys.stdout, disable=None if self.dp.is_main else True)
-        trajs = []
-        if self.sampled is not None and self.collector is None:  # drift is checked against this engine's own
-            self.sampled.clear()  # completions (asynchronous episodes still sampling keep theirs: `forget` below)
-        if mine:
-            trajs = run_episodes(self.sampled, self.tok, mine,
-                                 config=builders.agent_config(self.cfg, temperature=temperature,
-                                                              task_timeouts=task_timeouts),
-                                 num_parallel=self.ranks.parallel(self.cfg.rollout.concurrency),
-                                 pool_size=self.ranks.parallel(self.cfg.sandbox.pool_size),
-                                 on_done=lambda i, t: bar.update())
-        bar.close()
-        # Drift of every segment (a compacted episode's contexts), each against the completions of its own prompts.
-        done = self.ranks.gather([(t, sum(self.sampled.drift(s) for s in t.segments())) for t in trajs], len(specs))
-        if self.collector is not None:
-            for t in trajs:
-                for s in t.segments():
-                    self.sampled.forget(s)
-        return [t for t, _ in done], [d for _, d in done]
+        config = builders.agent_config(self.cfg, temperature=temperature, task_timeouts=task_timeouts)
+        return self.ranks.run(specs, self.sampled, self.tok, config=config, concurrency=self.cfg.rollout.concurrency,
+                              pool_size=self.cfg.sandbox.pool_size, desc=desc, keep_log=self.collector is not None)
 
     def warm_start(self) -> dict[str, float]:
-        """Base pretraining (from-scratch presets only), then SFT of the actor on reference transcripts; the
-        critic-only steps are part of the RL loop."""
-        cfg, dp, out = self.cfg, self.dp, {}
-        if self.pretrains:
-            with self.clock.phase("pretrain"):
-                out = pretrain_base(cfg, self.policy, tok=self.tok, tasks=self.tasks, dp=dp)
-        if cfg.warmstart.sft_epochs:
-            out.update(run_sft(cfg, self.policy, tok=self.tok, tasks=self.tasks, run_dir=self.run_dir, dp=dp,
-                               clock=self.clock))
+        """Base pretraining, then SFT (`t1core.sft.warm_start`); the critic-only steps are part of the RL loop."""
+        out = warm_start(self.cfg, self.policy, pretrains=self.pretrains, tok=self.tok, tasks=self.tasks,
+                         run_dir=self.run_dir, dp=self.dp, clock=self.clock)
         if out:  # the policy changed
             self.sync_engine()
             # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
@@ -123,8 +94,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         """collect -> score -> update -> sync (asynchronous: take what the collector has ready, then the same)."""
-        cfg, t0 = self.cfg, time.perf_counter()
-        busy0, pause0 = engine_stat(self.engine, "step_s"), engine_stat(self.engine, "pause_s")
+        cfg, t0, engine_time = self.cfg, time.perf_counter(), EngineWindow(self.engine)
         instances, gen = step_draws(cfg.run.seed, step, num_tasks=len(self.tasks.rl),
                                     num_groups=cfg.rollout.episodes_per_step // cfg.rollout.group_size)
         with self.clock.phase("collect"):
@@ -134,13 +104,7 @@ class Trainer:
         if self.collector is not None:
             self.collector.retire()
         wall = time.perf_counter() - t0
-        busy, pause = engine_stat(self.engine, "step_s"), engine_stat(self.engine, "pause_s")
-        if busy is not None:  # idle: no batch step running (waiting for sandboxes, for weights, or for work)
-            out["rollout/engine_idle_frac"] = max(0.0, 1.0 - (busy - busy0) / wall)
-            out["rollout/engine_busy_s"] = busy - busy0
-        if pause is not None:
-            out["rollout/engine_pause_s"] = pause - pause0
-        return {**out, "train/trainer_idle_frac": waited / wall}
+        return {**out, **engine_time.metrics(wall), "train/trainer_idle_frac": waited / wall}
 
     def _update_and_sync(self, step: int, batch: StepBatch, gen: torch.Generator) -> dict[str, float]:
         cfg, k = self.cfg, self.cfg.rollout.group_size
@@ -188,26 +152,13 @@ class Trainer:
         return self.step_batch(step, [e.sampled for e in eps], [e.drift for e in eps], [e.group for e in eps],
                                trained=[e.trained for e in eps], metrics=taken.metrics, version=version)
 
-    def step_batch(self, step: int, sampled: list[Trajectory], drift: list[int], groups: list[int], *,
-                   trained: list[Trajectory] | None = None, metrics: dict[str, float] | None = None,
-                   version: int | None = None) -> StepBatch:
-        """A step's episodes as the update takes them: saved as sampled, rewarded as whole episodes (a trimmed one
-        keeps its outcome), and the `trained` part of those with sampled tokens cut into training segments."""
-        trained = sampled if trained is None else trained
+    def step_batch(self, step: int, sampled: list[Trajectory], drift: list[int], groups: list[int],
+                   **kw: Any) -> StepBatch:
+        """A step's episodes, saved as sampled, then as the update takes them (`t1core.segments.step_batch`)."""
         if self.dp.is_main:
             save_trajectories(sampled, self.run_dir / "trajectories" / f"step_{step:04d}")
-        rewards = self.rewards(sampled)
-        metrics = {**rollout_metrics(sampled, rewards), **cut_metrics(sampled), **(metrics or {})}
-        # An episode the infrastructure ended on every try is masked: never trained, never a group's 0.
-        kept = [i for i, t in enumerate(trained)
-                if not is_masked(sampled[i]) and any(bool(s.loss_mask.any()) for s in t.segments())]
-        if kept:
-            metrics["tito/drift_tokens"] = float(sum(drift[i] for i in kept))
-        segments, seg_rewards, seg_groups = training_segments(  # each context of a compacted episode trains alone
-            [trained[i] for i in kept], [rewards[i] for i in kept], [groups[i] for i in kept],
-            cut_episodes=self.cfg.algo.cut_episodes)
-        metrics["train/segments"] = float(len(segments))  # what the update trains on, one trajectory per context
-        return StepBatch(segments, seg_rewards, seg_groups, metrics, version=version)
+        return segments.step_batch(sampled, self.rewards(sampled), drift, groups,
+                                   cut_episodes=self.cfg.algo.cut_episodes, **kw)
 
     def rewards(self, trajs: list[Trajectory]) -> list[float]:
         """Each episode's reward for the update (`t1core.step.shaped_reward`)."""
@@ -218,26 +169,17 @@ class Trainer:
                            self.sched_critic, self.ref_policy)
 
     def sync_engine(self) -> None:
-        """Every rank's engine (rank 0's alone when it serves all ranks) gets the policy's current weights, streamed
-        one decoder layer at a time (gathered from the shards when sharded; collective then), in the engine's dtype."""
-        dtype = distributed.compute_dtype(self.policy)
-        self.ranks.sync(self.engine, distributed.iter_hf_tensors(self.policy, dtype=dtype))
+        """Every engine gets the policy's current weights (`RolloutRanks.sync_policy`)."""
+        self.ranks.sync_policy(self.engine, self.policy)
 
-    # ---- the loop ----
     def run(self) -> None:
         cfg, dp = self.cfg, self.dp
-        resume_step = self._maybe_resume()
-        logger = MetricsLogger(self.run_dir / "metrics.jsonl", resume_step=resume_step) if dp.is_main else None
-
-        def log(step: int, metrics: dict) -> None:
-            if logger is not None:  # one line per row for people (tqdm.write keeps terminal bars intact)
-                tqdm.write(progress_line(logger.log(step, metrics), total_steps=cfg.run.steps), file=sys.stdout)
-                sys.stdout.flush()
+        log = RunLog(self.run_dir, resume_step=self._maybe_resume(), total_steps=cfg.run.steps, is_main=dp.is_main)
         if not self.state.warm_started:
             warm = self.warm_start()
             # Saved once: a resumed run anchors its KL penalty to it, and later runs can start from it.
             save_hf(self.policy, self.tok, self.run_dir / WARMSTART_DIR, dp)
-            log(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
+            log.row(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
                 self.ref_policy = frozen_copy(self.policy, dp)
             self.state.warm_started = True
@@ -252,21 +194,18 @@ class Trainer:
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.run.steps:
                 m.update(self.evaluate(f"step{step + 1}"))
             m.update(self.clock.pop(), **gpu_stats(), **{"time/step_s": time.perf_counter() - t0})
-            log(step, m)
+            log.row(step, m)
             if step + 1 == cfg.run.steps or (cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0):
                 self.checkpoint()
         self.stop_collector()  # its episodes must not share the engine with the evaluation after RL
         after = None
         if self.state.step == cfg.run.steps and self.state.evaluated_at != cfg.run.steps:
             after = self.evaluate("after")
-            log(cfg.run.steps, {**after, **self.clock.pop()})
+            log.row(cfg.run.steps, {**after, **self.clock.pop()})
             self.state.evaluated_at = cfg.run.steps
-        if logger is not None:
-            logger.close()
-            plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "metrics.png")
+        log.close()  # and its plot
         save_hf(self.policy, self.tok, self.run_dir / "final", dp)
-        if after is not None and dp.is_main:  # the run's closing lines: fidelity, what RL did to held-out success
-            print("\n".join(closing_lines(self.run_dir / "metrics.jsonl", after, cfg)), flush=True)
+        log.print_closing_lines(after, cfg)  # fidelity, what RL did to held-out success
 
     def checkpoint(self) -> Path | None:  # collective when sharded
         return checkpoint(self.run_dir, self.actor_critic(), self.state, cfg=self.cfg, dp=self.dp)
@@ -294,22 +233,14 @@ class Trainer:
 
 def main(argv: list[str] | None = None) -> int:
     with bad_input(cli.parser()):
-        cfg, run_dir = parse_args(argv)
+        cfg, run_dir = cli.parse_args(argv)
         builders.check_config(cfg)
-    dp = distributed.init_from_env(cfg.run.device)
-    try:
-        run_dir = dp.broadcast(run_dir)  # the default name holds the time: the main rank's is the run's
-        cli.start(cfg, run_dir, dp)
-        with exit_on_signals_while():  # SIGTERM / SIGINT: stop builds, remove the run's sandboxes on every host, exit
-            trainer = Trainer(cfg, run_dir, dp)
-            try:
-                trainer.run()
-            finally:
-                trainer.close()
-    finally:
-        distributed.close(dp)
-    if dp.is_main:
-        print(run_dir.resolve())
+    with cli.session(cfg, run_dir) as (dp, run_dir):  # the ranks, the run's first lines, SIGTERM/SIGINT handling
+        trainer = Trainer(cfg, run_dir, dp)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
     return 0
 
 

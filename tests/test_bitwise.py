@@ -41,8 +41,7 @@ def policy() -> MoEModel:
 
 def _engine(policy: MoEModel, max_batch: int = 4) -> TorchEngine:
     model = copy.deepcopy(policy).requires_grad_(False)
-    return TorchEngine(model, EngineConfig(max_batch=max_batch, num_slots=2 * max_batch, max_seq_len=512,
-                                           batch_invariant=True))
+    return TorchEngine(model, EngineConfig.for_parallel(max_batch, max_seq_len=512, batch_invariant=True))
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:

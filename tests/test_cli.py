@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BAD_INPUT = {
     "t1core.train": [(["--run.steps=abc"], "run.steps: expected int, got 'abc'"),
                      (["--rollout.engin=x"], "unknown key rollout.engin"),
+                     (["--run.eval_every=3"], "unknown key run.eval_every"),  # retired (issue 59): eval.every
                      (["--model.name=replace"], "model.name: expected a preset"),
                      (["--model.dtype=int8"], "model.dtype: expected one of"),
                      (["--config", "/nonexistent.toml"], "--config /nonexistent.toml: no such file"),

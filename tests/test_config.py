@@ -217,95 +217,40 @@ def test_bitwise_auto_resolves_into_a_copy():
 
 def test_the_config_stays_within_its_field_budget():
     """Issue 48 set 90 fields in all. Issues 55-58 added five (tasks.fixed_tasks, tasks.decontaminate, sandbox.hosts,
-    rollout.infra_retries, rollout.r3) and brought it to 93; issue 59 (each component owns its config) is to bring
-    the run config back to 90, so this bound only holds the line until then."""
+    rollout.infra_retries, rollout.r3) and brought it to 93; issue 59 folded three (RETIRED, below) back to 90."""
     assert num_fields() == sum(len(dataclasses.fields(getattr(RunConfig(), f.name))) for f in dataclasses.fields(
         RunConfig()))
-    assert num_fields() <= 93, num_fields()
+    assert num_fields() <= 90, num_fields()
 
 
-OLD_FORM = """[tasks]
-train_seed = 0
-rl_seed = 1
-heldout_seed = 100000
-[algo]
-advantage_norm = "group"
-negative_adv_scale = 1.0
-skip_flat_steps = true
-critic_only_iterations = 3
-use_tito = true
-use_r3 = true
-[warmstart]
-pretrain_seed_block = 2
-sft_enabled = false
-sft_epochs = 0
-sft_lr_decay = false
-[optim]
-actor_lr_decay = false
-[vllm]
-max_model_len = "none"
-nccl_address = "10.0.0.2"
-nccl_port = 29700
-[parallel]
-nodes = 3
-gpus_per_node = 8
-gpu_mem_gib = 80.0
-host_mem_gib = 900.0
-cpu_offload = false
-"""
+RETIRED = [("tasks", "train_seed", 0), ("tasks", "rl_seed", 1), ("tasks", "heldout_seed", 100000),
+           ("algo", "advantage_norm", "group"), ("algo", "negative_adv_scale", 1.0), ("algo", "skip_flat_steps", True),
+           ("algo", "skip_flat_groups", True), ("algo", "critic_only_iterations", 3), ("algo", "use_tito", True),
+           ("algo", "use_r3", True), ("warmstart", "pretrain_seed_block", 2), ("warmstart", "sft_enabled", False),
+           ("warmstart", "sft_lr_decay", False), ("optim", "actor_lr_decay", False),
+           ("vllm", "max_model_len", "none"), ("vllm", "nccl_address", "10.0.0.2"), ("vllm", "nccl_port", 29700),
+           ("parallel", "nodes", 3), ("parallel", "gpus_per_node", 8), ("parallel", "gpu_mem_gib", 80.0),
+           ("parallel", "host_mem_gib", 900.0), ("run", "eval_every", 3), ("run", "eval_temperature", 0.5),
+           ("run", "eval_samples", 0),
+           ("eval", "temperature", 0.0), ("tasks", "rl_fixed_tasks", True), ("vllm", "dtype", "float32")]
+"""The 24 fields config_compat read into their replacements until issue 59 retired it, then the three issue 59
+folded (eval.temperature: the greedy attempt is greedy, `t1core.evaluation.GREEDY`; tasks.rl_fixed_tasks:
+tasks.fixed_tasks='rl'; vllm.dtype: vLLM serves model.dtype): each is an unknown key now."""
 
 
-def test_old_fields_load_with_one_line_naming_the_new_field(tmp_path, capsys):
-    cfg = load_config(_write(tmp_path, OLD_FORM), [])
-    assert cfg.algo.actor_push == "group" and cfg.warmstart.sft_epochs == 0 and cfg.optim.lr_decay is False
-    assert cfg.warmstart.critic_steps == 3
-    assert cfg.vllm.nccl_endpoint == "10.0.0.2:29700" and cfg.vllm.nccl_host_port == ("10.0.0.2", 29700)
-    lines = capsys.readouterr().err.splitlines()
-    assert lines and all(line.startswith("deprecated: ") for line in lines)
-    joined = "\n".join(lines)
-    for new in ("algo.actor_push", "SeedBlock.TRAIN", "SeedBlock.HELDOUT", "SeedBlock.PRETRAIN", "warmstart.sft_epochs",
-                "optim.lr_decay", "vllm.nccl_endpoint", "rollout.budget.slot_length", "[plan] table",
-                "warmstart.critic_steps", "t1core.experiments.mismatch"):
-        assert new in joined, new
-    # The same on the command line, the old knobs read together.
-    assert load_config(None, ["--algo.advantage_norm=center", "--algo.negative_adv_scale=1",
-                              "--algo.skip_flat_steps=false", "--algo.skip_flat_groups=false"]).algo.actor_push == "center"
+@pytest.mark.parametrize("section,key,value", RETIRED)
+def test_a_retired_field_is_an_unknown_key(tmp_path, capsys, section, key, value):
+    toml = f"{key} = {str(value).lower() if isinstance(value, bool) else repr(value).replace(chr(39), chr(34))}"
+    for load in (lambda: load_config(_write(tmp_path, f"[{section}]\n{toml}\n"), []),
+                 lambda: load_config(None, [f"--{section}.{key}={value}"])):
+        with pytest.raises(ValueError, match=rf"unknown key {section}\.{key}; valid keys of \[{section}\]") as e:
+            load()
+        assert "\n" not in str(e.value)
+    assert capsys.readouterr().err == ""  # no `deprecated:` line any more: the error is the one line
 
 
-@pytest.mark.parametrize("override,message", [
-    ("--algo.advantage_norm=center", r"algo.advantage_norm: replaced by algo.actor_push, and no rule of it is"),
-    ("--tasks.rl_seed=0", r"tasks.rl_seed=0 is no longer a setting: .*SeedBlock.RL = 1"),
-    ("--algo.use_tito=false", "algo.use_tito=false: training on re-tokenized transcripts is an ablation of"),
-    ("--algo.use_r3=false", "algo.use_r3=false: training without routing replay is an ablation"),
-    ("--vllm.max_model_len=4096", "vllm.max_model_len=4096 is no longer a setting"),
-    ("--optim.actor_lr_decay=false", "optim.actor_lr_decay: the SFT and RL decays are one setting now, optim.lr_decay"),
-])
-def test_old_values_the_new_config_cannot_express_are_errors(override, message):
-    with pytest.raises(ValueError, match=message):
-        load_config(None, [override])
-
-
-def test_shipped_presets_and_their_old_form_load_alike(tmp_path, capsys):
-    """The presets in t1core/configs/ load without a deprecation; rewritten in the fields they had before issue 48
-    they load to the same config."""
+def test_shipped_presets_load_without_a_word_on_stderr(capsys):
     root = Path(__file__).resolve().parents[1] / "t1core" / "configs"
     for path in sorted(root.glob("*.toml")):
-        new = load_config(str(path), [])
+        load_config(str(path), [])
         assert capsys.readouterr().err == "", path.name
-        text = path.read_text()
-        body, _, plan = text.partition("[plan]\n")  # the presets end with their [plan] table
-        old = body.replace('actor_push = "group"', "negative_adv_scale = 1.0").replace("[parallel]\n", "[parallel]\n" + plan)
-        assert load_config(_write(tmp_path, old), []) == new, path.name
-        if old != text:  # a CPU preset (no [plan], plain PPO rule unset) has no old form of its own
-            assert "deprecated: " in capsys.readouterr().err
-
-
-def test_moved_eval_fields_load_into_the_eval_section(capsys):
-    cfg = load_config(None, ["--run.eval_every=3", "--run.eval_temperature=0.5", "--run.eval_samples=0"])
-    assert (cfg.eval.every, cfg.eval.temperature, cfg.eval.attempts) == (3, 0.5, 0)
-    err = capsys.readouterr().err
-    for old, new in (("run.eval_every", "eval.every"), ("run.eval_temperature", "eval.temperature"),
-                     ("run.eval_samples", "eval.attempts")):
-        assert f"deprecated: command line: {old} moved to {new}" in err or f"{old} moved to {new}" in err, err
-    with pytest.raises(ValueError, match="run.eval_every=.* contradicts eval.every"):
-        load_config(None, ["--run.eval_every=3", "--eval.every=4"])

@@ -272,7 +272,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
 def _collection(var: str) -> Path:
     path = os.environ.get(var, "")
     if not path or not Path(path).is_dir():
-        pytest.skip(f"${var} does not name a checkout of the collection (see EXPERIMENTS.md, issue 45)")
+        pytest.skip(f"${var} does not name a checkout of the collection (see docs/lab-notes-terminal-bench.md)")
     return Path(path)
 
 

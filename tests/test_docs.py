@@ -1,6 +1,6 @@
 """The README's commands work: the main job runs (with tiny settings appended), every other `python -m` line
 parses, every `t1` line names a subcommand, the test command is the one CI runs, and the page stays a page (<= 12,000
-characters)."""
+characters); EXPERIMENTS.md stays a record of figures (<= 30,000 characters)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ def test_readme_is_a_page_for_users() -> None:
     assert "DEMO_SENTENCE" not in README and "LIFT_ROW" not in README and "DEFAULT_TIME" not in README
 
 
+def test_experiments_stays_a_record_of_figures() -> None:
+    """EXPERIMENTS.md holds the current figures (<= 30,000 characters); lab notes move to docs/, each leaving a
+    pointer that must lead somewhere."""
+    text = (ROOT / "EXPERIMENTS.md").read_text()
+    assert len(text) <= 30_000, f"EXPERIMENTS.md has {len(text)} characters"
+    named = set(re.findall(r"\bdocs/[\w./-]+\.md\b", text))
+    assert {"docs/lab-notes-terminal-bench.md", "docs/lab-notes-refactor-issue-48.md"} <= named
+    assert [p for p in sorted(named) if not (ROOT / p).is_file()] == []
+
+
 def test_the_two_quick_start_commands_are_the_ones_that_run() -> None:
     quick = README.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     assert f"bash scripts/setup.sh && {MAIN_JOB}" in quick and "bash scripts/test.sh" in quick
@@ -75,7 +85,7 @@ def test_every_t1_command_the_readme_names_has_help(argv: list[str], capsys) -> 
 def test_the_trainer_lines_parse() -> None:
     """Every `t1core.train` line of the README parses into a config; the only errors allowed are the example
     paths that do not exist here (a --config file, a run to resume)."""
-    from t1core import train
+    from t1core import cli
 
     runs = [args for module, args in _module_runs() if module == "t1core.train"]
     assert len(runs) >= 5
@@ -83,7 +93,7 @@ def test_the_trainer_lines_parse() -> None:
         if "--help" in args:
             continue
         try:
-            train.parse_args(args)
+            cli.parse_args(args)
         except ValueError as e:
             assert re.search(r"no such file|no config\.toml there", str(e)), (args, e)
 

@@ -17,6 +17,7 @@ from rollout.report import bootstrap_interval
 from sandbox.overlap import check_disjoint, find_overlaps
 from sandbox.tasks import load_task_dirs
 from t1core import train
+from t1core.config_toml import load_config
 from t1core.metrics import progress_line
 from tests.benchmark_tasks import BENCHMARK, write_benchmark, write_task
 from tests.test_train import TINY, needs_docker
@@ -85,10 +86,10 @@ def test_scorecard_rates_interval_and_table() -> None:
 
 def test_a_row_that_evaluated_nothing_says_so() -> None:
     assert progress_line({"step": -1, "eval/tasks": 0.0}, total_steps=2) == "warm start: nothing evaluated"
-    cfg = train.load_config(None, ["--tasks.source=/tmp", "--eval.source=builtin"])
+    cfg = load_config(None, ["--tasks.source=/tmp", "--eval.source=builtin"])
     from t1core.evaluation import nothing_reason
     assert "pass --eval.source=DIR" in nothing_reason(cfg)
-    assert nothing_reason(train.load_config(None, ["--eval.source=[]"])) == "eval.source is empty"
+    assert nothing_reason(load_config(None, ["--eval.source=[]"])) == "eval.source is empty"
 
 
 @pytest.mark.docker
@@ -287,7 +288,7 @@ def test_benchmarks_are_named_after_their_directories(tmp_path: Path, train_dir:
 
     a = write_benchmark(tmp_path / "x" / "B", ("probe-os",))
     b = write_benchmark(tmp_path / "y" / "B", ("probe-flag",))
-    cfg = train.load_config(None, [f"--tasks.source={train_dir}", f"--eval.source=[{a}, {b}, builtin]"])
+    cfg = load_config(None, [f"--tasks.source={train_dir}", f"--eval.source=[{a}, {b}, builtin]"])
     got, kept = load_benchmarks(cfg, load_task_dirs(train_dir))
     assert [t.name for t in kept] == [t.name for t in load_task_dirs(train_dir)]
     assert {k: [t.name for t in v] for k, v in got.items()} == {"B": ["probe-os"], "B-2": ["probe-flag"]}
@@ -295,4 +296,4 @@ def test_benchmarks_are_named_after_their_directories(tmp_path: Path, train_dir:
     with pytest.raises(ValueError, match=r"eval.source: task names \['probe-os'\] appear in more than one"):
         load_benchmarks(cfg, load_task_dirs(train_dir))
     with pytest.raises(ValueError, match="eval.source: expected 'builtin' or directories of tasks, got '/nope'"):
-        builders.check_config(train.load_config(None, ["--eval.source=/nope"]))
+        builders.check_config(load_config(None, ["--eval.source=/nope"]))

@@ -145,7 +145,7 @@ def test_train_check_replays_its_recording_exactly_without_docker(tmp_path: Path
 
 def test_fp32_on_cuda_is_announced_and_gpu_presets_are_bf16() -> None:
     from t1core.config_toml import load_config
-    from t1core.train import precision_notice
+    from t1core.cli import precision_notice
     assert "float32 on CUDA" in precision_notice(load_config(None, ["--run.device=cuda", "--model.dtype=float32"]))
     assert precision_notice(load_config(None, ["--run.device=cuda:1", "--model.dtype=bfloat16"])) is None
     assert precision_notice(load_config(None, [])) is None  # the CPU default run prints nothing new

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from t1core.metrics import (MetricsLogger, Stopwatch, fidelity_line, gpu_stats, phase_budget_line, plot_metrics,
-                            progress_line, read_metrics)
+from t1core.metrics import (EngineWindow, MetricsLogger, RunLog, Stopwatch, fidelity_line, gpu_stats,
+                            phase_budget_line, plot_metrics, progress_line, read_metrics)
 
 
 def _fake_run(path, num_steps: int = 6) -> None:
@@ -147,3 +147,31 @@ def test_fidelity_line_reports_the_largest_gap_and_whether_bitwise_held():
     assert "NOT 0.0" in line and "max |d| at most 5e-07" in line and "drift 1 tokens" in line
     assert "bitwise" not in fidelity_line(moved, bitwise=False)
     assert fidelity_line([warm], bitwise=True) is None
+
+
+def test_engine_window_counts_one_step_of_the_engine() -> None:
+    from types import SimpleNamespace
+
+    engine = SimpleNamespace(stats={"step_s": 1.0, "pause_s": 0.5})
+    window = EngineWindow(engine)
+    engine.stats.update(step_s=3.0, pause_s=1.0)
+    assert window.metrics(4.0) == {"rollout/engine_idle_frac": 0.5, "rollout/engine_busy_s": 2.0,
+                                   "rollout/engine_pause_s": 0.5}
+    assert EngineWindow(None).metrics(1.0) == {}  # a rank without an engine, or one keeping no totals
+
+
+def test_run_log_writes_and_prints_on_the_main_rank_only(tmp_path, capsys) -> None:
+    from t1core.config import RunConfig
+
+    other = RunLog(tmp_path / "other", resume_step=None, total_steps=2, is_main=False)
+    other.row(0, {"reward/dense_mean": 1.0})
+    other.close()
+    other.print_closing_lines({"eval/tasks": 0.0}, RunConfig())
+    assert not (tmp_path / "other").exists() and capsys.readouterr().out == ""
+    log = RunLog(tmp_path, resume_step=None, total_steps=2, is_main=True)
+    log.row(0, {"reward/dense_mean": 1.0})
+    log.close()
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["reward/dense_mean"] == 1.0
+    assert (tmp_path / "metrics.png").is_file() and capsys.readouterr().out.strip()  # one progress line
+    log.print_closing_lines(None, RunConfig())  # no evaluation after RL: no closing lines
+    assert capsys.readouterr().out == ""

@@ -171,13 +171,16 @@ def test_122b_preset_is_planned_and_names_what_it_lacks() -> None:
 
 
 def test_hardware_comes_from_the_plan_table_then_the_flags(tmp_path: Path) -> None:
-    """The planner's own [plan] table (skipped by the trainer's config), an old config's [parallel] keys, and the
-    flags over both."""
+    """The planner's own [plan] table (skipped by the trainer's config), an old config's [parallel] keys (read by the
+    planner; unknown keys to the trainer since issue 59), and the flags over both."""
     path = tmp_path / "run.toml"
     path.write_text("[parallel]\nnodes = 2\ngpus_per_node = 4\n[plan]\ngpus_per_node = 8\n")
     assert hardware_from(str(path)) == Hardware(nodes=2, gpus_per_node=8)
     assert hardware_from(str(path), nodes=5, gpu_mem_gib=80.0) == Hardware(nodes=5, gpus_per_node=8, gpu_mem_gib=80.0)
-    assert load_config(str(path), []) == load_config(None, [])  # the trainer ignores both
+    with pytest.raises(ValueError, match=r"unknown key parallel\.nodes"):
+        load_config(str(path), [])
+    path.write_text("[plan]\ngpus_per_node = 8\n")
+    assert load_config(str(path), []) == load_config(None, [])  # the trainer skips the planner's table
     path.write_text("[plan]\nnodez = 2\n")
     with pytest.raises(ValueError, match=r"\[plan\] takes the keys"):
         hardware_from(str(path))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +106,20 @@ def _full_forward_logprobs(model: MoEModel, prompt: list[int], comp: Completion,
         hidden_TD = model(ids_T, replay_routing=routing_TLK)
     p = len(prompt)
     return token_logprobs(hidden_TD[p - 1:-1], model.lm_head.weight, ids_T[p:], temperature=temperature)
+
+
+def test_the_engine_of_n_parallel_episodes_is_built_in_one_place() -> None:
+    """`EngineConfig.for_parallel`: n decode at once over 2n slots (at least one); the trainer, rollout.collect,
+    rollout.evaluate and the mismatch experiment all build their engine through it."""
+    cfg = EngineConfig.for_parallel(3, max_seq_len=64, batch_invariant=True)
+    assert (cfg.max_batch, cfg.num_slots, cfg.max_seq_len, cfg.batch_invariant) == (3, 6, 64, True)
+    one = EngineConfig.for_parallel(0, max_seq_len=64)
+    assert (one.max_batch, one.num_slots) == (1, 2)
+    root = Path(__file__).resolve().parents[1]
+    built = [str(p.relative_to(root)) for package in ("t1core", "rollout")
+             for p in sorted((root / package).rglob("*.py")) if "EngineConfig(" in p.read_text()
+             and p.name != "torch_engine.py"]
+    assert built == [], built
 
 
 def test_engine_logprobs_match_full_forward_with_replay(model: MoEModel) -> None:

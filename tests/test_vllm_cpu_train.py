@@ -25,7 +25,7 @@ except ImportError:
 from tests.machine import needs_docker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHORT = ["--rollout.engine=vllm", "--vllm.dtype=float32", "--vllm.enforce_eager=true",
+SHORT = ["--rollout.engine=vllm", "--vllm.enforce_eager=true",
          "--tasks.families=create_file", "--tasks.num_per_family=1", "--tasks.num_rl_per_family=1",
          "--tasks.num_heldout_per_family=1", "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0",
          "--warmstart.critic_steps=1", "--rollout.episodes_per_step=2", "--rollout.group_size=2",

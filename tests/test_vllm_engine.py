@@ -392,7 +392,7 @@ def _train_on_the_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=640",
             "--algo.minibatch_tokens=1400", "--warmstart.pretrain_steps=0", "--warmstart.sft_epochs=0",
             "--warmstart.critic_steps=0", "--run.checkpoint_every=0", "--algo.actor_push=center",
-            "--optim.lr_actor=1e-3", "--vllm.dtype=float32", *extra]
+            "--optim.lr_actor=1e-3", *extra]
     assert train.main(args) == 0
     return out, weights
 

@@ -85,16 +85,15 @@ def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(vllm_api, "load_vllm", fake_vllm.fake_api)
     monkeypatch.setattr(vllm_api, "require_vllm", fake_vllm.require)
     policy = MoEModel(ModelConfig.tiny(), seed=0)
-    disagg = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.dtype=float32"])
+    disagg = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated"])
     assert builders.make_engine(policy, disagg, DataParallel(rank=1, world_size=2)) is None
     assert builders.rollout_ranks(disagg, DataParallel(rank=1, world_size=2)).single_engine
     assert not builders.rollout_ranks(disagg, DataParallel.single()).single_engine  # one process: as before
-    colo = load_config(None, ["--rollout.engine=vllm", "--vllm.dtype=float32"])
+    colo = load_config(None, ["--rollout.engine=vllm"])
     with builders.make_engine(policy, colo, DataParallel(rank=1, world_size=2)) as engine:
         assert engine.placement == "colocated" and engine._llm.args["distributed_executor_backend"] is None
         assert not builders.rollout_ranks(colo, DataParallel(rank=1, world_size=2)).single_engine
-    ray = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.executor=ray",
-                             "--vllm.dtype=float32"])
+    ray = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.executor=ray"])
     with builders.make_engine(policy, ray, DataParallel(rank=0, world_size=2)) as engine:
         assert engine._llm.args["distributed_executor_backend"] == "ray" and not engine._llm.args["enable_sleep_mode"]
     with pytest.raises(ValueError, match="vllm.executor: expected 'mp' with vllm.placement='colocated'"):
@@ -171,7 +170,7 @@ def _train_on_two_ranks(tmp_path: Path, tasks: Path, placement: str, extra: tupl
 
     out = tmp_path / (placement + "".join(extra))
     args = ["--out", str(out), f"--tasks.source={tasks}", "--rollout.engine=vllm", f"--vllm.placement={placement}",
-            "--vllm.dtype=float32", "--run.steps=2", "--rollout.episodes_per_step=4", "--rollout.group_size=2",
+            "--run.steps=2", "--rollout.episodes_per_step=4", "--rollout.group_size=2",
             "--rollout.concurrency=2", "--rollout.max_turns=2", "--rollout.max_new_tokens_per_turn=8",
             "--rollout.max_tokens=640", "--algo.minibatch_tokens=700", "--warmstart.pretrain_steps=0",
             "--warmstart.sft_epochs=0", "--warmstart.critic_steps=0", "--run.checkpoint_every=0",

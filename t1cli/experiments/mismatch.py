@@ -341,8 +341,8 @@ def measure_bitwise(policy: MoEModel, trajs: list[Trajectory], record: Completio
 def collect(rollout_model: MoEModel, tasks: list[Task], images: dict[str, TaskImage], tok: ChatTokenizer,
             cfg: MismatchConfig, *, seed: int, batch_invariant: bool = False) -> tuple[list[Trajectory], CompletionLog]:
     """`num_episodes` real episodes sampled by a fresh engine over `rollout_model`, and the engine's record."""
-    ecfg = EngineConfig(max_batch=cfg.num_parallel, num_slots=2 * cfg.num_parallel,
-                        max_seq_len=slot_length(cfg.max_tokens, cfg.max_reply_tokens), batch_invariant=batch_invariant)
+    ecfg = EngineConfig.for_parallel(cfg.num_parallel, max_seq_len=slot_length(cfg.max_tokens, cfg.max_reply_tokens),
+                                     batch_invariant=batch_invariant)
     specs = [EpisodeSpec(task=tasks[i % len(tasks)], image=images[tasks[i % len(tasks)].name],
                          seed=derive_seed(seed, i)) for i in range(cfg.num_episodes)]
     with TorchEngine(rollout_model, ecfg) as engine:
