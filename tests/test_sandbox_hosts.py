@@ -23,6 +23,7 @@ from sandbox.errors import SandboxError
 from sandbox.host_spec import HostSpec, ssh_url_with_port
 from sandbox.hosts import DockerHosts
 from sandbox.settings import SandboxSettings
+from sandbox.image_cache import TaskImage
 from sandbox.task_images import build_task_image, default_base_image_overrides
 from sandbox.tasks import load_task
 from t1model.tokenizer import ChatTokenizer, format_tool_call
@@ -111,17 +112,21 @@ def test_placement_respects_per_host_limits_over_unix_and_tls(daemons: ExtraDaem
     assert provider.load() == {"host0": 0, "host1": 0, "host2": 0}
 
 
-@pytest.mark.docker
-def test_image_built_once_and_loaded_on_every_host(daemons: ExtraDaemons, tmp_path: Path) -> None:
-    task_dir = tmp_path / "built"
+def _fresh_image(task_dir: Path, marker: str) -> TaskImage:
+    """A task image built on the main daemon now, that no host has yet: /built holds `marker`-<time>."""
     (task_dir / "environment").mkdir(parents=True)
     (task_dir / "instruction.md").write_text("Nothing to do.\n")
     (task_dir / "task.toml").write_text('version = "1.0"\n')
     (task_dir / "tests").mkdir()
     (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     (task_dir / "environment" / "Dockerfile").write_text(
-        f"FROM debian:bookworm\nRUN echo built-{time.time_ns()} > /built\n")
-    image = build_task_image(load_task(task_dir), base_image_overrides=default_base_image_overrides())
+        f"FROM debian:bookworm\nRUN echo {marker}-{time.time_ns()} > /built\n")
+    return build_task_image(load_task(task_dir), base_image_overrides=default_base_image_overrides())
+
+
+@pytest.mark.docker
+def test_image_built_once_and_loaded_on_every_host(daemons: ExtraDaemons, tmp_path: Path) -> None:
+    image = _fresh_image(tmp_path / "built", "built")
     main_id = docker.APIClient().inspect_image(image.ref)["Id"]
     provider = DockerHosts(_specs(daemons, "", "", ""))
     try:
@@ -151,15 +156,7 @@ def test_a_host_over_ssh_gets_the_image_and_runs_sandboxes(daemons: ExtraDaemons
     if daemons.ssh_index is None:
         pytest.skip("no sshd here (apt-get install openssh-server)")
     monkeypatch.setenv("PATH", f"{daemons.ssh_bin}:{os.environ['PATH']}")
-    task_dir = tmp_path / "over-ssh"
-    (task_dir / "environment").mkdir(parents=True)
-    (task_dir / "instruction.md").write_text("Nothing to do.\n")
-    (task_dir / "task.toml").write_text('version = "1.0"\n')
-    (task_dir / "tests").mkdir()
-    (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
-    (task_dir / "environment" / "Dockerfile").write_text(
-        f"FROM debian:bookworm\nRUN echo ssh-{time.time_ns()} > /built\n")
-    image = build_task_image(load_task(task_dir), base_image_overrides=default_base_image_overrides())
+    image = _fresh_image(tmp_path / "over-ssh", "ssh")
     provider = DockerHosts([HostSpec.parse(daemons.ssh_spec("max=2 name=viassh"))])
     try:
         provider.distribute([image.ref])
