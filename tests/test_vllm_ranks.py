@@ -131,7 +131,7 @@ def _rank(rank: int, port: int, args: list[str], out: str) -> None:
     sync and, at close, this rank's engine weights."""
     import torch.distributed as dist
 
-    from t1core import distributed, train
+    from t1core import rollout_ranks, train
     from tests import fake_vllm
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
@@ -142,15 +142,15 @@ def _rank(rank: int, port: int, args: list[str], out: str) -> None:
     vllm_api.require_vllm = fake_vllm.require
     peaks: list[int] = []
     sync, close = train.Trainer.sync_engine, train.Trainer.close
-    real_iter = distributed.iter_hf_tensors
+    real_iter = rollout_ranks.iter_hf_tensors  # the stream the sync reads (RolloutRanks.sync_policy)
 
     def metered_sync(self: train.Trainer) -> None:
         meter = _StorageMeter()
-        distributed.iter_hf_tensors = lambda *a, **k: meter.wrap(real_iter(*a, **k))
+        rollout_ranks.iter_hf_tensors = lambda *a, **k: meter.wrap(real_iter(*a, **k))
         try:
             sync(self)
         finally:
-            distributed.iter_hf_tensors = real_iter
+            rollout_ranks.iter_hf_tensors = real_iter
         peaks.append(meter.peak)
 
     def recording_close(self: train.Trainer) -> None:
