@@ -31,7 +31,7 @@ from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, is_infra, save_trajectory
 from sandbox import suite
 from sandbox.cli import Parser, bad_input
-from sandbox.hosts import parse_hosts, use_hosts
+from sandbox.hosts import add_host_argument, use_hosts
 from sandbox.task_images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task
 from t1model.device import check_device
@@ -120,18 +120,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                    help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
-    p.add_argument("--host", action="append", default=[], metavar="'URL [max=N] [tls=DIR] ...'",
-                   help="a Docker host for the sandboxes, as an entry of the trainer's sandbox.hosts (repeat for "
-                        "several; default: the daemon of DOCKER_HOST)")
+    add_host_argument(p)
     p.add_argument("--no-verify", action="store_true", help="skip the verifiers (reward 0)")
     p.add_argument("--not-batch-invariant", action="store_true",
                    help="plain CPU products in the engine: faster decoding, but results then depend on which "
                         "episodes the engine batched together (EngineConfig.batch_invariant)")
     args = p.parse_args(argv)
-    try:
-        parse_hosts(args.host)
-    except ValueError as e:  # named as the trainer names it: the entry and what is wrong with it
-        p.error(f"--host: {e}")
     if args.episodes is not None and args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
     try:

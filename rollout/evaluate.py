@@ -43,7 +43,7 @@ from rollout.trajectory import Trajectory
 from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from sandbox.base_image import ensure_base_image
 from sandbox.cli import Parser, bad_input
-from sandbox.hosts import parse_hosts, use_hosts
+from sandbox.hosts import add_host_argument, use_hosts
 from sandbox.task_images import build_task_images, default_base_image_overrides, parse_override
 from sandbox.tasks import Task, load_task_dirs
 from t1model.device import check_device
@@ -80,14 +80,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                    help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
-    p.add_argument("--host", action="append", default=[], metavar="'URL [max=N] [tls=DIR] ...'",
-                   help="a Docker host for the sandboxes, as an entry of the trainer's sandbox.hosts (repeat for "
-                        "several; default: the daemon of DOCKER_HOST)")
+    add_host_argument(p)
     args = p.parse_args(argv)
-    try:
-        parse_hosts(args.host)
-    except ValueError as e:  # named as the trainer names it: the entry and what is wrong with it
-        p.error(f"--host: {e}")
     for name in ("attempts", "parallel", "max_turns", "max_reply_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -85,7 +85,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     verifier_frac (mean over tasks of the passed fraction of their tests), over the scored attempts; unscored: the
     attempts the infrastructure ended (left out)."""
     records = list(records)
-    tasks = _by_task(scored(records))
+    kept = scored(records)
+    tasks = _by_task(kept)
     if not tasks:
         raise ValueError("summarize: no attempts" if not records else
                          f"summarize: no scored attempt (the infrastructure ended all {len(records)})")
@@ -94,7 +95,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float]:
     lo, hi = bootstrap_interval(rates)
     return {"tasks": float(len(tasks)), "attempts": float(min(len(rs) for rs in tasks.values())),
             "resolved_rate": sum(rates) / len(rates), "ci_low": lo, "ci_high": hi,
-            "verifier_frac": sum(fracs) / len(fracs), "unscored": float(len(records) - len(scored(records)))}
+            "verifier_frac": sum(fracs) / len(fracs), "unscored": float(len(records) - len(kept))}
 
 
 def samples(records: Iterable[dict[str, Any]]) -> list[Sample]:
