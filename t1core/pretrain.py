@@ -12,7 +12,8 @@ split, a seed block of its own; instructions of the RL and held-out instances ar
 text `instruction \\n <tool_call>{...}</tool_call> \\n` (the first call of the instance's SFT demonstration:
 the corpus does the finishing step as often as the demonstrations do, see `sandbox.families.finish`; a two-turn
 reference gives its look, the second call depends on output the corpus does not hold), packed into rows of
-whole pairs, next-token loss on every token. No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond
+whole pairs, next-token loss on every token. A long family (`WALKS`) gives whole walks of fresh short instances in
+the chat template instead, each command copied from the output before it (`walk_text`). No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond
 the seed: the same config gives the same weights.
 """
 
@@ -20,25 +21,28 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from collections.abc import Collection, Iterator, Sequence
+import random
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from t1kernels.logprob import token_logprobs
-from sandbox.families import FAMILIES, generate, known_families
+from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
+from sandbox.families import FAMILIES, chain, generate, known_families
 from sandbox.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
 from t1core import builders
 from t1core.builders import TaskSets
 from t1core.config import RunConfig
 from t1core.distributed import DataParallel
 from t1core.step import SeedBlock
-from t1model.tokenizer import ChatTokenizer, format_tool_call
+from t1model.tokenizer import IM_END, IM_START, ChatTokenizer, format_tool_call
 from t1core.update import _step, _summarise
 
 def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[str] = ()) -> Iterator[str]:
-    """Endless, deterministic stream of `instruction\\n<tool_call>...</tool_call>\\n`, families in turn.
+    """Endless, deterministic stream of `instruction\\n<tool_call>...</tool_call>\\n`, families in turn; a long
+    family's document is a whole walk instead (`walk_text`).
 
     An instance whose instruction is in `avoid` (the RL and held-out instructions) is skipped."""
     unknown = [f for f in families if f not in known_families()]
@@ -47,11 +51,37 @@ def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[
     i = 0
     while True:
         family = families[i % len(families)]
-        spec = generate(family, seed_block * SEED_STRIDE + i // len(families), "train")
+        seed = seed_block * SEED_STRIDE + i // len(families)
         i += 1
+        if family in WALKS:
+            instruction, steps = WALKS[family](random.Random(f"{family}:corpus:{seed}"))
+            if instruction not in avoid:
+                yield walk_text(instruction, steps)
+            continue
+        spec = generate(family, seed, "train")
         if spec.instruction.strip() not in avoid:
             demo = spec.demonstration if spec.demonstration is not None else spec.turns
             yield f"{spec.instruction.strip()}\n{format_tool_call(demo[0].strip())}\n"
+
+
+WALKS: dict[str, Callable[[random.Random], tuple[str, list[tuple[str, str]]]]] = {
+    "follow_chain": lambda rng: chain.walk(rng, rng.randint(*WALK_LINKS)),
+}
+"""Long families whose corpus documents are whole walks of a fresh, short instance."""
+WALK_LINKS = (2, 20)
+"""Links of a corpus chain (inclusive): a document fits a row, and the end (and the done marker after it) is seen."""
+
+
+def walk_text(instruction: str, steps: list[tuple[str, str]]) -> str:
+    """A walk as the agent's contexts hold it, in the chat template: system, instruction, then per step the tool call
+    and its <tool_response>, and the done marker after the last output. What a long family needs from a base model
+    is to copy a name out of the last output into the next command (the first from the instruction), at every link:
+    a corpus of first commands alone, and SFT on a few chains, left a policy that wrote names it had memorised."""
+    turns = [f"{IM_START}system\n{DEFAULT_SYSTEM_PROMPT}{IM_END}\n{IM_START}user\n{instruction}{IM_END}\n"]
+    for command, output in steps:
+        turns.append(f"{IM_START}assistant\n{format_tool_call(command)}{IM_END}\n"
+                     f"{IM_START}user\n<tool_response>\n{output}\n</tool_response>{IM_END}\n")
+    return "".join(turns) + f"{IM_START}assistant\n{DONE_MARKER}{IM_END}\n"
 
 
 def packed_rows(texts: Iterator[str], tok: ChatTokenizer, *, row_tokens: int

@@ -102,7 +102,7 @@ _OUTPUT = re.compile(r"<tool_response>\s*(\S+)\s*</tool_response>")
 
 class ChainPolicy:
     """A scripted follow_chain policy served by the real engine: each reply is the command the last observation calls
-    for (`tee -a done < q/NAME`; the done marker after `end`; the first name from the instruction), teacher-forced
+    for (`tee -a done < q/NAME`; the done marker after `end`; the first path from the instruction), teacher-forced
     (`SamplingParams.forced_token_ids`): the engine prefills the prompt and computes the reply's log-probs and
     routing as for a draw. `on_turn(n)` is called before the n-th reply (1-based)."""
 
@@ -118,7 +118,7 @@ class ChainPolicy:
         if self.on_turn is not None:
             self.on_turn(self.turns)
         outputs = _OUTPUT.findall(self.tok.decode(prompt[-48:]))  # the last observation (none before the first turn)
-        name = outputs[-1] if outputs else re.search(r"starting at (\w+)", self.tok.decode(prompt)).group(1)
+        name = outputs[-1] if outputs else re.search(r"starting at (q/\w+)", self.tok.decode(prompt)).group(1)
         reply = DONE_MARKER if name == END else format_tool_call(step_command(name))
         forced = tuple(self.tok.encode(reply) + [self.tok.im_end_id])
         return self.engine.submit(prompt, params.replace(forced_token_ids=forced))

@@ -16,18 +16,18 @@ from rollout.compaction import Compaction
 from rollout.engine import SamplingParams
 from rollout.torch_engine import EngineConfig, TorchEngine
 from sandbox.families import FAMILIES, LONG_FAMILIES, generate
-from sandbox.families.chain import CHAIN_DIR, END, LINKS, MILESTONES
+from sandbox.families.chain import END, LINKS, MILESTONES
 from sandbox.suite import demonstration_turns, family_tasks, reference_turns
 from t1model.model import ModelConfig, MoEModel
 from t1model.tokenizer import ChatTokenizer
 
-STEP = re.compile(r"^tee -a done < q/(\w+)$")
+STEP = re.compile(r"^tee -a done < (q/\w+)$")
 
 
 def _walk(files: dict[str, str], first: str) -> list[str]:
-    """The chain read off the files themselves: names in order, from `first` to the one that holds `end`."""
+    """The chain read off the files themselves: paths in order, from `first` to the one that holds `end`."""
     names = [first]
-    while (nxt := files[f"{CHAIN_DIR}/{names[-1]}"].strip()) != END:
+    while (nxt := files[f"/app/{names[-1]}"].strip()) != END:
         names.append(nxt)
     return names
 
@@ -38,7 +38,7 @@ def test_follow_chain_instances_are_seeded_and_each_command_follows_the_last_out
     for seed in range(40):
         spec = generate("follow_chain", seed, "train")
         assert spec == generate("follow_chain", seed, "train")
-        first = re.search(r"starting at (\w+)", spec.instruction).group(1)
+        first = re.search(r"starting at (q/\w+)", spec.instruction).group(1)
         names = _walk(spec.files, first)
         assert LINKS[0] <= len(names) <= LINKS[1] and len(names) == len(spec.files)
         assert [STEP.match(t).group(1) for t in spec.turns] == names

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 
+from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
 from sandbox.families import generate
+from sandbox.families.chain import END, step_command
 from sandbox.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
 from t1core import builders
 from t1core.config_toml import load_config
@@ -38,6 +41,29 @@ def test_corpus_does_the_finishing_step_as_often_as_the_demonstrations() -> None
     done = sum(f"; {CLEANUP}" in t for t in texts) / len(texts)
     assert all(f"Then remove the directory {SCRATCH_DIR}." in t for t in texts)
     assert abs(done - DEMO_COMPLETE_RATE) < 0.08, done
+
+
+def test_a_long_familys_document_is_a_whole_walk_in_the_agents_own_tokens() -> None:
+    """A follow_chain document is a fresh chain walked to its end: each command copies the output before it, the done
+    marker follows `end`, and its ids are those of the contexts the agent builds (prompt, reply, tool response)."""
+    tok = ChatTokenizer.builtin()
+    texts = list(itertools.islice(corpus_texts(["follow_chain"], seed_block=2), 40))
+    assert len(set(texts)) == 40
+    for text in texts[:8]:
+        instruction = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        first = re.search(r"starting at (q/\w+):", instruction).group(1)
+        commands = re.findall(r'"command": "(tee[^"]+)"', text)
+        outputs = re.findall(r"<tool_response>\n(\S+)\n\n</tool_response>", text)
+        assert len(commands) == len(outputs) and 2 <= len(commands) <= 20 and outputs[-1] == END
+        assert commands == [step_command(n) for n in [first, *outputs[:-1]]]
+        ids = tok.encode_prompt(DEFAULT_SYSTEM_PROMPT, instruction)
+        for command, output in zip(commands, outputs):
+            ids += tok.encode(format_tool_call(command)) + tok.assistant_turn_end_ids()
+            ids += tok.encode_tool_response(f"{output}\n")
+        ids += tok.encode(DONE_MARKER) + tok.assistant_turn_end_ids()
+        assert tok.encode(text) == ids
+    avoided = texts[0].split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+    assert texts[0] not in itertools.islice(corpus_texts(["follow_chain"], seed_block=2, avoid={avoided}), 40)
 
 
 def test_packed_rows_hold_whole_documents_with_in_document_targets() -> None:

@@ -1,10 +1,13 @@
 """Long-horizon families: an instance takes 100 to 120 shell commands, each one written from the last one's output.
 
-`follow_chain`: the directory /app/q holds one small file per link of a chain; each file holds the name of the next
-one, the last holds `end`. The agent checks the links off one by one with `tee -a done < q/NAME`: the command prints
-the file (the next name, which the next command needs) and appends it to /app/done. The instruction names the first
-link only, so every later command copies a name out of the previous observation, and nothing else: each turn's
-command and output are short and alike, and after compaction the last kept turn still holds all the agent needs.
+`follow_chain`: the directory /app/q holds one small file per link of a chain; each file holds the path of the next
+one (`q/k42`, relative to /app), the last holds `end`. The agent checks the links off one by one with
+`tee -a done < q/NAME`: the command prints the file (the next path, which the next command needs) and appends it to
+/app/done. The instruction names the first link only, so every later command copies a path out of the previous
+observation, and nothing else: each turn's command and output are short and alike, and after compaction the last kept
+turn still holds all the agent needs. A file holds the path rather than the bare name so that the command holds the
+very tokens the output did: the built-in BPE merges `/k` in `q/k42`, so a bare `k42` in the output would tokenize
+apart from the name in the command, and copying it would take a letter-to-`/letter` mapping on top of the copy.
 
 Verifiers give a dense reward: one per eighth of the chain checked off in order (`MILESTONES`; a repeated line is
 forgiven, a skipped or wrong one ends the count), and one that /app/q is left as it was. The full reference walks the
@@ -32,14 +35,28 @@ AGENT_TIMEOUT_S = 1800.0
 """task.toml's agent timeout of an instance (a hundred commands and more)."""
 
 
-def step_command(name: str) -> str:
-    """The command that checks off link `name` (run in /app) and prints the next name."""
-    return f"tee -a done < q/{name}"
+def step_command(path: str) -> str:
+    """The command that checks off the link at `path` (`q/NAME`; run in /app) and prints the next path."""
+    return f"tee -a done < {path}"
 
 
-def _names(rng: random.Random, n: int) -> list[str]:
-    """n distinct link names like 'k42' (a letter and two digits)."""
-    pool = [f"{c}{d:02d}" for c in LETTERS for d in range(100)]
+def instruction(first: str) -> str:
+    """An instance's instruction: it names the first link's path and the command, nothing more."""
+    return (f"Follow the chain of files in {CHAIN_DIR}, starting at {first}: run {step_command(first)} , then the "
+            f"same command with the path it prints, and so on, until it prints {END}.")
+
+
+def walk(rng: random.Random, links: int) -> tuple[str, list[tuple[str, str]]]:
+    """(instruction, [(command, output), ...]) of a whole walk along a fresh chain of `links` links: what the
+    pretraining corpus shows (`t1core.pretrain`), every command copying the path the output before it printed.
+    The output is what the sandbox returns for the command (`tee` prints the file: the next path, a newline)."""
+    paths = _paths(rng, links)
+    return instruction(paths[0]), [(step_command(p), f"{nxt}\n") for p, nxt in zip(paths, [*paths[1:], END])]
+
+
+def _paths(rng: random.Random, n: int) -> list[str]:
+    """n distinct link paths like 'q/k42' (a letter and two digits, in q/ under /app)."""
+    pool = [f"q/{c}{d:02d}" for c in LETTERS for d in range(100)]
     return rng.sample(pool, n)
 
 
@@ -52,10 +69,10 @@ def chain_task(rng: random.Random, links: int) -> TaskSpec:
     family's own for stress runs."""
     if not 1 <= links <= len(LETTERS) * 100:
         raise ValueError(f"chain_task: expected 1 to {len(LETTERS) * 100} links, got {links}")
-    names = _names(rng, links)
-    contents = [*names[1:], END]  # what each link's file holds: the next name
-    files = {f"{CHAIN_DIR}/{name}": f"{nxt}\n" for name, nxt in zip(names, contents)}
-    turns = tuple(step_command(name) for name in names)
+    names = _paths(rng, links)
+    contents = [*names[1:], END]  # what each link's file holds: the next path
+    files = {f"/app/{path}": f"{nxt}\n" for path, nxt in zip(names, contents)}
+    turns = tuple(step_command(path) for path in names)
     stop = rng.randrange(len(names) // 4, len(names)) if rng.random() >= DEMO_COMPLETE_RATE else None
     milestones = [-(-len(names) * k // MILESTONES) for k in range(1, MILESTONES + 1)]  # links done at each
     fails = tuple(f"test_progress_{k}" for k, need in enumerate(milestones, 1) if stop is not None and stop < need)
@@ -64,8 +81,7 @@ def chain_task(rng: random.Random, links: int) -> TaskSpec:
             assert checked_off() >= {need}
         """ for k, need in enumerate(milestones, 1))
     return TaskSpec(
-        instruction=(f"Follow the chain of files in {CHAIN_DIR}, starting at {names[0]}: run {turns[0]} , then the "
-                     f"same command with the name it prints, and so on, until it prints {END}."),
+        instruction=instruction(names[0]),
         files=files, inspect=turns[:-1], solution=turns[-1], category="long",
         constants={"EXPECTED": contents, "DONE": DONE_FILE, "CHAIN": {p: sha_of(c) for p, c in files.items()}},
         demonstration=turns[:stop] if stop is not None else None, demonstration_fails=fails,
