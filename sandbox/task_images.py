@@ -53,7 +53,7 @@ from sandbox.image_cache import (IMAGE_REPO, TaskImage, cache_size, prune_task_i
 from sandbox.tarball import RootOwned
 from sandbox.tasks import Task, inherited_workdir
 from sandbox.test_deps import TestDeps
-from sandbox.verify import is_protected
+from sandbox.protected import is_protected
 
 DirStat = tuple[int, int, int, float]  # mode, uid, gid, mtime
 _FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)

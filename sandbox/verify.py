@@ -68,67 +68,13 @@ import sandbox.verifier_libs as verifier_libs
 from sandbox.daemon import docker_errors
 from sandbox.docker_sandbox import DockerSandbox
 from sandbox.errors import SandboxError
+from sandbox.protected import PROTECTED_FILES, PTH_FILES, holds_protected, is_protected, is_site_dir
 from sandbox.tarball import RootOwned
 from sandbox.tasks import Task
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _KILL_GRACE_S = 5
 _OUTPUT_TAIL = 16_000
-# `docker diff` paths that mark the sandbox as tampered: the verifier's own machinery. Any path starting with
-# one of _PROTECTED_PREFIXES, or equal to one of _PROTECTED_FILES.
-_PROTECTED_PREFIXES = (
-    "/usr/bin/pytest", "/usr/bin/py.test", "/usr/local/bin/pytest", "/usr/local/bin/py.test", "/usr/lib/python3",
-    "/usr/local/lib/python3", "/etc/python3", "/etc/ld.so",
-    "/usr/lib/x86_64-linux-gnu/", "/lib/x86_64-linux-gnu/", "/usr/lib/aarch64-linux-gnu/",
-    "/lib/aarch64-linux-gnu/", "/lib64/", "/usr/lib64/",
-)
-_PROTECTED_FILES = frozenset(
-    f"{d}/{name}" for d in ("/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin")
-    for name in ("env", "timeout", "tail", "bash", "sh", "dash", "rm", "mkdir", "chmod", "ln")
-)
-
-
-# Inside the Python library directories, site-packages is the agent's as much as the task's: solutions `pip
-# install` what the task needs, and code the tests import is agent code anyway (see the limit below). What the
-# verifier's own pytest run loads from there stays protected: pytest and the packages it imports (checked by
-# tests/test_tasks.py against a real run), and whatever runs at interpreter start (.pth, *customize).
-_SITE_DIR_RE = re.compile(
-    r"^/usr(?:/local)?/lib/python3[^/]*/(?:site|dist)-packages(?:/(?:__pycache__/)?([^/]+))?")
-VERIFIER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "attr", "attrs", "packaging",
-                              "exceptiongroup", "tomli", "_distutils_hack", "sitecustomize", "usercustomize"})
-
-
-def _is_site_dir(path: str) -> bool:
-    """A site-packages or dist-packages directory itself (an apt-installed Python package can create one)."""
-    site = _SITE_DIR_RE.match(path)
-    return site is not None and site.group(1) is None and site.end() == len(path.rstrip("/"))
-
-
-# The interpreters themselves (python, python3, python3.11), not every script whose name starts with "python"
-# (pip writes /usr/local/bin/python-grpc-tools-protoc).
-_INTERPRETER_RE = re.compile(r"^/usr(?:/local)?/bin/python[0-9.]*$")
-
-
-# What `pth_files='allow'` accepts in site-packages: .pth files and the module setuptools' own .pth imports.
-_PTH_MODULES = frozenset({"_distutils_hack"})
-PTH_FILES = ("tamper", "allow")
-
-
-def is_protected(path: str, *, pth_files: str = "tamper") -> bool:
-    """Whether a change at `path` (absolute) counts as tampering with the verifier's machinery. `pth_files='allow'`
-    lets .pth files in site-packages, and `_PTH_MODULES`, change (see `run_verifiers`)."""
-    if _INTERPRETER_RE.match(path):
-        return True
-    site = _SITE_DIR_RE.match(path)
-    if site is not None and site.group(1) is not None:
-        top = site.group(1)
-        pth, module = top.endswith(".pth"), top.split(".", 1)[0].split("-", 1)[0]
-        if pth_files == "allow" and (pth or module in _PTH_MODULES):
-            return False
-        return pth or module in VERIFIER_MODULES
-    return path in _PROTECTED_FILES or path.startswith(_PROTECTED_PREFIXES)
-
-
 # Out-of-band process sweep (bash builtins only): kill everything but init, the container's keepalive (the
 # child of docker-init that started first) and the calling script, the agent's persistent shell included
 # (its traps would run agent code when its children die). Zombies are skipped: only their parent reaps.
@@ -461,10 +407,10 @@ def _inspect_changes(sandbox: DockerSandbox, info: dict[str, Any], *,
     for path, kind in changes:
         if kind == "modified" and path in parents:
             continue
-        if kind in ("added", "modified") and _is_site_dir(path):
+        if kind in ("added", "modified") and is_site_dir(path):
             continue  # a site directory made (or its mode changed): what lands in it is judged entry by entry
         protected = (is_protected(path, pth_files=pth_files)
-                     or (kind in ("deleted", "replaced") and _holds_protected(path)))
+                     or (kind in ("deleted", "replaced") and holds_protected(path)))
         if path.endswith(".pyc") or path.endswith("/__pycache__"):
             pyc = pyc or protected  # harmless only while Python does not read them (see run_verifiers)
         elif protected and not (image is not None and image.installed_alongside(path, kind)):
@@ -604,7 +550,7 @@ def _lib_dir_of(path: str) -> str | None:
 @functools.lru_cache(maxsize=64)
 def _verifier_library_names(lowers: tuple[str, ...]) -> frozenset[str]:
     """sandbox.verifier_libs for one image (its layers never change; read once per process)."""
-    return verifier_libs.verifier_library_names(lowers, _LIB_DIRS, _PROTECTED_FILES)
+    return verifier_libs.verifier_library_names(lowers, _LIB_DIRS, PROTECTED_FILES)
 
 
 def _same_entry(old: str, new: str) -> bool:
@@ -628,12 +574,6 @@ def _same_entry(old: str, new: str) -> bool:
 # Kinds of change: docker diff's 0, 1, 2, and "replaced", a directory removed and made again (overlay's opaque
 # directory: nothing of the image's copy shows through; docker diff lists what it held as deleted instead).
 _DIFF_KINDS = {0: "modified", 1: "added", 2: "deleted"}
-
-
-def _holds_protected(path: str) -> bool:
-    """Whether the directory `path` holds protected files (deleting or replacing it changes them)."""
-    prefix = path.rstrip("/") + "/"
-    return any(p.startswith(prefix) for p in (*_PROTECTED_PREFIXES, *_PROTECTED_FILES))
 
 
 def _upper_dir_changes(info: dict[str, Any]) -> list[tuple[str, str]] | None:

@@ -306,7 +306,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
 @pytest.mark.docker
 def test_verifier_modules_cover_what_a_pytest_run_loads_from_site_packages(overrides: dict[str, str]) -> None:
     """The site-packages modules left to the agent must not include one the verifier's own run imports."""
-    from sandbox.verify import VERIFIER_MODULES
+    from sandbox.protected import VERIFIER_MODULES
 
     probe = ("import sys, pytest\nopen('/tmp/t/test_a.py', 'w').write('def test_a():\\n    assert True\\n')\n"
              "rc = pytest.main(['/tmp/t', '-q', '-p', 'no:cacheprovider', '--junitxml=/tmp/j.xml'])\n"
