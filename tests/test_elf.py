@@ -1,5 +1,5 @@
-"""sandbox.elf reads DT_NEEDED as binutils' readelf does, and sandbox.verifier_libs finds every library the dynamic
-loader (ldd) loads for the verifier's programs, on this host's own files."""
+"""sandbox.images.elf reads DT_NEEDED as binutils' readelf does, and sandbox.images.verifier_libs finds every library
+the dynamic loader (ldd) loads for the verifier's programs, on this host's own files."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from sandbox.elf import ElfFormatError, needed_libraries
-from sandbox.verifier_libs import ROOT_PATTERNS, _glob_image, verifier_library_names
-from sandbox.protected import PROTECTED_FILES
-from sandbox.verify import _LIB_DIRS
+from sandbox.images.elf import ElfFormatError, needed_libraries
+from sandbox.images.verifier_libs import ROOT_PATTERNS, _glob_image, verifier_library_names
+from sandbox.images.protected import PROTECTED_FILES
+from sandbox.runtime.verify import _LIB_DIRS
 
 _HOST_FILES = sorted({os.path.realpath(p) for p in [sys.executable, "/bin/bash", "/usr/bin/timeout",
                                                       *glob.glob("/usr/lib/python3*/lib-dynload/*.so"),

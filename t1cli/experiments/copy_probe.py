@@ -18,8 +18,8 @@ from collections import Counter
 import torch
 
 from sandbox.cli import Parser, bad_input
-from sandbox.families import FAMILIES, generate
-from sandbox.suite import SEED_STRIDE
+from sandbox.tasks.families import FAMILIES, generate
+from sandbox.tasks.suite import SEED_STRIDE
 from t1model.hf_io import load_pretrained
 from t1model.model import MoEModel
 from t1model.tokenizer import ChatTokenizer, format_tool_call
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint", help="HF checkpoint directory (a run's warmstart/ or final/)")
     p.add_argument("--per-family", type=int, default=6, help="held-out instances per family")
     p.add_argument("--families", default="", help="comma-separated family names (default: all built-in)")
-    p.add_argument("--seed-block", type=int, default=0, help="held-out seed block (seeds B * sandbox.suite.SEED_STRIDE + i)")
+    p.add_argument("--seed-block", type=int, default=0,
+                   help="held-out seed block (seeds B * sandbox.tasks.suite.SEED_STRIDE + i)")
     args = p.parse_args(argv)
     families = [f for f in args.families.split(",") if f] or sorted(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
