@@ -21,7 +21,7 @@ setup(
         # a floor here so that an existing install is kept and no CUDA build is pulled in.
         "torch>=2.4",
         # [ssh]: paramiko, which the SDK imports for any ssh:// host even when it runs the `ssh` binary, as
-        # sandbox.host_spec has it do (ssh_config, agent and known_hosts as the user's own ssh).
+        # sandbox.runtime.host_spec has it do (ssh_config, agent and known_hosts as the user's own ssh).
         "docker[ssh]>=7.0",
         "tokenizers>=0.19",
         "safetensors>=0.4",

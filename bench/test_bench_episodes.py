@@ -24,9 +24,9 @@ from bench import box_cpu_s
 from rollout.agent import AgentConfig
 from sandbox.daemon import docker_client
 from sandbox.errors import DaemonUnreachable
-from sandbox.task_images import build_task_images, default_base_image_overrides
-from sandbox.base_image import ensure_base_image
-from sandbox.suite import train_tasks
+from sandbox.images.task_images import build_task_images, default_base_image_overrides
+from sandbox.images.base_image import ensure_base_image
+from sandbox.tasks.suite import train_tasks
 from t1core.config import RolloutSection
 from t1model.tokenizer import ChatTokenizer
 from t1core.warmstart import reference_transcripts

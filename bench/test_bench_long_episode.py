@@ -12,10 +12,10 @@ the sandbox's processes do not grow between turn 100 and its end.
 
 The echo episode: the tiny model in the batch-invariant TorchEngine, contexts of at most 2,048 tokens folded at 1,280
 (keep 2 turns), replies of up to 16 tokens, a shell that answers without a container (tests/long_episode.py).
-The container episodes: a follow_chain task (sandbox.families.chain) of as many links as turns, in its real container,
-contexts of 1,024 tokens folded at 819 (keep 2 turns), observations capped at 32 tokens; a scripted policy writes each
-command from the last output and the real engine teacher-forces it (log-probs and routing as for a draw), so every
-turn runs a real command whose output the next one needs; verified at the end.
+The container episodes: a follow_chain task (sandbox.tasks.families.chain) of as many links as turns, in its real
+container, contexts of 1,024 tokens folded at 819 (keep 2 turns), observations capped at 32 tokens; a scripted policy
+writes each command from the last output and the real engine teacher-forces it (log-probs and routing as for a draw), so
+every turn runs a real command whose output the next one needs; verified at the end.
 The 32k part: one episode whose prompt is 32k tokens, prefilled (4k tokens at a time) and answered by the engine, then scored and
 back-propagated by the trainer's bitwise forward, in a child process whose peak RSS is the figure.
 """

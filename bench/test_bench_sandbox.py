@@ -16,7 +16,7 @@ import pytest
 from bench import box_cpu_s
 from sandbox import DaemonUnreachable, DockerSandbox, SandboxPool, ensure_base_image
 from sandbox.daemon import docker_client, owner_labels
-from sandbox.settings import SandboxSettings
+from sandbox.runtime.settings import SandboxSettings
 
 RUN_ID = f"bench-sandbox-{os.getpid()}"
 
@@ -117,11 +117,11 @@ def test_aggregate_commands_per_second(benchmark, image, num_sandboxes):
 
 def _preload_costs(api, image: str, n: int = 20) -> list[tuple[str, float, float]]:
     """Placing a task's files (a directory and three small files) into a created container, both ways
-    `sandbox.preload` knows; creation and removal are outside the timed part."""
+    `sandbox.runtime.preload` knows; creation and removal are outside the timed part."""
     import io
     import tarfile
 
-    from sandbox import preload
+    from sandbox.runtime import preload
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -135,7 +135,7 @@ def _preload_costs(api, image: str, n: int = 20) -> list[tuple[str, float, float
             tar.addfile(info, io.BytesIO(data))
     blob = buf.getvalue()
     rows = []
-    for name, place in (("preload: upper dir (sandbox.preload)", lambda cid: preload.place(api, cid, blob)),
+    for name, place in (("preload: upper dir (sandbox.runtime.preload)", lambda cid: preload.place(api, cid, blob)),
                         ("preload: put_archive", lambda cid: api.put_archive(cid, "/", blob))):
         wall = cpu = 0.0
         for _ in range(n):
@@ -156,11 +156,12 @@ def _preload_costs(api, image: str, n: int = 20) -> list[tuple[str, float, float
 
 def test_daemon_call_costs(benchmark, image):
     """Wall time and whole-box CPU of each daemon call a verification or an episode makes (the daemon, runc and
-    the kernel work for them, not this process alone): what sandbox.verify avoids, and what every episode pays."""
+    the kernel work for them, not this process alone): what sandbox.runtime.verify avoids, and what every episode
+    pays."""
     import io
     import tarfile
 
-    from sandbox.verify import _upper_dir_changes
+    from sandbox.runtime.verify import _upper_dir_changes
 
     api = docker_client()
     buf = io.BytesIO()
@@ -191,7 +192,7 @@ def test_daemon_call_costs(benchmark, image):
             "put_archive (one small file)": lambda: api.put_archive(sb.id, "/", buf.getvalue()),
             "get_archive (one small file)": lambda: b"".join(api.get_archive(sb.id, "/tmp/j.xml")[0]),
             "docker diff": lambda: api.diff(sb.id),
-            "upper-dir walk (sandbox.verify)": lambda: _upper_dir_changes(info),
+            "upper-dir walk (sandbox.runtime.verify)": lambda: _upper_dir_changes(info),
             "container create..remove": lifecycle,
         }
         rows = []
@@ -231,8 +232,8 @@ def test_many_sandboxes_across_hosts(benchmark, image, three_hosts):
     T1_BENCH_QUICK: 24 sandboxes, 20 commands each; the correctness gates stay."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sandbox.host_spec import HostSpec
-    from sandbox.hosts import DockerHosts
+    from sandbox.runtime.host_spec import HostSpec
+    from sandbox.runtime.hosts import DockerHosts
 
     quick = bool(os.environ.get("T1_BENCH_QUICK"))
     num, commands = (24, 20) if quick else (64, 100)

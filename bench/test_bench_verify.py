@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import suite
-from sandbox.docker_sandbox import DockerSandbox
-from sandbox.settings import SandboxSettings
-from sandbox.task_images import build_task_image, default_base_image_overrides
+from sandbox.tasks import suite
+from sandbox.runtime.docker_sandbox import DockerSandbox
+from sandbox.runtime.settings import SandboxSettings
+from sandbox.images.task_images import build_task_image, default_base_image_overrides
 from sandbox.run_task import run_script
-from sandbox.tasks import Task
-from sandbox.verify import VerifierResult, run_verifiers
+from sandbox.tasks.format import Task
+from sandbox.runtime.verify import VerifierResult, run_verifiers
 
 RUN_ID = "t1-bench-verify"
 PARALLEL = (1, 4)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
-from sandbox.tasks import Task
+from sandbox.tasks.format import Task
 from t1core import builders, cli, train
 from t1core.config import RunConfig
 from t1core.distributed import DataParallel

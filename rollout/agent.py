@@ -10,7 +10,7 @@ folded into a new one and the episode goes on (`rollout.compaction`).
 
 A reply without a parseable tool call is answered with an error observation (counted in metrics). A
 sandbox failure (`SandboxError`: container died, shell gone) ends that episode with the reason recorded and no
-verification; the other episodes go on. Who caused it decides what happens next (`sandbox.failure`): the agent
+verification; the other episodes go on. Who caused it decides what happens next (`sandbox.runtime.failure`): the agent
 ("sandbox_error: ...", reward 0, trained like any failed attempt), or the infrastructure ("infra: ...": the
 episode is run again from scratch, same task and seed, on another host, up to `AgentConfig.infra_retries` times;
 one that still fails keeps its "infra" reason and the trainer leaves it out of the update: `is_masked`).
@@ -32,12 +32,12 @@ from rollout.engine import Engine, SamplingParams
 from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
 from rollout.trajectory import INFRA, Trajectory, Turn, is_infra
-from sandbox.environment import Environment, EnvironmentProvider
+from sandbox.runtime.environment import Environment, EnvironmentProvider
 from sandbox.errors import SandboxError
-from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
-from sandbox.task_images import TaskImage
-from sandbox.tasks import Task
-from sandbox.verify import run_verifiers
+from sandbox.runtime.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
+from sandbox.images.task_images import TaskImage
+from sandbox.tasks.format import Task
+from sandbox.runtime.verify import run_verifiers
 from t1model.tokenizer import ChatTokenizer, ToolCall, format_tool_call, parse_tool_call
 
 DONE_MARKER = "TASK_DONE"
@@ -69,7 +69,7 @@ def failure_reason(sandbox: Any, error: SandboxError) -> str:
 @dataclass(frozen=True, kw_only=True)
 class SandboxLimits:
     """Container limits of every episode's sandbox. CPU and memory default to each task's own `[environment]`
-    (Harbor task.toml; `sandbox.tasks` fills in 1 CPU and 2048 MiB when it says nothing): a value here overrides
+    (Harbor task.toml; `sandbox.tasks.format` fills in 1 CPU and 2048 MiB when it says nothing): a value here overrides
     them for every task. The process limit and the output cap are the run's alone (no task format names them)."""
 
     cpus: float | None = None
@@ -351,7 +351,7 @@ class EpisodeSpec:
     """One episode to run: a task (with its built image) and the episode's seed."""
 
     task: Task
-    image: str | TaskImage  # TaskImage: from sandbox.task_images.build_task_image (may carry preloaded files)
+    image: str | TaskImage  # TaskImage: from sandbox.images.task_images.build_task_image (may carry preloaded files)
     seed: int
 
 
@@ -421,7 +421,7 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
     environment not yet started. A sandbox that cannot be acquired or dies mid-episode ends only that episode, with
     the reason in `finish_reason`; one the infrastructure ended is run again (module docstring), and its metrics
     count the tries ("infra/retries") and the failures per host ("infra/failures/<host>"). `provider`: where
-    sandboxes start (None: `sandbox.hosts.default_provider()`, the run's hosts). `on_done(index, trajectory)` is
+    sandboxes start (None: `sandbox.runtime.hosts.default_provider()`, the run's hosts). `on_done(index, trajectory)` is
     called as each episode finishes (from its thread).
     """
     if num_parallel < 1:

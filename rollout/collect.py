@@ -2,7 +2,7 @@
 
     python -m rollout.collect [--tasks DIR] [--split train|heldout] [--episodes N] [--checkpoint PATH] --out DIR
 
-Defaults: the built-in task suite (`sandbox.suite`, the given split) and the tiny untrained policy
+Defaults: the built-in task suite (`sandbox.tasks.suite`, the given split) and the tiny untrained policy
 (`ModelConfig.tiny()`, seed 0) with the built-in tokenizer. `--tasks DIR` takes a task directory or a
 directory of task directories (Harbor or Terminal-Bench 1 layout). Episode i runs task i mod #tasks.
 Writes NNNNNN.safetensors/.json per trajectory (rollout.trajectory) and summary.json; the last line
@@ -29,11 +29,11 @@ from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, is_infra, save_trajectory
-from sandbox import suite
+from sandbox.tasks import suite
 from sandbox.cli import Parser, bad_input
-from sandbox.hosts import add_host_argument, use_hosts
-from sandbox.task_images import build_task_image, default_base_image_overrides, parse_override
-from sandbox.tasks import Task, load_task
+from sandbox.runtime.hosts import add_host_argument, use_hosts
+from sandbox.images.task_images import build_task_image, default_base_image_overrides, parse_override
+from sandbox.tasks.format import Task, load_task
 from t1model.device import check_device
 from t1model.hf_io import load_pretrained
 from t1model.model import ModelConfig, MoEModel

@@ -14,8 +14,8 @@ why it failed). Run again with the same arguments and it resumes: finished attem
 --attempts adds attempts; other settings must match the first run's). The last line printed is report.json.
 
 --host (repeated; the trainer's sandbox.hosts entries, docs/sandbox-hosts.md) spreads the sandboxes over several
-Docker daemons. An attempt the infrastructure ended on every try (a daemon or host died, `sandbox.failure`) is no
-verdict on the checkpoint: it is not recorded, the report counts it as unscored, and running the same command
+Docker daemons. An attempt the infrastructure ended on every try (a daemon or host died, `sandbox.runtime.failure`) is
+no verdict on the checkpoint: it is not recorded, the report counts it as unscored, and running the same command
 again runs it again.
 """
 
@@ -41,11 +41,11 @@ from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
 from rollout.vllm_engine import VLLMEngine, VLLMSettings
-from sandbox.base_image import ensure_base_image
+from sandbox.images.base_image import ensure_base_image
 from sandbox.cli import Parser, bad_input
-from sandbox.hosts import add_host_argument, use_hosts
-from sandbox.task_images import build_task_images, default_base_image_overrides, parse_override
-from sandbox.tasks import Task, load_task_dirs
+from sandbox.runtime.hosts import add_host_argument, use_hosts
+from sandbox.images.task_images import build_task_images, default_base_image_overrides, parse_override
+from sandbox.tasks.format import Task, load_task_dirs
 from t1model.device import check_device
 from t1model.hf_io import load_pretrained, read_config
 from t1model.tokenizer import ChatTokenizer

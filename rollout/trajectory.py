@@ -53,8 +53,8 @@ class Turn:
             raise ValueError(f"turn span must satisfy 0 <= start < end, got [{self.start}, {self.end})")
 
 INFRA = "infra"
-"""finish_reason prefix of an episode that the infrastructure ended on every try (sandbox.failure): no verdict on
-the policy, so the update leaves it out and every success rate leaves it unscored."""
+"""finish_reason prefix of an episode that the infrastructure ended on every try (sandbox.runtime.failure): no verdict
+on the policy, so the update leaves it out and every success rate leaves it unscored."""
 
 
 def is_infra(finish_reason: str) -> bool:

@@ -28,15 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sandbox.base_image import tls_advice
-from sandbox.docker_build import tls_failure
+from sandbox.images.base_image import tls_advice
+from sandbox.images.docker_build import tls_failure
 from sandbox.errors import SandboxError
 from sandbox.cli import Parser
-from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
+from sandbox.images.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
 from sandbox.run_task import Harness, ScriptRun, run_task_report
-from sandbox.signals import exit_on_signals
-from sandbox.tasks import TaskFormatError, load_task, reference_solution
-from sandbox.verify import VerifierResult
+from sandbox.runtime.signals import exit_on_signals
+from sandbox.tasks.format import TaskFormatError, load_task, reference_solution
+from sandbox.runtime.verify import VerifierResult
 
 _REASON_CHARS = 400
 # Warnings are process-wide; `check_tasks` routes each to the task its thread is checking (catch_warnings is not
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                         help="map FROM images matching the glob PATTERN to a local IMAGE (repeatable)")
     parser.add_argument("--trust-host-ca", action="store_true",
-                        help="map onto the base image that trusts this host's CA bundle (sandbox.base_image)")
+                        help="map onto the base image that trusts this host's CA bundle (sandbox.images.base_image)")
     args = parser.parse_args(argv)
     if args.parallel < 1 or (args.sample is not None and args.sample < 1):
         parser.error(f"--parallel and --sample must be >= 1, got {args.parallel}, {args.sample}")

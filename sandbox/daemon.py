@@ -1,5 +1,5 @@
 """The Docker daemon as T1 talks to it: one process-wide API client, its errors as SandboxErrors, and the
-labels that name the run and owner process of every container T1 creates (`sandbox.reap` judges by them).
+labels that name the run and owner process of every container T1 creates (`sandbox.runtime.reap` judges by them).
 
 The bottom of the sandbox package: it imports nothing of the project but `sandbox.errors`.
 """
@@ -76,6 +76,6 @@ def default_run_id() -> str:
 
 
 def owner_labels(run_id: str) -> dict[str, str]:
-    """Labels of every container T1 creates: its run and owner process, which `sandbox.reap` judges by."""
+    """Labels of every container T1 creates: its run and owner process, which `sandbox.runtime.reap` judges by."""
     return {LABEL_RUN: run_id, LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname(),
             LABEL_START: _own_start_time(), LABEL_CREATED: f"{time.time():.3f}"}

@@ -43,7 +43,7 @@ class ShellUnresponsive(SandboxError):
 
 
 class TaskFormatError(ValueError):
-    """A task directory that cannot be loaded; the message names the file and the field (`sandbox.tasks`)."""
+    """A task directory that cannot be loaded; the message names the file and the field (`sandbox.tasks.format`)."""
 
     def __init__(self, file: Path, field: str, problem: str):
         super().__init__(f"{file}: field {field!r}: {problem}")

@@ -32,17 +32,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sandbox.base_image import tls_advice
+from sandbox.images.base_image import tls_advice
 from sandbox.cli import Parser
-from sandbox.docker_build import tls_failure
-from sandbox.docker_sandbox import CommandResult, DockerSandbox
+from sandbox.images.docker_build import tls_failure
+from sandbox.runtime.docker_sandbox import CommandResult, DockerSandbox
 from sandbox.errors import SandboxError
-from sandbox.settings import SandboxSettings
-from sandbox.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
-from sandbox.signals import exit_on_signals
-from sandbox.tasks import (NETWORK_MODES, NetworkMode, Task, TaskFormatError, load_task, reference_solution,
+from sandbox.runtime.settings import SandboxSettings
+from sandbox.images.task_images import TaskImageError, build_task_image, default_base_image_overrides, parse_override
+from sandbox.runtime.signals import exit_on_signals
+from sandbox.tasks.format import (NETWORK_MODES, NetworkMode, Task, TaskFormatError, load_task, reference_solution,
                            sandbox_network)
-from sandbox.verify import AGENT_PROCESSES, PTH_FILES, VerifierResult, run_verifiers
+from sandbox.runtime.verify import AGENT_PROCESSES, PTH_FILES, VerifierResult, run_verifiers
 
 SOLUTION_DIR = "/solution"  # where Harbor puts a task's solution/ folder
 
@@ -56,10 +56,10 @@ class Harness:
     """'asked': a network only when the task asks; 'harness': as its harness gives it (`sandbox_network`)."""
     agent_processes: str = "kill"
     """'kill': every process the agent left dies before the tests; 'keep': they run through them, as the harnesses
-    leave them (`sandbox.verify.run_verifiers`: for trusted agents only)."""
+    leave them (`sandbox.runtime.verify.run_verifiers`: for trusted agents only)."""
     pth_files: str = "tamper"
     """'tamper': a new or changed .pth in site-packages counts as tampering; 'allow': it does not, as in the
-    harnesses, which have no tamper check (`sandbox.verify.run_verifiers`: for trusted agents only)."""
+    harnesses, which have no tamper check (`sandbox.runtime.verify.run_verifiers`: for trusted agents only)."""
     timeout_multiplier: float = 1.0
     """Scales the task's build, agent and verifier time limits, as Harbor's `timeout_multiplier` does: on a slow or
     loaded machine a task's limits, set on the author's, cut runs that would finish."""
@@ -91,7 +91,8 @@ class Harness:
         parser.add_argument("--agent-processes", choices=AGENT_PROCESSES, default="kill",
                             help="kill (default): every process the agent (here the solution) left dies before the "
                                  "tests; keep: they run through the tests, as Terminal-Bench's and Harbor's harnesses "
-                                 "leave them (servers the tests talk to); for trusted agents only (sandbox.verify)")
+                                 "leave them (servers the tests talk to); for trusted agents only "
+                                 "(sandbox.runtime.verify)")
         parser.add_argument("--pth-files", choices=PTH_FILES, default="tamper",
                             help="tamper (default): a .pth file the agent adds or changes in site-packages counts as "
                                  "tampering (its import lines run in the verifier's interpreter); allow: it does not, "
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                         help="map FROM images matching the glob PATTERN to a local IMAGE (repeatable)")
     parser.add_argument("--trust-host-ca", action="store_true",
-                        help="map onto the base image that trusts this host's CA bundle (sandbox.base_image)")
+                        help="map onto the base image that trusts this host's CA bundle (sandbox.images.base_image)")
     Harness.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)

@@ -22,13 +22,13 @@ from rollout.compaction import COMPACT_AT, Compaction
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_convert import check_temperature
 from rollout.vllm_engine import VLLMEngine, VLLMSettings
-from sandbox.task_images import TaskImage, build_task_images, default_base_image_overrides
-from sandbox.base_image import ensure_base_image
-from sandbox.overlap import check_disjoint
-from sandbox.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
-from sandbox.tasks import Task, load_task, load_task_dirs
+from sandbox.images.task_images import TaskImage, build_task_images, default_base_image_overrides
+from sandbox.images.base_image import ensure_base_image
+from sandbox.tasks.overlap import check_disjoint
+from sandbox.tasks.suite import family_tasks, fixed_tasks, heldout_tasks, train_tasks
+from sandbox.tasks.format import Task, load_task, load_task_dirs
 from sandbox.cli import bad_input
-from sandbox.hosts import use_hosts
+from sandbox.runtime.hosts import use_hosts
 from t1core import cli, distributed, evaluation
 from t1core.config import RunConfig
 from t1core.expert_parallel import check_expert_parallel

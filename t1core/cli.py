@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from sandbox.cli import Parser
-from sandbox.signals import exit_on_signals_while
+from sandbox.runtime.signals import exit_on_signals_while
 from t1core import distributed
 from t1core.config import RunConfig, resolved
 from t1core.config_toml import config_to_toml, format_config, load_config

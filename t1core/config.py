@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from rollout import budget
 from rollout.budget import slot_length
-from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS  # plain values: no Docker SDK is loaded
-from sandbox.host_spec import HostSpec  # parsing only: no Docker SDK is loaded
+from sandbox.runtime.settings import MIN_OUTPUT_CAP, MIN_PIDS  # plain values: no Docker SDK is loaded
+from sandbox.runtime.host_spec import HostSpec  # parsing only: no Docker SDK is loaded
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 ActorPush = Literal["group_positive", "group", "center", "whiten", "raw"]
@@ -95,7 +95,7 @@ class ModelSection:
 class TasksSection:
     source: str = _field("builtin", "'builtin' for the repo's suite, or a directory of Harbor/Terminal-Bench tasks")
     families: tuple[str, ...] = _field(
-        (), "seeded task families to train on; empty = every built-in family but the long ones (sandbox.families."
+        (), "seeded task families to train on; empty = every built-in family but the long ones (sandbox.tasks.families."
         "LONG_FAMILIES, e.g. follow_chain: named here to be used)")
     num_per_family: int = _field(24, "training (SFT) instances synthesized per family (seed block SeedBlock.TRAIN)")
     num_heldout_per_family: int = _field(8, "held-out instances per family (seed block SeedBlock.HELDOUT)")
@@ -151,8 +151,8 @@ class SandboxSection:
                                   "more than the episodes it still has to serve")
     hosts: tuple[str, ...] = _field(
         (), "Docker hosts the sandboxes run on, each 'URL [tls=DIR] [max=N] [memory_mb=M] [name=NAME]' (unix://, "
-        "tcp:// with TLS, ssh://; sandbox.hosts); placed by free room, a host that stops answering is left out until "
-        "it answers again; none = the one daemon of DOCKER_HOST")
+        "tcp:// with TLS, ssh://; sandbox.runtime.hosts); placed by free room, a host that stops answering is left "
+        "out until it answers again; none = the one daemon of DOCKER_HOST")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -176,8 +176,8 @@ class RolloutSection:
     concurrency: int = _field(8, "episodes run at once (each holds one sandbox and one engine slot)")
     infra_retries: int = _field(
         2, "times an episode ended by an infrastructure failure (its host or daemon died, its container was removed or "
-        "killed from outside: sandbox.failure) is run again, same task and seed, on another host; one that still fails "
-        "is left out of the update, never trained as reward 0")
+        "killed from outside: sandbox.runtime.failure) is run again, same task and seed, on another host; one that "
+        "still fails is left out of the update, never trained as reward 0")
     max_turns: int = _field(budget.MAX_TURNS, "assistant turns per episode before it is cut")
     max_new_tokens_per_turn: int = _field(
         budget.MAX_REPLY_TOKENS, "tokens sampled per assistant turn at most (a cut reply is an unclosed tool call: keep it above the "

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rollout.trajectory import Trajectory, save_trajectories
-from sandbox.tasks import Task
+from sandbox.tasks.format import Task
 from t1core.builders import TaskSets
 from t1core.config import RunConfig
 from t1core import evaluation

@@ -22,8 +22,8 @@ from typing import Any
 from rollout import scorecard
 from rollout.report import paired_change
 from rollout.trajectory import Trajectory, save_trajectories
-from sandbox.overlap import check_disjoint
-from sandbox.tasks import Task, load_task_dirs
+from sandbox.tasks.overlap import check_disjoint
+from sandbox.tasks.format import Task, load_task_dirs
 from t1core.config import RunConfig
 
 BUILTIN = "builtin"
@@ -36,7 +36,7 @@ GREEDY = 0.0
 def load_benchmarks(cfg: RunConfig, train: list[Task]) -> tuple[dict[str, list[Task]], list[Task]]:
     """eval.source's directories by name (a repeated directory name gets '-2', '-3'), and the training tasks `train`
     to keep: ValueError when a task name repeats across the directories; training tasks that overlap one of them
-    (sandbox.overlap) refuse the run, warn or are dropped, by tasks.decontaminate."""
+    (sandbox.tasks.overlap) refuse the run, warn or are dropped, by tasks.decontaminate."""
     out: dict[str, list[Task]] = {}
     for source in cfg.eval.source:
         if source == BUILTIN:

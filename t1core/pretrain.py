@@ -10,7 +10,7 @@ unseen instructions.
 So a from-scratch preset first pretrains on such a stream: pairs from the built-in families' generators (train
 split, a seed block of its own; instructions of the RL and held-out instances are skipped), written as plain
 text `instruction \\n <tool_call>{...}</tool_call> \\n` (the first call of the instance's SFT demonstration:
-the corpus does the finishing step as often as the demonstrations do, see `sandbox.families.finish`; a two-turn
+the corpus does the finishing step as often as the demonstrations do, see `sandbox.tasks.families.finish`; a two-turn
 reference gives its look, the second call depends on output the corpus does not hold), packed into rows of
 whole pairs, next-token loss on every token. A long family (`WALKS`) gives whole walks of fresh short instances in
 the chat template instead, each command copied from the output before it (`walk_text`). No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond
@@ -30,8 +30,8 @@ from tqdm import tqdm
 
 from t1kernels.logprob import token_logprobs
 from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
-from sandbox.families import FAMILIES, chain, generate, known_families
-from sandbox.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
+from sandbox.tasks.families import FAMILIES, chain, generate, known_families
+from sandbox.tasks.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
 from t1core import builders
 from t1core.builders import TaskSets
 from t1core.config import RunConfig

@@ -19,7 +19,7 @@ from rollout.agent import EpisodeSpec
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
-from sandbox.tasks import Task
+from sandbox.tasks.format import Task
 from t1core import async_collect, builders, cli, segments
 from t1core.async_collect import AsyncCollector
 from t1core.config import RunConfig, resolved

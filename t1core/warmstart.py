@@ -3,7 +3,7 @@
 A `ReferenceEngine` stands in for the policy and "samples" a fixed script per task: the demonstration's bash
 tool calls (one for most tasks; a look at a file first where the instruction leaves the answer open), then
 the done marker. The demonstration is the task's reference solution, except for the family instances whose
-demonstration leaves out the finishing step (about half: `sandbox.families.finish`), which is the shortfall of
+demonstration leaves out the finishing step (about half: `sandbox.tasks.families.finish`), which is the shortfall of
 the warm start that RL then has to find. Everything else is the real agent loop: the real sandbox runs the solution, the real
 observation is tokenized on its own and appended, glue tokens get loss mask 0, and the verifiers score the
 episode. So SFT sees exactly the token layout RL will sample in, and a reference that does not pass its own
@@ -21,9 +21,9 @@ from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory
-from sandbox.suite import demonstration_turns
-from sandbox.task_images import TaskImage
-from sandbox.tasks import Task
+from sandbox.tasks.suite import demonstration_turns
+from sandbox.images.task_images import TaskImage
+from sandbox.tasks.format import Task
 from t1core.distributed import DataParallel
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 

@@ -1,4 +1,4 @@
-"""Extra Docker daemons on this box, for the multi-host tests and the benchmark (`sandbox.hosts`).
+"""Extra Docker daemons on this box, for the multi-host tests and the benchmark (`sandbox.runtime.hosts`).
 
 Each daemon gets its own data root, exec root, unix socket, pidfile, bridge (a fresh `ip link` bridge with a
 private /24 that no interface here uses) and address pool for user networks. One of them also listens on TCP

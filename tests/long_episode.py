@@ -23,12 +23,12 @@ from rollout.budget import slot_length
 from rollout.compaction import Compaction
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
-from sandbox.docker_sandbox import CommandResult, DockerSandbox
-from sandbox.families.chain import END, chain_task, step_command
-from sandbox.families.common import write_harbor_task
-from sandbox.suite import fixed_tasks
-from sandbox.task_images import build_task_image, default_base_image_overrides
-from sandbox.tasks import load_task
+from sandbox.runtime.docker_sandbox import CommandResult, DockerSandbox
+from sandbox.tasks.families.chain import END, chain_task, step_command
+from sandbox.tasks.families.common import write_harbor_task
+from sandbox.tasks.suite import fixed_tasks
+from sandbox.images.task_images import build_task_image, default_base_image_overrides
+from sandbox.tasks.format import load_task
 from t1core.batch import pack
 from t1core.drift import CompletionLog
 from t1core.update import policy_logprobs

@@ -138,8 +138,8 @@ docker = pytest.importorskip("docker")
 @pytest.mark.docker
 @needs_docker
 def test_tiny_async_run_stays_within_the_bound_with_drift_0(tmp_path: Path) -> None:
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
 
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])

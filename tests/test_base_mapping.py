@@ -1,4 +1,4 @@
-"""A task's FROM image runs on the base of the same distribution release (sandbox.base_mapping), the bookworm
+"""A task's FROM image runs on the base of the same distribution release (sandbox.images.base_mapping), the bookworm
 base is the one it always was, and the other releases are built only when a task needs them.
 
 The FROM images below are every one the public Terminal-Bench 1 and 2 collections use (docs/terminal-bench-bases.md),
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base_image import CA_REPOSITORY, base_image_ref, content_hash, from_images, tls_advice
-from sandbox.base_mapping import lazy_ref, parse_lazy_ref, suite_for_image
-from sandbox.base_suites import SUITES, get_suite
-from sandbox.task_images import _rewrite_from_lines, resolve_base
+from sandbox.images.base_image import CA_REPOSITORY, base_image_ref, content_hash, from_images, tls_advice
+from sandbox.images.base_mapping import lazy_ref, parse_lazy_ref, suite_for_image
+from sandbox.images.base_suites import SUITES, get_suite
+from sandbox.images.task_images import _rewrite_from_lines, resolve_base
 from tests.machine import needs_docker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ def test_a_bookworm_named_image_on_trixie_installs_the_successors_of_dropped_pac
     """TB2's build-cython-ext and video-processing (python:3.13-slim-bookworm, run on trixie) install
     libgl1-mesa-glx, which trixie dropped: its successors are installed instead, in that stage only, and a pinned
     or longer name is left as written. An image named for trixie, or mapped by the user, keeps its lines."""
-    monkeypatch.setattr("sandbox.task_images.resolve_base", lambda ref: f"resolved({ref})")  # no base build
+    monkeypatch.setattr("sandbox.images.task_images.resolve_base", lambda ref: f"resolved({ref})")  # no base build
     table = {"python:3.13*": lazy_ref("trixie", trust_host_ca=False), "debian:*": "t1-sandbox-base:abc"}
     dockerfile = ("FROM python:3.13-slim-bookworm AS build\n"
                   "RUN apt-get update && apt-get install -y git libgl1-mesa-glx \\\n"
@@ -128,7 +128,7 @@ def test_cli_rejects_an_unknown_suite() -> None:
 @pytest.mark.slow
 @needs_docker
 def test_trixie_base_has_python_313_headers_and_local_pip() -> None:
-    from sandbox.base_image import ensure_base_image
+    from sandbox.images.base_image import ensure_base_image
 
     image = ensure_base_image(suite="trixie", trust_host_ca=False)
     script = ("python3 --version; test -f /usr/include/python3.13/Python.h && echo headers; "
@@ -151,7 +151,7 @@ def test_pip_records_list_each_debian_packages_files(tmp_path: Path) -> None:
     importlib.metadata; installed-files.txt lines relative to the .egg-info, which 3.11's importlib ignores) against
     the files dpkg says each package owns. test_trixie_base_... has real pip remove them from a base."""
     import importlib.metadata as md
-    from sandbox.base_image import _DIST_PACKAGES, _pip_records
+    from sandbox.images.base_image import _DIST_PACKAGES, _pip_records
 
     site = tmp_path / _DIST_PACKAGES
     owned = {"python3-foo": ["foo/__init__.py", "foo/sub/x.py", "foo-1.0.dist-info/METADATA"],

@@ -1,4 +1,4 @@
-"""TB1 compose files (sandbox.compose) and the services started beside a sandbox (sandbox.services).
+"""TB1 compose files (sandbox.tasks.compose) and the services started beside a sandbox (sandbox.runtime.services).
 
 The fixture tasks are written here (never copied from a public collection) in the shapes the public ones use:
 a `client` beside a built `server` it waits on to be healthy (a mock website), an agent service found by the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.compose import Healthcheck, interpolate, load_compose
-from sandbox.tasks import TaskFormatError, load_task
+from sandbox.tasks.compose import Healthcheck, interpolate, load_compose
+from sandbox.tasks.format import TaskFormatError, load_task
 
 RUN_ID = f"t1-test-compose-{os.getpid()}"
 
@@ -174,7 +174,7 @@ _WEBSITE = {
 
 @pytest.fixture(scope="module")
 def overrides() -> dict[str, str]:
-    from sandbox.task_images import default_base_image_overrides
+    from sandbox.images.task_images import default_base_image_overrides
     return default_base_image_overrides(trust_host_ca=True)
 
 
@@ -190,9 +190,9 @@ def test_a_service_runs_beside_the_sandbox_on_a_private_network(tmp_path: Path, 
     """The agent reaches the server by its name and alias, after Docker judged it healthy; the network has no
     route out (Docker's `Internal`); every container is labelled and limited; nothing is left after close."""
     from sandbox.daemon import LABEL_RUN, docker_client
-    from sandbox.docker_sandbox import DockerSandbox
-    from sandbox.settings import SandboxSettings
-    from sandbox.task_images import build_task_image
+    from sandbox.runtime.docker_sandbox import DockerSandbox
+    from sandbox.runtime.settings import SandboxSettings
+    from sandbox.images.task_images import build_task_image
 
     task = load_task(_task(tmp_path, "", _WEBSITE))
     image = build_task_image(task, base_image_overrides=overrides)
@@ -232,10 +232,10 @@ def test_reference_solution_and_do_nothing_agent_through_check_tasks(tmp_path: P
 
 @pytest.mark.docker
 def test_a_service_that_exits_fails_the_sandbox_with_its_output(tmp_path: Path, overrides: dict[str, str]) -> None:
-    from sandbox.docker_sandbox import DockerSandbox
-    from sandbox.services import ServiceFailed
-    from sandbox.settings import SandboxSettings
-    from sandbox.task_images import build_task_image
+    from sandbox.runtime.docker_sandbox import DockerSandbox
+    from sandbox.runtime.services import ServiceFailed
+    from sandbox.runtime.settings import SandboxSettings
+    from sandbox.images.task_images import build_task_image
 
     task = load_task(_task(tmp_path, """
         services:
@@ -260,7 +260,7 @@ def test_a_service_that_exits_fails_the_sandbox_with_its_output(tmp_path: Path, 
 
 @pytest.mark.docker
 def test_a_service_image_that_is_not_on_the_daemon_is_named(tmp_path: Path, overrides: dict[str, str]) -> None:
-    from sandbox.task_images import TaskImageError, build_task_image
+    from sandbox.images.task_images import TaskImageError, build_task_image
 
     task = load_task(_task(tmp_path, "services:\n  client:\n    build: .\n  db:\n    image: t1-absent/postgres:15\n"))
     with pytest.raises(TaskImageError, match=r"service 'db' runs the image 't1-absent/postgres:15', which is not "
@@ -270,12 +270,12 @@ def test_a_service_image_that_is_not_on_the_daemon_is_named(tmp_path: Path, over
 
 @pytest.mark.docker
 def test_reap_removes_the_services_and_network_of_a_run(tmp_path: Path, overrides: dict[str, str]) -> None:
-    """A run killed before close() (its sandbox never closed): `sandbox.reap` removes its containers, then its
+    """A run killed before close() (its sandbox never closed): `sandbox.runtime.reap` removes its containers, then its
     network."""
-    from sandbox.docker_sandbox import DockerSandbox, _LIVE
-    from sandbox.reap import reap
-    from sandbox.settings import SandboxSettings
-    from sandbox.task_images import build_task_image
+    from sandbox.runtime.docker_sandbox import DockerSandbox, _LIVE
+    from sandbox.runtime.reap import reap
+    from sandbox.runtime.settings import SandboxSettings
+    from sandbox.images.task_images import build_task_image
 
     task = load_task(_task(tmp_path, "", _WEBSITE))
     image = build_task_image(task, base_image_overrides=overrides)

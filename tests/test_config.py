@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import suite
+from sandbox.tasks import suite
 from t1core.config import AlgoSection, RunConfig, TasksSection, num_fields, resolved
 from t1core.config_toml import config_to_toml, format_config, load_config, parse_override
 from t1model.tokenizer import ChatTokenizer, format_tool_call
@@ -161,7 +161,7 @@ def test_sandbox_minimums_match_the_sandbox():
     """The config, the rollout's limits and the sandbox's settings share one minimum: a value one below is refused
     by all three layers, the minimum itself accepted by each."""
     from rollout.agent import SandboxLimits
-    from sandbox.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
+    from sandbox.runtime.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
     with pytest.raises(ValueError, match=f"pids must be >= {MIN_PIDS}"):  # checked before any daemon is reached
         SandboxSettings(pids=MIN_PIDS - 1)
     with pytest.raises(ValueError, match=f"output_cap must be >= {MIN_OUTPUT_CAP}"):

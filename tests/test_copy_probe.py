@@ -28,7 +28,7 @@ def test_probe_counts_the_reference_as_exact(monkeypatch) -> None:
     tok = ChatTokenizer.builtin()
     monkeypatch.setattr(copy_probe, "greedy_command",
                         lambda model, tok, instruction, max_new_tokens: wanted[instruction])
-    from sandbox.families import generate
+    from sandbox.tasks.families import generate
     from t1model.tokenizer import format_tool_call
 
     wanted = {generate("create_file", i, "heldout").instruction.strip():

@@ -1,4 +1,4 @@
-"""sandbox.decontaminate: planted contamination is found, boilerplate is not, bad input is one line (exit 2).
+"""sandbox.tasks.decontaminate: planted contamination is found, boilerplate is not, bad input is one line (exit 2).
 
 Fixtures are written here; the run against the public Terminal-Bench collections skips when they are absent
 ($T1_TB1_TASKS, $T1_TB2_TASKS: TB1 = camel-ai/camel at 7955886, examples/workforce/terminal_bench/tasks; TB2 =
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.decontaminate import check_dirs, find_task_dirs, main, ngrams, normalize, read_task, task_specific
+from sandbox.tasks.decontaminate import check_dirs, find_task_dirs, main, ngrams, normalize, read_task, task_specific
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = "FROM python:3.13-slim-bookworm\nWORKDIR /app\n"
@@ -156,8 +156,8 @@ BUILTIN_TRAIN, BUILTIN_EVAL = ("text-word-frequency", "text-dedupe-emails"), ("p
 
 
 def test_builtin_split_sharing_only_the_runner_passes(tmp_path: Path) -> None:
-    from sandbox.overlap import find_overlaps
-    from sandbox.tasks import load_task_dirs
+    from sandbox.tasks.overlap import find_overlaps
+    from sandbox.tasks.format import load_task_dirs
 
     train, evals = _fixed(tmp_path / "A", BUILTIN_TRAIN), _fixed(tmp_path / "B", BUILTIN_EVAL)
     shared = set(read_task(train / BUILTIN_TRAIN[0]).files) & set(read_task(evals / BUILTIN_EVAL[0]).files)
@@ -171,8 +171,8 @@ def test_builtin_split_sharing_only_the_runner_passes(tmp_path: Path) -> None:
 def test_policies_refuse_warn_drop(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """refuse: one line naming the pair, the file and the rule, and the other policies; warn keeps every task;
     drop keeps those that overlap nothing."""
-    from sandbox.overlap import check_disjoint
-    from sandbox.tasks import load_task_dirs
+    from sandbox.tasks.overlap import check_disjoint
+    from sandbox.tasks.format import load_task_dirs
 
     evals = _eval_set(tmp_path / "eval")
     train = _disjoint_train(tmp_path / "train")

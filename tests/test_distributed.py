@@ -204,8 +204,8 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
     streamed sync and exports, a sharded KL anchor) and per-layer activation checkpointing: 2 steps straight and
     1 + --resume + 1 end with the same policy, critic and AdamW state, and the exports are bf16."""
     import json
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
     from t1core import train
     from t1core.checkpointing import load_checkpoint
     tasks = tmp_path / "tasks"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.dockerfile_compat import HEREDOC_PREFIX, DockerfileFormError, classic_builder_form
+from sandbox.images.dockerfile_compat import HEREDOC_PREFIX, DockerfileFormError, classic_builder_form
 from tests.machine import needs_docker
 
 RUN_ID = f"t1-test-compat-{os.getpid()}"
@@ -61,10 +61,10 @@ def test_forms_it_cannot_rewrite_are_named() -> None:
 @pytest.mark.docker
 @needs_docker
 def test_the_classic_builder_builds_them_as_buildkit_would(tmp_path: Path) -> None:
-    from sandbox.docker_sandbox import DockerSandbox
-    from sandbox.settings import SandboxSettings
-    from sandbox.task_images import build_task_image, default_base_image_overrides
-    from sandbox.tasks import load_task
+    from sandbox.runtime.docker_sandbox import DockerSandbox
+    from sandbox.runtime.settings import SandboxSettings
+    from sandbox.images.task_images import build_task_image, default_base_image_overrides
+    from sandbox.tasks.format import load_task
 
     task_dir = tmp_path / "compat"
     _context(task_dir / "environment")

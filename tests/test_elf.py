@@ -1,5 +1,5 @@
-"""sandbox.elf reads DT_NEEDED as binutils' readelf does, and sandbox.verifier_libs finds every library the dynamic
-loader (ldd) loads for the verifier's programs, on this host's own files."""
+"""sandbox.images.elf reads DT_NEEDED as binutils' readelf does, and sandbox.images.verifier_libs finds every library
+the dynamic loader (ldd) loads for the verifier's programs, on this host's own files."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
-from sandbox.elf import ElfFormatError, needed_libraries
-from sandbox.verifier_libs import ROOT_PATTERNS, _glob_image, verifier_library_names
-from sandbox.verify import _LIB_DIRS, _PROTECTED_FILES
+from sandbox.images.elf import ElfFormatError, needed_libraries
+from sandbox.images.verifier_libs import ROOT_PATTERNS, _glob_image, verifier_library_names
+from sandbox.images.protected import PROTECTED_FILES
+from sandbox.runtime.verify import _LIB_DIRS
 
 _HOST_FILES = sorted({os.path.realpath(p) for p in [sys.executable, "/bin/bash", "/usr/bin/timeout",
                                                       *glob.glob("/usr/lib/python3*/lib-dynload/*.so"),
@@ -45,9 +46,9 @@ def test_not_elf_and_truncated_files() -> None:
 def test_verifier_libraries_cover_what_ldd_loads() -> None:
     """The closure over this host's Python, its extension modules and the verifier's tools holds every library
     the loader maps for them (ldd, an independent reading)."""
-    names = verifier_library_names(("/",), _LIB_DIRS, _PROTECTED_FILES)
+    names = verifier_library_names(("/",), _LIB_DIRS, PROTECTED_FILES)
     roots = sorted({p for pattern in ROOT_PATTERNS for p in _glob_image(("/",), pattern)}
-                   | {t for t in _PROTECTED_FILES if os.path.exists(t)})
+                   | {t for t in PROTECTED_FILES if os.path.exists(t)})
     loaded = set()
     for root in roots:
         out = subprocess.run(["ldd", root], capture_output=True, text=True).stdout

@@ -14,8 +14,8 @@ import torch
 
 from rollout import evaluate, scorecard
 from rollout.report import bootstrap_interval
-from sandbox.overlap import check_disjoint, find_overlaps
-from sandbox.tasks import load_task_dirs
+from sandbox.tasks.overlap import check_disjoint, find_overlaps
+from sandbox.tasks.format import load_task_dirs
 from t1core import train
 from t1core.config_toml import load_config
 from t1core.metrics import progress_line
@@ -25,8 +25,8 @@ from tests.test_train import TINY, needs_docker
 
 @pytest.fixture(scope="module")
 def train_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
 
     out = tmp_path_factory.mktemp("train_tasks")
     family_tasks(out, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
@@ -197,8 +197,8 @@ def test_evaluate_leaves_infrastructure_failures_unscored_and_retries_them(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every attempt placed on a Docker host that does not answer is unscored: nothing recorded, exit 1 with one
     line; the same command on a daemon that answers then runs them all, and nothing of the first try counts."""
-    import sandbox.hosts
-    monkeypatch.setattr(sandbox.hosts, "NO_HOST_WAIT_S", 0.5)  # a start gives up on the dead host at once
+    import sandbox.runtime.hosts
+    monkeypatch.setattr(sandbox.runtime.hosts, "NO_HOST_WAIT_S", 0.5)  # a start gives up on the dead host at once
     bench, out = write_benchmark(tmp_path / "B", ("probe-os", "probe-flag")), tmp_path / "out"
     args = ["--checkpoint", str(checkpoint), "--tasks", str(bench), "--out", str(out), "--max-turns", "2",
             "--max-reply-tokens", "8", "--max-tokens", "300", "--parallel", "2"]
@@ -209,7 +209,7 @@ def test_evaluate_leaves_infrastructure_failures_unscored_and_retries_them(tmp_p
     assert io.err.strip().splitlines() == ["evaluate: no attempt was scored: the infrastructure ended all 2 on every "
                                            "try; run the same command again to retry them"]
     assert (out / "attempts.jsonl").read_text() == "" and not (out / "report.json").exists()
-    sandbox.hosts.use_hosts(())  # back to the local daemon for this process
+    sandbox.runtime.hosts.use_hosts(())  # back to the local daemon for this process
     assert evaluate.main(args) == 0
     assert ": 2 to run, 0 already done; " in capsys.readouterr().out.splitlines()[0]
     records = scorecard.read_records(out / "attempts.jsonl")

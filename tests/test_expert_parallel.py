@@ -166,8 +166,8 @@ def test_expert_parallel_run_equals_one_process_and_resumes_under_ep1(tmp_path) 
     import json
     from pathlib import Path
     from safetensors.torch import load_file
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
     from t1core import train
     from t1core.checkpointing import load_checkpoint
     from t1model.hf_io import hf_state_dict

@@ -7,7 +7,14 @@ sandbox needs neither torch nor the model (nor rollout). t1cli, the `t1` command
 predicts, imports it. Read from the source: every import, function-level ones included, relative ones
 (`from . import x`, `from ..t1core import train`) resolved against their package, and `importlib.import_module` /
 `__import__` strings. A call with a computed name (`import_module(_EXPORTS[n])`) counts every string in that file
-that names a project module. So a cycle or an upward import fails here before anyone has to untangle it."""
+that names a project module. So a cycle or an upward import fails here before anyone has to untangle it.
+
+sandbox has wings of its own, imports again only going down (STYLE.md 18):
+
+    sandbox.tasks  <-  sandbox.images  <-  sandbox.runtime
+
+beside sandbox's shared modules (errors, cli, daemon), which import no wing, and its entry points at the top, which
+no wing imports."""
 
 from __future__ import annotations
 
@@ -19,6 +26,12 @@ FLOORS = {"t1kernels": 0, "t1model": 1, "sandbox": 2, "rollout": 2, "t1core": 3,
 """Folder -> floor: a module may import its own floor's folder and the floors below, never above."""
 SIDEWAYS_FORBIDDEN = {"sandbox": {"rollout"}}
 """Same-floor imports that are still refused: sandboxes run where no engine (and no torch) is."""
+SANDBOX_WINGS = {"sandbox.tasks": 0, "sandbox.images": 1, "sandbox.runtime": 2}
+"""sandbox's wing -> its rank: task formats, then images (a task image is built from a Task), then the runtime (a
+sandbox starts from a TaskImage; the verifier runs in one). A wing imports its own rank and the ranks below."""
+SANDBOX_SHARED = {"sandbox.errors", "sandbox.cli", "sandbox.daemon"}
+"""sandbox's top-level modules that every wing may import; they import only each other. Every other module at the top
+is an entry point (`python -m sandbox.X`), which may import any wing and which no wing imports."""
 
 
 def _floor(module: str) -> int:
@@ -124,6 +137,25 @@ def _upward(edges: dict[str, set[str]]) -> list[str]:
                   if _floor(t) > _floor(m) or t.split(".")[0] in SIDEWAYS_FORBIDDEN.get(m.split(".")[0], ()))
 
 
+def _wing(module: str) -> str | None:
+    return next((w for w in SANDBOX_WINGS if module == w or module.startswith(w + ".")), None)
+
+
+def _sandbox_wing_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Imports inside sandbox that break its wings' order: a wing importing a wing above it or an entry point, a
+    shared module importing anything but the shared ones."""
+    out = []
+    for module, targets in edges.items():
+        wing = _wing(module)
+        for target in targets:
+            if target.split(".")[0] != "sandbox" or target in SANDBOX_SHARED:
+                continue
+            above = wing is not None and (_wing(target) is None or SANDBOX_WINGS[_wing(target)] > SANDBOX_WINGS[wing])
+            if module in SANDBOX_SHARED or above:
+                out.append(f"{module} -> {target}")
+    return sorted(out)
+
+
 def test_no_import_cycle_between_project_modules() -> None:
     assert not _cycles(_imports(_modules()))
 
@@ -141,6 +173,19 @@ def test_sandbox_needs_neither_torch_nor_the_model() -> None:
     assert not offenders, offenders
 
 
+def test_sandbox_wings_import_only_down() -> None:
+    violations = _sandbox_wing_violations(_imports(_modules()))
+    assert not violations, violations
+
+
+def test_sandbox_top_holds_shared_modules_and_entry_points() -> None:
+    """Everything else lives in a wing (a module put at the top would escape the wings' order)."""
+    top = {module: path for module, path in _modules(packages=("sandbox",)).items() if module.count(".") == 1}
+    strays = sorted(module for module, path in top.items() if _wing(module) is None and module not in SANDBOX_SHARED
+                    and 'if __name__ == "__main__":' not in path.read_text())
+    assert not strays, strays
+
+
 def test_the_trainer_package_runs_only_the_trainer() -> None:
     """Tools off the training path (planner, simulator, experiments) live in t1cli, behind the `t1` command: the
     trainer's package has one entry point, the trainer."""
@@ -151,6 +196,14 @@ def test_the_trainer_package_runs_only_the_trainer() -> None:
 
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _sandbox_wing_violations({
+        "sandbox.tasks.format": {"sandbox.errors", "sandbox.images.tarball"},
+        "sandbox.images.task_images": {"sandbox.tasks.format", "sandbox.daemon", "sandbox.run_task"},
+        "sandbox.runtime.pool": {"sandbox.images.image_cache", "sandbox.tasks", "sandbox.runtime.settings"},
+        "sandbox.daemon": {"sandbox.errors", "sandbox.runtime.shell"},
+        "sandbox.run_task": {"sandbox.runtime.verify", "sandbox.images.task_images"},
+    }) == ["sandbox.daemon -> sandbox.runtime.shell", "sandbox.images.task_images -> sandbox.run_task",
+           "sandbox.tasks.format -> sandbox.images.tarball"]
     assert _floor("bench.test_bench_ep") > _floor("t1cli.plan") > _floor("t1core.train") > _floor("rollout.agent") \
         > _floor("t1model.model") > _floor("t1kernels.moe")
 

@@ -1,4 +1,4 @@
-"""sandbox.ldcache against glibc's own tools: `ldconfig -C` writes the caches, `ldconfig -p` reads them."""
+"""sandbox.images.ldcache against glibc's own tools: `ldconfig -C` writes the caches, `ldconfig -p` reads them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.ldcache import CacheFormatError, entries, read_cache, repointed
+from sandbox.images.ldcache import CacheFormatError, entries, read_cache, repointed
 
 LDCONFIG = shutil.which("ldconfig") or ("/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None)
 LIBZ = Path("/lib/x86_64-linux-gnu/libz.so.1")

@@ -148,8 +148,8 @@ def test_training_run_with_compaction_is_exact_in_every_segment(tmp_path: Path) 
     """The trainer end to end (real sandboxes and verifiers) with contexts of 640 tokens: every episode is compacted,
     every segment trains, and drift and the log-prob gap stay exactly 0 (bitwise mode) over two steps, the second
     after an update and a weight sync."""
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
     from t1core import train
 
     family_tasks(tmp_path / "tasks", split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:1])

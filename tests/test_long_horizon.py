@@ -1,6 +1,6 @@
-"""The long-horizon family (sandbox.families.chain), teacher forcing in the engine, and SFT transcripts of compacted
-episodes: instances checked against an independent walk of their own files, the verifiers and the demonstrations in a
-real container, forced replies against the engine's own draws."""
+"""The long-horizon family (sandbox.tasks.families.chain), teacher forcing in the engine, and SFT transcripts of
+compacted episodes: instances checked against an independent walk of their own files, the verifiers and the
+demonstrations in a real container, forced replies against the engine's own draws."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from rollout.agent import AgentConfig, sandbox_settings
 from rollout.compaction import Compaction
 from rollout.engine import SamplingParams
 from rollout.torch_engine import EngineConfig, TorchEngine
-from sandbox.families import FAMILIES, LONG_FAMILIES, generate
-from sandbox.families.chain import END, LINKS, MILESTONES
-from sandbox.suite import demonstration_turns, family_tasks, reference_turns
+from sandbox.tasks.families import FAMILIES, LONG_FAMILIES, generate
+from sandbox.tasks.families.chain import END, LINKS, MILESTONES
+from sandbox.tasks.suite import demonstration_turns, family_tasks, reference_turns
 from t1model.model import ModelConfig, MoEModel
 from t1model.tokenizer import ChatTokenizer
 
@@ -71,8 +71,8 @@ def test_forced_reply_has_the_log_probs_and_routing_of_the_same_reply_drawn() ->
 
 
 def _run_turns(task, image, turns: list[str]) -> dict[str, bool]:
-    from sandbox.docker_sandbox import DockerSandbox
-    from sandbox.verify import run_verifiers
+    from sandbox.runtime.docker_sandbox import DockerSandbox
+    from sandbox.runtime.verify import run_verifiers
 
     with DockerSandbox(image, sandbox_settings(task)) as sb:
         for cmd in turns:
@@ -82,7 +82,7 @@ def _run_turns(task, image, turns: list[str]) -> dict[str, bool]:
 
 @pytest.mark.docker
 def test_follow_chain_verifiers_score_reference_demonstration_and_untouched_state(tmp_path: Path) -> None:
-    from sandbox.task_images import build_task_image, default_base_image_overrides
+    from sandbox.images.task_images import build_task_image, default_base_image_overrides
 
     tasks = family_tasks(tmp_path, split="train", num_per_family=6, seed=0, families=["follow_chain"])
     task = next(t for t in tasks if demonstration_turns(t)[1])  # one whose demonstration stops early
@@ -105,7 +105,7 @@ def test_follow_chain_verifiers_score_reference_demonstration_and_untouched_stat
 def test_sft_transcript_of_a_compacted_demonstration_follows_its_script(tmp_path: Path) -> None:
     """The warm start's scripted engine finds each turn of a compacted episode (its prompt no longer starts with the
     first one): every command of the transcript, over all its segments, is the demonstration's."""
-    from sandbox.task_images import build_task_images, default_base_image_overrides
+    from sandbox.images.task_images import build_task_images, default_base_image_overrides
     from t1core.warmstart import reference_transcripts
 
     tok = ChatTokenizer.builtin()

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
-from sandbox.families import generate
-from sandbox.families.chain import END, step_command
-from sandbox.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
+from sandbox.tasks.families import generate
+from sandbox.tasks.families.chain import END, step_command
+from sandbox.tasks.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
 from t1core import builders
 from t1core.config_toml import load_config
 from t1model.model import ModelConfig, MoEModel
-from sandbox.suite import SEED_STRIDE
+from sandbox.tasks.suite import SEED_STRIDE
 from t1core.pretrain import PretrainConfig, corpus_texts, packed_rows, pretrain
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 

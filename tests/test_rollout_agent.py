@@ -24,10 +24,10 @@ from rollout.agent import (DONE_MARKER, AgentConfig, EpisodeSpec, SandboxLimits,
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.tito import retokenization_drift, sampled_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
-from sandbox import suite
-from sandbox.docker_sandbox import DockerSandbox
-from sandbox.task_images import TaskImage, build_task_image, default_base_image_overrides
-from sandbox.tasks import Task, load_task
+from sandbox.tasks import suite
+from sandbox.runtime.docker_sandbox import DockerSandbox
+from sandbox.images.task_images import TaskImage, build_task_image, default_base_image_overrides
+from sandbox.tasks.format import Task, load_task
 from t1core.drift import CompletionLog
 from t1model.model import ModelConfig, MoEModel
 from t1model.tokenizer import ChatTokenizer, format_tool_call
@@ -239,8 +239,8 @@ def test_sandbox_killed_mid_episode_ends_only_that_episode(tok: ChatTokenizer, t
     killer.start()
     specs = [EpisodeSpec(task=victim, image=images[victim.name], seed=0),
              EpisodeSpec(task=other, image=images[other.name], seed=1)]
-    # Killed through the API from outside: the infrastructure's doing (sandbox.failure), not the agent's; with no
-    # retry the episode stays masked (tests/test_sandbox_hosts.py covers the retries and the agent's own kill).
+    # Killed through the API from outside: the infrastructure's doing (sandbox.runtime.failure), not the agent's; with
+    # no retry the episode stays masked (tests/test_sandbox_hosts.py covers the retries and the agent's own kill).
     trajs = run_episodes(ScriptedEngine(tok, tasks, script), tok, specs,
                          config=AgentConfig(max_turns=4, infra_retries=0), num_parallel=2)
     killer.join()
@@ -322,7 +322,7 @@ def test_reference_transcripts_keep_apart_tasks_with_one_instruction(tok: ChatTo
 @pytest.mark.docker
 def test_incomplete_demonstrations_leave_only_their_step_undone(tok: ChatTokenizer, tasks: list[Task],
                                                                 images: dict[str, TaskImage], tmp_path: Path) -> None:
-    # About half the SFT demonstrations stop before the finishing step (sandbox.families.finish). Checked against
+    # About half the SFT demonstrations stop before the finishing step (sandbox.tasks.families.finish). Checked against
     # the real verifiers: such a transcript fails exactly the tests its demonstration names, the full reference
     # (solve.sh) passes them all, and a demonstration that fails anything else is dropped.
     import shutil

@@ -17,11 +17,11 @@ import pytest
 
 from sandbox import (CommandTooLong, ContainerDied, DaemonUnreachable, DockerSandbox, FileTooLarge, ImageNotFound,
                      SandboxError, SandboxPool, ensure_base_image)
-from sandbox.docker_sandbox import CAPABILITIES
-from sandbox.reap import reap
-from sandbox.settings import SandboxSettings
+from sandbox.runtime.docker_sandbox import CAPABILITIES
+from sandbox.runtime.reap import reap
+from sandbox.runtime.settings import SandboxSettings
 from sandbox.daemon import LABEL_RUN, docker_client
-from sandbox.shell import OutputCap, encode_command
+from sandbox.runtime.shell import OutputCap, encode_command
 
 RUN_ID = f"test-sandbox-{os.getpid()}"
 REPO = Path(__file__).resolve().parents[1]
@@ -399,7 +399,7 @@ def test_root_owned_tar_filter_counts_bytes_and_stops_at_its_limit(tmp_path) -> 
     import io
     import tarfile
 
-    from sandbox.tarball import RootOwned
+    from sandbox.images.tarball import RootOwned
     (tmp_path / "a").write_bytes(b"x" * 700)
     (tmp_path / "b").write_bytes(b"y" * 400)
     keep = RootOwned()

@@ -1,6 +1,6 @@
 """Sandboxes over several Docker hosts, for real: three extra dockerd processes on this box (tests.docker_hosts),
 one reached over TCP with TLS. Placement under per-host limits, an image built once and loaded everywhere, the rule
-that tells an infrastructure death from the agent's own (sandbox.failure), a daemon SIGKILLed in the middle of a
+that tells an infrastructure death from the agent's own (sandbox.runtime.failure), a daemon SIGKILLed in the middle of a
 collection, and a tiny training run spread over the three hosts."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import docker
 import pytest
 
 from rollout.agent import AgentConfig, EpisodeSpec, is_masked, run_episodes
-from sandbox import hosts as hosts_mod
-from sandbox import suite
-from sandbox.base_image import ensure_base_image
+from sandbox.runtime import hosts as hosts_mod
+from sandbox.tasks import suite
+from sandbox.images.base_image import ensure_base_image
 from sandbox.errors import SandboxError
-from sandbox.host_spec import HostSpec, ssh_url_with_port
-from sandbox.hosts import DockerHosts
-from sandbox.settings import SandboxSettings
-from sandbox.image_cache import TaskImage
-from sandbox.task_images import build_task_image, default_base_image_overrides
-from sandbox.tasks import load_task
+from sandbox.runtime.host_spec import HostSpec, ssh_url_with_port
+from sandbox.runtime.hosts import DockerHosts
+from sandbox.runtime.settings import SandboxSettings
+from sandbox.images.image_cache import TaskImage
+from sandbox.images.task_images import build_task_image, default_base_image_overrides
+from sandbox.tasks.format import load_task
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 from tests.docker_hosts import SSHD, ExtraDaemons
 from tests.machine import docker_answers

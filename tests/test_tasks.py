@@ -25,18 +25,18 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import suite
+from sandbox.tasks import suite
 from sandbox.daemon import LABEL_RUN, docker_client
-from sandbox.docker_sandbox import DockerSandbox
-from sandbox.settings import SandboxSettings
-from sandbox.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
-from sandbox.families.common import FILE_MTIME, TURN_BREAK
-from sandbox.families.finish import CLEANUP, CLEANUP_TEST, DEMO_COMPLETE_RATE, SCRATCH_DIR
-from sandbox.task_images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
+from sandbox.runtime.docker_sandbox import DockerSandbox
+from sandbox.runtime.settings import SandboxSettings
+from sandbox.tasks.families import FAMILIES, SHORT_FAMILIES, generate, write_harbor_task
+from sandbox.tasks.families.common import FILE_MTIME, TURN_BREAK
+from sandbox.tasks.families.finish import CLEANUP, CLEANUP_TEST, DEMO_COMPLETE_RATE, SCRATCH_DIR
+from sandbox.images.task_images import (TaskImageError, _preload_plan, _resolve_override, _tar, build_task_image,
                             build_task_images, default_base_image_overrides)
 from sandbox.run_task import run_task
-from sandbox.tasks import Task, TaskFormatError, load_task
-from sandbox.verify import VerifierResult, run_verifiers
+from sandbox.tasks.format import Task, TaskFormatError, load_task
+from sandbox.runtime.verify import VerifierResult, run_verifiers
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = f"t1-test-tasks-{os.getpid()}"
@@ -256,7 +256,7 @@ _CHANGE_SCRIPTS = {
 
 @pytest.mark.docker
 def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]) -> None:
-    from sandbox.verify import _inspect_changes, _upper_dir_changes
+    from sandbox.runtime.verify import _inspect_changes, _upper_dir_changes
 
     def judge(script: str) -> tuple[tuple[list[str], bool], tuple[list[str], bool], list[str]]:
         with DockerSandbox(overrides["debian:*"], run_id=RUN_ID) as sb:
@@ -306,7 +306,7 @@ def test_upper_dir_and_docker_diff_judge_changes_alike(overrides: dict[str, str]
 @pytest.mark.docker
 def test_verifier_modules_cover_what_a_pytest_run_loads_from_site_packages(overrides: dict[str, str]) -> None:
     """The site-packages modules left to the agent must not include one the verifier's own run imports."""
-    from sandbox.verify import VERIFIER_MODULES
+    from sandbox.images.protected import VERIFIER_MODULES
 
     probe = ("import sys, pytest\nopen('/tmp/t/test_a.py', 'w').write('def test_a():\\n    assert True\\n')\n"
              "rc = pytest.main(['/tmp/t', '-q', '-p', 'no:cacheprovider', '--junitxml=/tmp/j.xml'])\n"
@@ -413,7 +413,7 @@ def test_harness_options_scale_the_time_limits_and_name_bad_values(tmp_path: Pat
 def test_freeze_stops_every_agent_process_and_thaw_resumes_them(overrides: dict[str, str]) -> None:
     """What 'keep' does around the tamper check: the agent's processes (a child, a shell and its child) are
     stopped, not killed, and run again afterwards; init and the container's keepalive are never stopped."""
-    from sandbox.verify import _PATH, _exec
+    from sandbox.runtime.verify import _PATH, _exec
 
     def states(script: str) -> dict[str, str]:
         """command line -> state letter of every process but this exec's own."""
@@ -536,7 +536,7 @@ def test_tests_arrive_byte_for_byte_inline_or_uploaded(tmp_path: Path, overrides
     bytes and modes either way; and nothing a test prints can pose as the verifier's status line or XML."""
     import hashlib
 
-    from sandbox.verify import _work_dir_script
+    from sandbox.runtime.verify import _work_dir_script
 
     def make(name: str, blob: bytes) -> Task:
         task = _harbor_task(tmp_path, name, tests={"test_files.py": """
@@ -746,7 +746,7 @@ def test_preload_written_into_the_upper_dir_equals_the_daemons_archive(tmp_path:
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path (files written into the created container's overlay2 upper directory) and the daemon's
     archive API leave the same tree: paths, kinds, modes, owners, sizes, link targets, mtimes and atimes."""
-    import sandbox.preload as preload
+    import sandbox.runtime.preload as preload
 
     task = _copy_context(tmp_path, _COPY_ONLY)
     image = build_task_image(task, base_image_overrides=overrides)
@@ -789,7 +789,7 @@ def _tar_of(*entries: tuple[str, str]) -> bytes:
     ([("app", "dir"), ("app/a", "file"), ("app/b", "hard")], False),
 ])
 def test_only_tars_built_from_their_own_directories_skip_the_archive_api(entries: list, direct: bool) -> None:
-    import sandbox.preload as preload
+    import sandbox.runtime.preload as preload
 
     assert (preload.direct_plan(_tar_of(*entries)) is not None) == direct
 
@@ -819,7 +819,7 @@ def test_base_listing_container_carries_owner_labels(tmp_path: Path, overrides: 
     """The one container build_task_image starts itself (listing the base's directories) is reapable."""
     from docker.models.containers import ContainerCollection
 
-    import sandbox.task_images as images
+    import sandbox.images.task_images as images
 
     seen, real_run = [], ContainerCollection.run
 

@@ -25,15 +25,15 @@ import docker
 import pytest
 
 from sandbox.check_tasks import check_tasks, summary
-from sandbox.docker_build import clean_text
-from sandbox.settings import SandboxSettings
+from sandbox.images.docker_build import clean_text
+from sandbox.runtime.settings import SandboxSettings
 from sandbox.daemon import LABEL_RUN, docker_client
-from sandbox.docker_sandbox import DockerSandbox
-from sandbox.image_cache import LABEL_KIND, LABEL_TASK, prune_task_images
-from sandbox.task_images import TaskImageError, _preload_plan, build_task_image, default_base_image_overrides
+from sandbox.runtime.docker_sandbox import DockerSandbox
+from sandbox.images.image_cache import LABEL_KIND, LABEL_TASK, prune_task_images
+from sandbox.images.task_images import TaskImageError, _preload_plan, build_task_image, default_base_image_overrides
 from sandbox.run_task import run_task_report
-from sandbox.tasks import TaskFormatError, load_task, reference_solution
-from sandbox.test_deps import parse_test_deps, setup_steps
+from sandbox.tasks.format import TaskFormatError, load_task, reference_solution
+from sandbox.tasks.test_deps import parse_test_deps, setup_steps
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = f"t1-test-tb-formats-{os.getpid()}"
@@ -65,7 +65,7 @@ def overrides() -> dict[str, str]:
 
 @pytest.mark.docker
 def test_base_has_python_and_pip_and_the_ca_layer_is_built_once(overrides: dict[str, str]) -> None:
-    from sandbox.base_image import ensure_base_image, host_ca_bundle
+    from sandbox.images.base_image import ensure_base_image, host_ca_bundle
 
     ca_ref = overrides["debian:*"]
     assert ensure_base_image(trust_host_ca=True) == ca_ref  # found, not rebuilt
@@ -294,7 +294,7 @@ cp /tests/never.txt /app/
 
 def test_fixtures_named_test_are_not_tests(tmp_path: Path) -> None:
     """TB1 chem-property-targeting has `@pytest.fixture def test_data()`: pytest collects no test from it."""
-    from sandbox.tasks import static_test_ids
+    from sandbox.tasks.format import static_test_ids
 
     f = tmp_path / "test_f.py"
     f.write_text("import pytest\nfrom pytest import fixture\n\n@pytest.fixture\ndef test_data():\n    return 1\n\n"

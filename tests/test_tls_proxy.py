@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base_image import CA_REPOSITORY, REPOSITORY, from_images, tls_advice
-from sandbox.docker_build import tls_failure
+from sandbox.images.base_image import CA_REPOSITORY, REPOSITORY, from_images, tls_advice
+from sandbox.images.docker_build import tls_failure
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ def test_advice_depends_on_what_the_image_builds_on() -> None:
 
 def _probe_plain_base() -> str:
     """What pip prints reaching PyPI from the plain base image, with a network."""
-    from sandbox.base_image import ensure_base_image
+    from sandbox.images.base_image import ensure_base_image
 
     r = subprocess.run(["docker", "run", "--rm", ensure_base_image(trust_host_ca=False), "python3", "-m", "pip",
                         "download", "--no-deps", "--retries", "1", "-d", "/tmp", "six"],

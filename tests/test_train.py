@@ -43,8 +43,8 @@ TINY = ["--rollout.episodes_per_step=2", "--rollout.group_size=2", "--rollout.co
 
 @pytest.fixture(scope="module")
 def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sandbox.suite import family_tasks
-    from sandbox.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
 
     out = tmp_path_factory.mktemp("tasks")
     family_tasks(out, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
@@ -493,8 +493,8 @@ def test_data_parallel_sft_transcripts_equal_a_single_process(tmp_path: Path) ->
     """Each rank runs every other task's reference solution (3 tasks: 2 on rank 0, 1 on rank 1); the gathered
     transcripts equal one process's, in task order, token for token."""
     from rollout.trajectory import load_trajectories
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
 
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=3, seed=0, families=list(SHORT_FAMILIES)[:1])

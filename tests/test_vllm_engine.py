@@ -321,8 +321,8 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
         pytest.skip("no Docker daemon answers")
     from t1kernels.logprob import token_logprobs
     from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
-    from sandbox import suite
-    from sandbox.task_images import build_task_image, default_base_image_overrides
+    from sandbox.tasks import suite
+    from sandbox.images.task_images import build_task_image, default_base_image_overrides
     from t1core.drift import CompletionLog
     from t1model.tokenizer import ChatTokenizer
 
@@ -362,8 +362,8 @@ def _train_on_the_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         docker.from_env().ping()
     except docker.errors.DockerException:
         pytest.skip("no Docker daemon answers")
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
     from t1core import train
 
     weights: dict[int, dict[str, torch.Tensor]] = {}

@@ -188,8 +188,8 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
     """2 steps on 2 FSDP2 ranks with each placement: zero drift; every engine ends holding exactly the trainer's
     weights; a sync never held more than about one layer; both layouts sample the same trajectories."""
     from rollout.trajectory import load_trajectories
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
     from t1core.checkpointing import load_checkpoint
     from t1core.distributed import _unit_groups
     from t1model.hf_io import load_pretrained
@@ -249,8 +249,8 @@ def test_two_ranks_train_asynchronously_on_one_disaggregated_engine(tmp_path: Pa
     """rollout.max_staleness=1 on 2 FSDP2 ranks, rank 0's vLLM (the fake) sampling for both while they train: every
     step within the bound with drift 0 (rank 1 trains what rank 0 took, by broadcast), and the engine ends on the
     last version holding exactly the trainer's weights."""
-    from sandbox.families import SHORT_FAMILIES
-    from sandbox.suite import family_tasks
+    from sandbox.tasks.families import SHORT_FAMILIES
+    from sandbox.tasks.suite import family_tasks
     from t1core.checkpointing import load_checkpoint
     from tests.async_checks import async_steps
 

@@ -18,19 +18,18 @@ A chain of 100 links needs nearly every call right, so this rate is what a long-
 from __future__ import annotations
 
 import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
+import random
 from collections import Counter
 
 import torch
 
-from sandbox.cli import Parser, bad_input
-import random
-
 from rollout.agent import DONE_MARKER
-from sandbox.families import FAMILIES, generate
-from sandbox.suite import SEED_STRIDE
+from sandbox.cli import Parser, bad_input
+from sandbox.tasks.families import FAMILIES, generate
+from sandbox.tasks.suite import SEED_STRIDE
+from t1core.pretrain import WALKS, walk_text
 from t1model.hf_io import load_pretrained
 from t1model.model import MoEModel
-from t1core.pretrain import WALKS, walk_text
 from t1model.tokenizer import IM_START, ChatTokenizer, format_tool_call
 
 END = "</tool_call>"
@@ -111,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint", help="HF checkpoint directory (a run's warmstart/ or final/)")
     p.add_argument("--per-family", type=int, default=6, help="held-out instances per family")
     p.add_argument("--families", default="", help="comma-separated family names (default: all built-in)")
-    p.add_argument("--seed-block", type=int, default=0, help="held-out seed block (seeds B * sandbox.suite.SEED_STRIDE + i)")
+    p.add_argument("--seed-block", type=int, default=0,
+                   help="held-out seed block (seeds B * sandbox.tasks.suite.SEED_STRIDE + i)")
     args = p.parse_args(argv)
     families = [f for f in args.families.split(",") if f] or sorted(FAMILIES)
     unknown = [f for f in families if f not in FAMILIES and f not in WALKS]

@@ -56,10 +56,10 @@ from rollout.budget import slot_length
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectories
-from sandbox import suite
+from sandbox.tasks import suite
 from sandbox.cli import Parser, bad_input
-from sandbox.task_images import TaskImage, build_task_image, default_base_image_overrides
-from sandbox.tasks import Task
+from sandbox.images.task_images import TaskImage, build_task_image, default_base_image_overrides
+from sandbox.tasks.format import Task
 from t1core.batch import PackedBatch, pack
 from t1core.drift import CompletionLog
 from t1core.losses import mismatch_metrics
