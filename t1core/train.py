@@ -30,7 +30,8 @@ from t1core.metrics import EngineWindow, RunLog, Stopwatch, gpu_stats
 from t1core.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
 from t1core.export import save_hf
 from t1core.sft import warm_start
-from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, step_draws
+from t1core.advantages import push_plan, shaped_reward
+from t1core.step import Stream, StepBatch, TrainerState, seed_for, step_draws
 from t1core.update import ActorCritic, ppo_update, score
 
 
@@ -161,7 +162,7 @@ class Trainer:
                                    cut_episodes=self.cfg.algo.cut_episodes, **kw)
 
     def rewards(self, trajs: list[Trajectory]) -> list[float]:
-        """Each episode's reward for the update (`t1core.step.shaped_reward`)."""
+        """Each episode's reward for the update (`t1core.advantages.shaped_reward`)."""
         return [shaped_reward(t, self.cfg.algo) for t in trajs]
 
     def actor_critic(self) -> ActorCritic:
