@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from rollout.torch_engine import EngineConfig, TorchEngine
 from t1model.hf_io import hf_state_dict
-from t1core.checkpointing import load_checkpoint, save_checkpoint
+from t1core.checkpoint.save import load_checkpoint, save_checkpoint
 from t1core.config import RunConfig
 from t1core.config_toml import load_config
 from t1core.distributed import (DataParallel, ModelOptimizer, full_state_dict, iter_hf_tensors, shard_)

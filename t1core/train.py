@@ -2,7 +2,7 @@
 
 Warm start (pretraining, SFT), held-out evaluation, then per RL step collect -> score -> update -> sync, then the
 evaluation after RL and the final HF checkpoint. This file only orchestrates; each phase has its own module
-(t1core.pretrain, .sft, .evaluate, .update, .resume, .export, .cli: `t1core.cli.DESCRIPTION` says more)."""
+(t1core.pretrain, .sft, .evaluate, .update, .checkpoint, .cli: `t1core.cli.DESCRIPTION` says more)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.evaluate import evaluate
 from t1core.metrics import EngineWindow, RunLog, Stopwatch, gpu_stats
-from t1core.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
-from t1core.export import save_hf
+from t1core.checkpoint.hf import export_policy
+from t1core.checkpoint.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
 from t1core.sft import warm_start
 from t1core.advantages import push_plan, shaped_reward
 from t1core.step import Stream, StepBatch, TrainerState, seed_for, step_draws
@@ -179,7 +179,7 @@ class Trainer:
         if not self.state.warm_started:
             warm = self.warm_start()
             # Saved once: a resumed run anchors its KL penalty to it, and later runs can start from it.
-            save_hf(self.policy, self.tok, self.run_dir / WARMSTART_DIR, dp)
+            export_policy(self.policy, self.tok, self.run_dir / WARMSTART_DIR, dp)
             log.row(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
                 self.ref_policy = frozen_copy(self.policy, dp)
@@ -205,7 +205,7 @@ class Trainer:
             log.row(cfg.run.steps, {**after, **self.clock.pop()})
             self.state.evaluated_at = cfg.run.steps
         log.close()  # and its plot
-        save_hf(self.policy, self.tok, self.run_dir / "final", dp)
+        export_policy(self.policy, self.tok, self.run_dir / "final", dp)
         log.print_closing_lines(after, cfg)  # fidelity, what RL did to held-out success
 
     def checkpoint(self) -> Path | None:  # collective when sharded

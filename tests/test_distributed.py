@@ -207,7 +207,7 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
     from sandbox.families import SHORT_FAMILIES
     from sandbox.suite import family_tasks
     from t1core import train
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
     common = [f"--tasks.source={tasks}", "--rollout.episodes_per_step=2", "--rollout.group_size=2",

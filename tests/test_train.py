@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from t1core import cli, train
-from t1core.checkpointing import load_checkpoint
+from t1core.checkpoint.save import load_checkpoint
 from t1core.config_toml import config_to_toml, load_config
 from t1core.update import _step
 from tests.machine import needs_docker
@@ -105,7 +105,7 @@ def test_concurrent_episodes_are_bit_for_bit_with_the_batch_invariant_engine(tmp
     a, b = _state(first), _state(second)
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"the second run differs in {differing[:5]}"
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     rng = [load_checkpoint(d / "checkpoints", restore_rng=False)["rng_states"] for d in (first, second)]
     assert repr(rng[0]) == repr(rng[1])  # the global generators too (seeded by the trainer)
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (first, second)]
@@ -435,7 +435,7 @@ def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -
     assert a.keys() == b.keys()
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"resumed data-parallel run differs in {differing[:5]}"
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     opt = [load_checkpoint(d / "checkpoints", restore_rng=False)["optimizers"]["actor"]["state"]
            for d in (straight, split)]
     assert opt[0].keys() == opt[1].keys() and opt[0]

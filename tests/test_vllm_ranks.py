@@ -190,7 +190,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
     from rollout.trajectory import load_trajectories
     from sandbox.families import SHORT_FAMILIES
     from sandbox.suite import family_tasks
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     from t1core.distributed import _unit_groups
     from t1model.hf_io import load_pretrained
     from t1model.model import ModelConfig, MoEModel
@@ -204,7 +204,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [r["tito/drift_tokens"] for r in rows if "tito/drift_tokens" in r] == [0.0, 0.0], placement
         trainer = load_checkpoint(out / "checkpoints", restore_rng=False)["policy"]  # the consolidated shards
-        export = load_pretrained(out / "final", dtype=torch.float32).state_dict()  # streamed by save_hf
+        export = load_pretrained(out / "final", dtype=torch.float32).state_dict()  # streamed by checkpoint.hf.save_hf
         assert all(torch.equal(export[k], trainer[k]) for k in trainer)
         ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
         owners = [r for r in ranks if r["engine"] is not None]
@@ -251,7 +251,7 @@ def test_two_ranks_train_asynchronously_on_one_disaggregated_engine(tmp_path: Pa
     last version holding exactly the trainer's weights."""
     from sandbox.families import SHORT_FAMILIES
     from sandbox.suite import family_tasks
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     from tests.async_checks import async_steps
 
     tasks = tmp_path / "tasks"
