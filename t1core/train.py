@@ -20,7 +20,7 @@ from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
 from sandbox.tasks import Task
-from t1core import async_collect, builders, cli, segments
+from t1core import async_collect, cli, config_checks, models, optimizer, pretrain, rollout_ranks, segments, tasks
 from t1core.async_collect import AsyncCollector
 from t1core.config import RunConfig, resolved
 from t1core.distributed import DataParallel
@@ -41,31 +41,31 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, dp: DataParallel | None = None) -> None:
         self.cfg, self.run_dir = cfg, run_dir = resolved(cfg), run_dir  # 'auto' values decided in a copy
         self.dp = dp = dp or DataParallel.single()
-        self.pretrains = builders.pretrains(cfg)  # checked first: a config error must not wait for image builds
-        self.replay, notice = builders.routing_replay(cfg)  # R3, or the trainer's own routing (said in one line)
+        self.pretrains = pretrain.pretrains(cfg)  # checked first: a config error must not wait for image builds
+        self.replay, notice = rollout_ranks.routing_replay(cfg)  # R3, or the trainer's own routing (said in one line)
         if notice and dp.is_main:
             print(notice, flush=True)
-        self.tok = builders.load_tokenizer(cfg)
+        self.tok = models.load_tokenizer(cfg)
         self.tasks = self.prepare_tasks()  # written and built by the main rank, on every rank
-        models = builders.ModelBuilder(cfg, self.tok, dp)  # load -> engine copy -> checkpoint + shard, in order
-        self.actor_frozen = builders.frozen_parameters(models.policy, cfg.optim.actor_frozen)  # checked before SFT
-        self.ranks = builders.rollout_ranks(cfg, dp)  # which ranks own an engine (t1core.rollout_ranks)
-        self.engine = models.take_engine_copy()
+        built = models.ModelBuilder(cfg, self.tok, dp)  # load -> engine copy -> checkpoint + shard, in order
+        self.actor_frozen = optimizer.frozen_parameters(built.policy, cfg.optim.actor_frozen)  # checked before SFT
+        self.ranks = rollout_ranks.RolloutRanks.for_run(cfg, dp)  # which ranks own an engine
+        self.engine = built.take_engine_copy()
         # what this rank's engine returned, to check drift against
         self.sampled = CompletionLog(self.engine) if self.engine is not None else None
-        self.policy, self.critic = models.wrap_and_shard()
+        self.policy, self.critic = built.wrap_and_shard()
         self.state = TrainerState()
         rl_progress = (lambda: self.state.step / max(cfg.run.steps, 1)) if cfg.optim.lr_decay else None
-        self.opt_actor, self.sched_actor = builders.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
-                                                                   progress=rl_progress)
-        self.opt_critic, self.sched_critic = builders.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
+        self.opt_actor, self.sched_actor = optimizer.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
+                                                                    progress=rl_progress)
+        self.opt_critic, self.sched_critic = optimizer.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
         self.collector: AsyncCollector | None = None  # rollout.max_staleness >= 1: started with the first RL step
 
-    def prepare_tasks(self) -> builders.TaskSets:
+    def prepare_tasks(self) -> tasks.TaskSets:
         """The task sets, their images built (a seam: bench/train_replay.py replays episodes without Docker)."""
-        return builders.prepare_tasks(self.cfg, self.run_dir, self.dp)
+        return tasks.prepare_tasks(self.cfg, self.run_dir, self.dp)
 
     def collect(self, tasks: list[Task], *, seed: int, desc: str, temperature: float | None = None,
                 task_timeouts: bool = False) -> tuple[list[Trajectory], list[int]]:
@@ -74,7 +74,7 @@ class Trainer:
         task_timeouts: each episode's wall clock is its own task's agent timeout (evaluation)."""
         specs = [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
                  for i, t in enumerate(tasks)]
-        config = builders.agent_config(self.cfg, temperature=temperature, task_timeouts=task_timeouts)
+        config = rollout_ranks.agent_config(self.cfg, temperature=temperature, task_timeouts=task_timeouts)
         return self.ranks.run(specs, self.sampled, self.tok, config=config, concurrency=self.cfg.rollout.concurrency,
                               pool_size=self.cfg.sandbox.pool_size, desc=desc, keep_log=self.collector is not None)
 
@@ -116,7 +116,7 @@ class Trainer:
         plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k,
                          critic_steps=cfg.warmstart.critic_steps)
         if cfg.optim.lr_decay:
-            builders.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
+            optimizer.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
         if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "colocated" and self.engine.line.sleep:
             self.engine.sleep()  # vLLM gives the shared GPUs back for the update; the weight sync wakes it
         ac, every = self.actor_critic(), cfg.run.routing_agreement_every
@@ -184,7 +184,7 @@ class Trainer:
             if cfg.algo.kl_coef > 0:
                 self.ref_policy = frozen_copy(self.policy, dp)
             self.state.warm_started = True
-        builders.freeze(self.policy, self.actor_frozen)  # RL leaves these as pretraining and SFT made them
+        optimizer.freeze(self.policy, self.actor_frozen)  # RL leaves these as pretraining and SFT made them
         if cfg.rollout.max_staleness and self.state.step < cfg.run.steps and self.ranks.owns_engine:
             self.collector = async_collect.for_run(self.cfg, self.tasks, self.sampled, self.tok,
                                                    first_step=self.state.step, ranks=self.ranks)
@@ -235,7 +235,7 @@ class Trainer:
 def main(argv: list[str] | None = None) -> int:
     with bad_input(cli.parser()):
         cfg, run_dir = cli.parse_args(argv)
-        builders.check_config(cfg)
+        config_checks.check_config(cfg)
     with cli.session(cfg, run_dir) as (dp, run_dir):  # the ranks, the run's first lines, SIGTERM/SIGINT handling
         trainer = Trainer(cfg, run_dir, dp)
         try:

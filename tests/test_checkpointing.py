@@ -197,7 +197,7 @@ def _trainer_parts(dp, seed: int):
     """Policy, critic (sharded when dp is distributed) and their optimizers/schedulers, as the trainer names them."""
     from t1core.distributed import ModelOptimizer, shard_
     from t1model.model import MoEModel, ValueModel
-    from t1core.builders import make_optimizer
+    from t1core.optimizer import make_optimizer
     cfg = load_config(None, ["--optim.warmup_steps=3"])
     policy = shard_(MoEModel(_small_cfg(), seed=seed), dp)
     critic = shard_(ValueModel.from_policy(MoEModel(_small_cfg(), seed=seed + 1)), dp)

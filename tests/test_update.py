@@ -15,7 +15,7 @@ from t1core.advantages import flat_groups, gae, normalise_advantages, place_term
 from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1kernels.logprob import token_logprobs
 from t1core.update import Scored, policy_logprobs, score, sft_num_steps, sft_update
-from t1core.builders import make_optimizer
+from t1core.optimizer import make_optimizer
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -76,8 +76,8 @@ def test_rollout_ranks_split_the_episodes() -> None:
     assert single.mine(items) == items and single.gather(items, 7) == items
 
 
-def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from t1core import builders
+def test_make_engine_gives_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from t1core.rollout_ranks import RolloutRanks, make_engine
     from t1core.config_toml import load_config
     from t1model.model import ModelConfig, MoEModel
     from tests import fake_vllm
@@ -86,15 +86,15 @@ def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(vllm_api, "require_vllm", fake_vllm.require)
     policy = MoEModel(ModelConfig.tiny(), seed=0)
     disagg = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated"])
-    assert builders.make_engine(policy, disagg, DataParallel(rank=1, world_size=2)) is None
-    assert builders.rollout_ranks(disagg, DataParallel(rank=1, world_size=2)).single_engine
-    assert not builders.rollout_ranks(disagg, DataParallel.single()).single_engine  # one process: as before
+    assert make_engine(policy, disagg, DataParallel(rank=1, world_size=2)) is None
+    assert RolloutRanks.for_run(disagg, DataParallel(rank=1, world_size=2)).single_engine
+    assert not RolloutRanks.for_run(disagg, DataParallel.single()).single_engine  # one process: as before
     colo = load_config(None, ["--rollout.engine=vllm"])
-    with builders.make_engine(policy, colo, DataParallel(rank=1, world_size=2)) as engine:
+    with make_engine(policy, colo, DataParallel(rank=1, world_size=2)) as engine:
         assert engine.placement == "colocated" and engine._llm.args["distributed_executor_backend"] is None
-        assert not builders.rollout_ranks(colo, DataParallel(rank=1, world_size=2)).single_engine
+        assert not RolloutRanks.for_run(colo, DataParallel(rank=1, world_size=2)).single_engine
     ray = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.executor=ray"])
-    with builders.make_engine(policy, ray, DataParallel(rank=0, world_size=2)) as engine:
+    with make_engine(policy, ray, DataParallel(rank=0, world_size=2)) as engine:
         assert engine._llm.args["distributed_executor_backend"] == "ray" and not engine._llm.args["enable_sleep_mode"]
     with pytest.raises(ValueError, match="vllm.executor: expected 'mp' with vllm.placement='colocated'"):
         load_config(None, ["--rollout.engine=vllm", "--vllm.executor=ray"])
@@ -230,7 +230,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
 
 
 def test_async_under_torchrun_needs_one_engine_for_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    from t1core.builders import check_config
+    from t1core.config_checks import check_config
     from t1core.config import RunConfig, RolloutSection, VllmSection
 
     monkeypatch.setenv("WORLD_SIZE", "2")
