@@ -97,7 +97,7 @@ def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     with gloo_rank(rank, WORLD, port, timeout_s=300):
-        from t1core.builders import make_optimizer
+        from t1core.optimizer import make_optimizer
         from t1core.config_toml import load_config
         from t1core.distributed import DataParallel
         from t1core.distributed import shard_

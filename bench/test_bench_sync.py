@@ -22,12 +22,12 @@ import torch.multiprocessing as mp
 
 from rollout.torch_engine import EngineConfig, TorchEngine
 from t1model.hf_io import hf_state_dict
-from t1core.checkpointing import load_checkpoint, save_checkpoint
+from t1core.checkpoint.save import load_checkpoint, save_checkpoint
 from t1core.config import RunConfig
 from t1core.config_toml import load_config
 from t1core.distributed import (DataParallel, ModelOptimizer, full_state_dict, iter_hf_tensors, shard_)
 from t1model.model import ModelConfig, MoEModel, ValueModel
-from t1core.builders import make_optimizer
+from t1core.optimizer import make_optimizer
 from tests.machine import gloo_rank
 
 CFG = ModelConfig.tiny().replace(num_hidden_layers=8)

@@ -33,9 +33,11 @@ import torch
 
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 from sandbox.tasks.format import Task
-from t1core import builders, cli, train
+from t1core import cli, train
 from t1core.config import RunConfig
+from t1core.config_checks import check_config
 from t1core.distributed import DataParallel
+from t1core.tasks import TaskSets, load_tasks
 
 INDEX = "recording.json"
 
@@ -79,8 +81,8 @@ class ReplayTrainer(train.Trainer):
         self.next_call = 0
         super().__init__(cfg, run_dir)
 
-    def prepare_tasks(self) -> builders.TaskSets:
-        return builders.load_tasks(self.cfg, self.run_dir)  # the same task sets, without images
+    def prepare_tasks(self) -> TaskSets:
+        return load_tasks(self.cfg, self.run_dir)  # the same task sets, without images
 
     def collect(self, tasks: list[Task], **kw) -> tuple[list[Trajectory], list[int]]:
         if self.next_call >= len(self.calls):
@@ -98,7 +100,7 @@ class ReplayTrainer(train.Trainer):
 def run(trainer_cls: type[train.Trainer], argv: list[str], recording: Path) -> train.Trainer:
     """One run of `python -m t1core.train argv` with `trainer_cls`; returns the finished trainer."""
     cfg, run_dir = cli.parse_args(argv)
-    builders.check_config(cfg)
+    check_config(cfg)
     cli.start(cfg, run_dir, DataParallel.single())  # one process: the device check runs one GPU
     trainer = trainer_cls(cfg, run_dir, recording)
     try:

@@ -127,7 +127,7 @@ class AgentConfig:
     """Times an episode the infrastructure ended is run again (same task and seed, another host when one has room)."""
     return_routing: bool = True
     """Ask the engine for the routing of every token (R3); False on an engine that cannot record it (the trajectory
-    then carries none and the update routes with the trainer's own router: `t1core.builders.routing_replay`)."""
+    then carries none and the update routes with the trainer's own router: `t1core.rollout_ranks.routing_replay`)."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_reply_tokens"):

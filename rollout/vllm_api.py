@@ -148,7 +148,8 @@ def installed_line() -> Line:
 
 
 def require_vllm() -> Line:
-    """`installed_line()`, the seam `t1core.builders` calls (tests/fake_vllm.py replaces it)."""
+    """`installed_line()`, the seam `t1core.config_checks` and `t1core.rollout_ranks` call (tests/fake_vllm.py
+    replaces it)."""
     return installed_line()
 
 

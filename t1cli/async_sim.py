@@ -20,7 +20,7 @@ Assumptions (each is a field of `SimInputs`, printed with the result):
 The planner presets take the parameter counts of the model presets (t1cli.plan.count_params) and episodes per step,
 concurrency and GPUs from the shipped configs (t1core/configs/*.toml), and say whether the preset's layout can run
 rollout.max_staleness at all (`layout`): the prediction is for disaggregated engines, which a preset with an engine
-per torchrun rank does not have (t1core.builders refuses max_staleness there).
+per torchrun rank does not have (t1core.config_checks refuses max_staleness there).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def planner_inputs(preset: str) -> tuple[SimInputs, str]:
 
 
 def layout(cfg) -> str:
-    """The preset's engine layout, and whether rollout.max_staleness runs on it (t1core.builders.check_config)."""
+    """The preset's engine layout, and whether rollout.max_staleness runs on it (t1core.config_checks.check_config)."""
     if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "disaggregated":
         return "disaggregated vLLM engines: max_staleness runs, as simulated"
     return (f"rollout.engine={cfg.rollout.engine!r}, an engine per torchrun rank on the training GPUs: max_staleness "

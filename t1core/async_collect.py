@@ -38,12 +38,11 @@ import torch
 from rollout.agent import EpisodeSpec, run_episodes
 from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory
-from t1core import builders
-from t1core.builders import TaskSets
 from t1core.config import RunConfig
 from t1core.drift import CompletionLog
-from t1core.rollout_ranks import RolloutRanks
+from t1core.rollout_ranks import RolloutRanks, agent_config
 from t1core.step import Stream, seed_for, step_draws
+from t1core.tasks import TaskSets
 from t1model.tokenizer import ChatTokenizer
 
 StalePolicy = Literal["drop", "continue"]
@@ -227,7 +226,7 @@ def for_run(cfg: RunConfig, tasks: TaskSets, log: CompletionLog, tok: ChatTokeni
     instances and sampling seeds, each episode run on `log`'s engine and its drift checked against what it returned.
     Under torchrun only one engine serves every rank (`ranks.single_engine`, rank 0's), with the episode threads of
     all ranks (as the synchronous loop runs them there); the trainer broadcasts what each step takes."""
-    r, agent = cfg.rollout, builders.agent_config(cfg)
+    r, agent = cfg.rollout, agent_config(cfg)
     num_groups = r.episodes_per_step // r.group_size
 
     def groups_of(step: int) -> list[list[EpisodeSpec]]:

@@ -319,7 +319,7 @@ class AlgoSection:
         "model.dtype='float32', rollout.engine='torch' and rollout.batch_invariant (GPU plan: ARCHITECTURE.md). "
         "'auto': 'on' where those hold, else 'off' (resolved into the run's copy of the config: `resolved`)")
     actor_push: ActorPush = _field(
-        "group_positive", "which episodes move the actor, and how (t1core.step.PUSH_RULES). 'group_positive': "
+        "group_positive", "which episodes move the actor, and how (t1core.advantages.PUSH_RULES). 'group_positive': "
         "each token's advantage minus the mean of the episodes of the same task instance (needs rollout.group_size "
         ">= 2: tokens the episodes share get no net push, the ones that differ carry the signal), negative "
         "advantages then scaled to 0 (only episodes better than their group push, so a failed near-miss, whose "

@@ -16,8 +16,9 @@ the round's minibatches at loss weight 0 (FSDP's collectives need every rank in 
 scales the others by W / (minibatches in the round), so that the average stays the mean of the real ones.
 
 No whole model is gathered onto one rank on the training path: checkpoints are each rank's shards (DCP,
-t1core.checkpointing), HF exports and engine syncs stream one layer at a time (`iter_hf_tensors`), the KL anchor
-and a policy loaded from a checkpoint are filled shard by shard (`frozen_shards`, `sharded_from_pretrained`).
+t1core.checkpoint.save), HF exports (t1core.checkpoint.hf) and engine syncs stream one layer at a time
+(`iter_hf_tensors`), the KL anchor and a policy loaded from a checkpoint are filled shard by shard (`frozen_shards`,
+`sharded_from_pretrained`).
 Mixed precision (model.dtype bf16) keeps fp32 master shards under FSDP2's MixedPrecisionPolicy.
 
 Without torchrun (WORLD_SIZE unset or 1) `DataParallel.single()` stands in: no sharding, and every helper is the
@@ -322,21 +323,6 @@ def frozen_shards(model: nn.Module, *, hf_dir: Path | None = None) -> nn.Module:
 def compute_dtype(model: nn.Module) -> torch.dtype:
     """The dtype `model` computes in: the mixed-precision param_dtype of a sharded model, else its weights'."""
     return getattr(model, "compute_dtype", None) or next(model.parameters()).dtype
-
-
-def save_hf(model: nn.Module, path: Path, dp: DataParallel, *, max_shard_bytes: int = 5 * 2**30) -> None:
-    """`t1model.hf_io.save_pretrained(model, path)` (HF Qwen3-MoE, in its compute dtype) written by the main rank from a stream:
-    one decoder layer gathered at a time and written as it arrives, never the whole model in one place. The files
-    are byte for byte what a single process's save_pretrained writes. Collective when sharded: every rank calls
-    it (the others gather and drop)."""
-    from t1model.hf_io import save_pretrained_streamed
-    dtype = compute_dtype(model)
-    stream = iter_hf_tensors(model, dtype=dtype, sorted_names=True)
-    if dp.is_main:
-        save_pretrained_streamed(model.config, stream, path, dtype=dtype, max_shard_bytes=max_shard_bytes)
-    else:
-        for _ in stream:
-            pass
 
 
 def checkpoint_layers_(model: nn.Module) -> nn.Module:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.tasks.format import Task
-from t1core.builders import TaskSets
+from t1core.tasks import TaskSets
 from t1core.config import RunConfig
 from t1core import evaluation
 from t1core.distributed import DataParallel

@@ -1,4 +1,4 @@
-"""Advantages, PPO/value/SFT losses and train-vs-rollout mismatch metrics: small pure functions.
+"""PPO/value/SFT losses and train-vs-rollout mismatch metrics: small pure functions (advantages: t1core.advantages).
 
 Legend: T tokens (trajectories packed back to back; any shape works where no cu_seqlens is taken),
 N trajectories, L MoE layers, K top-k. `mask_T` is bool and True exactly on sampled tokens (the loss
@@ -47,101 +47,6 @@ def _mean(x: torch.Tensor, mask_T: torch.Tensor, num_tokens: float | torch.Tenso
 def _masked_max(x: torch.Tensor, mask_T: torch.Tensor) -> torch.Tensor:
     """Max over the mask; -inf when the mask is empty (including zero-size inputs)."""
     return torch.cat([torch.where(mask_T, x, -math.inf).flatten(), x.new_full((1,), -math.inf)]).max()
-
-
-def traj_index_from_cu_seqlens(cu_seqlens_N1: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """[N+1] boundaries of packed trajectories -> the trajectory index of every token, [T] int64."""
-    pos_T = torch.arange(num_tokens, device=cu_seqlens_N1.device)
-    return torch.searchsorted(cu_seqlens_N1[1:].to(torch.int64), pos_T, right=True)
-
-
-def _check_cu_seqlens(cu_seqlens_N1: torch.Tensor, num_tokens: int) -> None:
-    bounds = cu_seqlens_N1.tolist()  # sync: N+1 ints, once per batch
-    if cu_seqlens_N1.dim() != 1 or len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != num_tokens:
-        raise ValueError(f"cu_seqlens_N1: expected 1-D [0, ..., {num_tokens}], got {bounds}")
-    if any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
-        raise ValueError(f"cu_seqlens_N1: expected non-decreasing boundaries, got {bounds}")
-
-
-def place_terminal_rewards(rewards_N: torch.Tensor, mask_T: torch.Tensor,
-                           cu_seqlens_N1: torch.Tensor) -> torch.Tensor:
-    """[N] per-trajectory rewards -> [T] rewards on each trajectory's last sampled token (0 elsewhere).
-
-    A non-zero reward for a trajectory without any sampled token has nowhere to go: ValueError.
-    """
-    _check_mask(mask_T)
-    T = mask_T.numel()
-    _check_cu_seqlens(cu_seqlens_N1, T)
-    if rewards_N.shape != (cu_seqlens_N1.numel() - 1,):
-        raise ValueError(f"rewards_N: expected shape ({cu_seqlens_N1.numel() - 1},), got {tuple(rewards_N.shape)}")
-    traj_T = traj_index_from_cu_seqlens(cu_seqlens_N1, T)
-    pos_T = torch.arange(T, device=mask_T.device)
-    last_N = torch.full_like(rewards_N, -1, dtype=torch.int64).scatter_reduce(
-        0, traj_T, torch.where(mask_T, pos_T, -1), reduce="amax")
-    if bool(((last_N < 0) & (rewards_N != 0)).any()):  # sync: input check
-        raise ValueError("rewards_N: a trajectory with no sampled token has a non-zero reward")
-    has_last_N = last_N >= 0
-    return torch.zeros(T, dtype=rewards_N.dtype, device=rewards_N.device).index_add_(
-        0, last_N.clamp(min=0), torch.where(has_last_N, rewards_N, 0))
-
-
-def gae(rewards_T: torch.Tensor, values_T: torch.Tensor, mask_T: torch.Tensor, cu_seqlens_N1: torch.Tensor,
-        *, gamma: float, lam: float, bootstrap_N: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level GAE over packed trajectories -> (advantages_T, returns_T), both 0 off the mask.
-
-    The decision steps of a trajectory are its sampled tokens only, in order: observation and glue tokens
-    are skipped, not treated as steps with zero reward, so a tool response between two turns costs no
-    discount. For sampled tokens s_1..s_n of one trajectory:
-        delta_i = r(s_i) + gamma * V(s_{i+1}) - V(s_i)   (V(s_{n+1}) = 0: the episode ends, no bootstrap)
-        A_i = delta_i + gamma * lam * A_{i+1},   returns_i = A_i + V(s_i).
-    `bootstrap_N` (bool [N], algo.cut_episodes='bootstrap'): trajectory n was cut before its end, so its last
-    sampled token bootstraps from the critic's value at the cut, V(s_{n+1}) := V(s_n), instead of ending at 0.
-    Rewards must sit on sampled tokens (e.g. via `place_terminal_rewards`); one elsewhere is a ValueError.
-    Computed in float64 with a log-depth scan (no Python loop over tokens); results in values_T's dtype.
-    """
-    if rewards_T.dim() != 1:
-        raise ValueError(f"rewards_T: expected a 1-D packed tensor, got shape {tuple(rewards_T.shape)}")
-    _check_mask(mask_T, rewards_T=rewards_T, values_T=values_T)
-    T = mask_T.numel()
-    _check_cu_seqlens(cu_seqlens_N1, T)
-    if bool(((rewards_T != 0) & ~mask_T).any()):  # sync: input check
-        raise ValueError("rewards_T: non-zero reward on a token outside the mask (not a sampled token)")
-    if T == 0:
-        return values_T.new_zeros(0), values_T.new_zeros(0)
-    r_T = _masked(rewards_T.to(torch.float64), mask_T)
-    v_T = _masked(values_T.detach().to(torch.float64), mask_T)
-    traj_T = traj_index_from_cu_seqlens(cu_seqlens_N1, T)
-    pos_T = torch.arange(T, device=mask_T.device)
-
-    # Position of the next sampled token strictly after t (T if none), and whether it is in t's trajectory.
-    first_from_T = torch.where(mask_T, pos_T, T).flip(0).cummin(0).values.flip(0)
-    next_T = torch.cat([first_from_T[1:], first_from_T.new_full((1,), T)])
-    next_safe_T = next_T.clamp(max=T - 1)
-    has_next_T = (next_T < T) & (traj_T[next_safe_T] == traj_T)
-    end_value_T = torch.zeros_like(v_T)
-    if bootstrap_N is not None:  # the value at the cut stands for the return the episode did not get to
-        end_value_T = torch.where(bootstrap_N.to(mask_T.device)[traj_T], v_T, 0.0)
-    delta_T = _masked(r_T + gamma * torch.where(has_next_T, v_T[next_safe_T], end_value_T) - v_T, mask_T)
-
-    # A_t = delta_t + c_t * A_{t+1}: c = gamma*lam on sampled tokens, 1 on skipped ones (A passes through
-    # to the next sampled token), 0 at each trajectory's last token (episodes do not leak into each other).
-    same_traj_next_T = torch.cat([traj_T[1:] == traj_T[:-1], mask_T.new_zeros(1)])
-    coef_T = torch.full((T,), gamma * lam, dtype=torch.float64, device=mask_T.device).where(mask_T, 1.0)
-    coef_T = coef_T * same_traj_next_T
-    adv_T = _reverse_linear_scan(coef_T, delta_T)
-    adv_T = _masked(adv_T, mask_T)
-    return adv_T.to(values_T.dtype), _masked(adv_T + v_T, mask_T).to(values_T.dtype)
-
-
-def _reverse_linear_scan(a_T: torch.Tensor, b_T: torch.Tensor) -> torch.Tensor:
-    """x_t = b_t + a_t * x_{t+1} (x_T = 0) by recursive doubling: after a round of span s,
-    x_t = b_t + a_t * x_{t+s}; substituting x_{t+s} doubles the span. ceil(log2 T) rounds."""
-    span = 1
-    while span < a_T.numel():
-        b_T = b_T + a_T * torch.cat([b_T[span:], b_T.new_zeros(span)])
-        a_T = a_T * torch.cat([a_T[span:], a_T.new_zeros(span)])
-        span *= 2
-    return b_T
 
 
 def ppo_policy_loss(logp_T: torch.Tensor, old_logp_T: torch.Tensor, rollout_logp_T: torch.Tensor,

@@ -32,11 +32,12 @@ from t1kernels.logprob import token_logprobs
 from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
 from sandbox.tasks.families import FAMILIES, chain, generate, known_families
 from sandbox.tasks.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
-from t1core import builders
-from t1core.builders import TaskSets
 from t1core.config import RunConfig
+from t1core.models import is_preset
+from t1core.optimizer import make_optimizer
 from t1core.distributed import DataParallel
 from t1core.step import SeedBlock
+from t1core.tasks import TaskSets
 from t1model.tokenizer import IM_END, IM_START, ChatTokenizer, format_tool_call
 from t1core.update import _step, _summarise
 
@@ -158,12 +159,27 @@ def pretrain(policy: torch.nn.Module, tok: ChatTokenizer, config: PretrainConfig
     return out
 
 
+def pretrains(cfg: RunConfig) -> bool:
+    """Whether the run pretrains its base (`pretrain_base`): a from-scratch preset and pretrain_steps > 0.
+
+    The corpus comes from the built-in families, so a from-scratch model on a task directory must say
+    `warmstart.pretrain_steps=0` explicitly rather than silently start RL from random weights."""
+    if cfg.warmstart.pretrain_steps == 0 or not is_preset(cfg.model.name):
+        return False
+    if cfg.tasks.source != "builtin":
+        raise ValueError(f"warmstart.pretrain_steps={cfg.warmstart.pretrain_steps} pretrains a from-scratch "
+                         f"model on the built-in families' text, but tasks.source={cfg.tasks.source!r}: use "
+                         "tasks.source='builtin', start from a checkpoint (model.name=DIR), or set "
+                         "warmstart.pretrain_steps=0")
+    return True
+
+
 def pretrain_base(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, tasks: TaskSets,
                   dp: DataParallel) -> dict[str, float]:
-    """The run's base pretraining (from-scratch presets only, `builders.pretrains`): warmstart.pretrain_steps on the
+    """The run's base pretraining (from-scratch presets only, `pretrains`): warmstart.pretrain_steps on the
     corpus of the run's families, RL, held-out and benchmark (eval.source) instructions kept out of it."""
     w = cfg.warmstart
-    opt, sched = builders.make_optimizer(policy, lr=w.pretrain_lr, cfg=cfg)
+    opt, sched = make_optimizer(policy, lr=w.pretrain_lr, cfg=cfg)
     config = PretrainConfig(families=list(cfg.tasks.families) or list(FAMILIES), steps=w.pretrain_steps,
                             row_tokens=w.pretrain_row_tokens, seed_block=int(SeedBlock.PRETRAIN),
                             grad_clip=cfg.optim.grad_clip,

@@ -11,10 +11,15 @@ Scale-out is the engine's own business (its batch, its tensor parallelism): the 
 the sandboxes of the whole step run from rank 0's host, and the other ranks wait through the collection. A sync is
 collective as before: every rank runs the per-layer gather of the sharded policy (`iter_hf_tensors`); rank 0 streams
 each layer into vLLM (NCCL) as it arrives, the others drop theirs once gathered.
+
+What the ranks roll out with is built here too: the engine over its own copy of the policy (`make_engine`: TorchEngine
+or vLLM, None on a rank that owns none) and the agent's settings (`agent_config`, `routing_replay`).
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,11 +28,21 @@ from typing import TypeVar
 import torch
 from tqdm import tqdm
 
-from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout import vllm_api
+from rollout.agent import AgentConfig, EpisodeSpec, SandboxLimits, run_episodes
+from rollout.compaction import COMPACT_AT, Compaction
 from rollout.engine import Engine
+from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
+from rollout.vllm_engine import VLLMEngine, VLLMSettings
+from t1core import distributed
+from t1core.config import RunConfig
 from t1core.distributed import DataParallel, compute_dtype, iter_hf_tensors
 from t1core.drift import CompletionLog
+from t1core.positions import engine_length
+from t1model.dtypes import DTYPES
+from t1model.hf_io import load_pretrained
+from t1model.model import MoEModel
 from t1model.tokenizer import ChatTokenizer
 
 T = TypeVar("T")
@@ -40,6 +55,13 @@ class RolloutRanks:
     dp: DataParallel
     single_engine: bool
     """Rank 0's engine serves every rank's episodes (a disaggregated vLLM under torchrun)."""
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, dp: DataParallel) -> RolloutRanks:
+        """Which ranks own an engine: all of them, except with a disaggregated vLLM on several ranks (rank 0's
+        serves them all)."""
+        single = cfg.rollout.engine == "vllm" and cfg.vllm.placement == "disaggregated" and dp.distributed
+        return cls(dp=dp, single_engine=single)
 
     @property
     def owns_engine(self) -> bool:
@@ -100,3 +122,80 @@ class RolloutRanks:
             return
         for _ in named_tensors:  # this rank's shards go into the gathers; the whole tensors are rank 0's to send
             pass
+
+
+def make_engine(policy: MoEModel, cfg: RunConfig,
+                dp: DataParallel | None = None) -> TorchEngine | VLLMEngine | None:
+    """The rollout engine over its own copy of the policy (synced after every update): rollout.engine picks
+    TorchEngine or VLLMEngine (vLLM loads the policy from a HF checkpoint it is handed). None on a rank that owns
+    no engine (`RolloutRanks.for_run`)."""
+    r = cfg.rollout
+    if r.engine == "vllm":
+        return _make_vllm_engine(policy, cfg, dp or DataParallel.single())
+    ecfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=engine_length(cfg, policy.config),
+                                     batch_invariant=r.batch_invariant)
+    dtype = DTYPES[cfg.model.dtype]
+    if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
+        engine_model = load_pretrained(cfg.model.name, dtype=dtype, device=cfg.run.device)
+    else:
+        engine_model = copy.deepcopy(policy).to(dtype)  # fp32 masters: the engine serves model.dtype
+    return TorchEngine(engine_model.eval().requires_grad_(False), ecfg)
+
+
+def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: DataParallel) -> VLLMEngine | None:
+    """Colocated: this rank's own vLLM on its own GPU. Disaggregated: rank 0's vLLM on GPUs no trainer rank holds
+    (tensor parallel; vllm.executor='ray': wherever vLLM's Ray executor places it); None elsewhere. A sharded policy
+    (read from a checkpoint as shards) is never gathered here: vLLM reads the checkpoint itself."""
+    r, v = cfg.rollout, cfg.vllm
+    if not RolloutRanks.for_run(cfg, dp).owns_engine:
+        return None
+    max_len = engine_length(cfg, policy.config)
+    nccl = None
+    if v.placement == "disaggregated":  # the owning trainer rank is NCCL rank 0, vLLM's workers the others
+        host, port = v.nccl_host_port
+        nccl = {"master_address": host, "master_port": port, "world_size": 1 + v.tensor_parallel_size}
+    settings = VLLMSettings(tensor_parallel_size=v.tensor_parallel_size,
+                            gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len,
+                            enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[cfg.model.dtype],
+                            seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
+                            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
+    if distributed.is_sharded(policy):
+        return VLLMEngine.from_pretrained(cfg.model.name, policy.config, settings)
+    return VLLMEngine.from_model(policy, settings)
+
+
+def _trainer_device(cfg: RunConfig) -> torch.device:
+    """This process's device: 'cuda' means the current CUDA device (cuda:LOCAL_RANK under torchrun)."""
+    dev = torch.device(cfg.run.device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def routing_replay(cfg: RunConfig) -> tuple[bool, str | None]:
+    """(whether the update replays the rollout's routing (R3), the one-line notice when it cannot). Every engine
+    records routing except vLLM's CPU build (`rollout.vllm_api.Line.routed_experts`); rollout.r3='on' refused that
+    one in `t1core.config_checks`. Decided from the installed vLLM's metadata, alike on every rank."""
+    if cfg.rollout.engine != "vllm":
+        return True, None
+    line = vllm_api.require_vllm()
+    if line.routed_experts:
+        return True, None
+    return False, ("R3: " + vllm_api.unavailable(line, "routed experts", "the update routes with the trainer's own "
+                                                 "router (rollout.r3='auto'); no sleep mode either: the engine keeps "
+                                                 "its memory through updates"))
+
+
+def agent_config(cfg: RunConfig, *, temperature: float | None = None, task_timeouts: bool = False) -> AgentConfig:
+    """The agent's limits and sampling; `task_timeouts`: each episode is cut at its own task's agent timeout
+    (task.toml) instead of rollout.wall_clock_limit_s (benchmark tasks: their timeouts are part of the benchmark)."""
+    r, s, c = cfg.rollout, cfg.sandbox, cfg.context
+    compaction = None if c.compaction == "off" else Compaction(at_tokens=int(COMPACT_AT * r.max_tokens),
+                                                               keep_turns=c.keep_turns, summary=c.compaction)
+    limits = SandboxLimits(cpus=s.cpus, memory_mb=s.memory_mb, pids=s.pids, output_cap_bytes=s.output_cap_bytes)
+    return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
+                       wall_clock_s=None if task_timeouts else r.wall_clock_limit_s,
+                       command_timeout_s=s.command_timeout_s,
+                       temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
+                       sandbox=limits, compaction=compaction, observation_max_tokens=c.observation_max_tokens,
+                       infra_retries=r.infra_retries, return_routing=routing_replay(cfg)[0])

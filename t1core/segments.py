@@ -6,7 +6,7 @@ exact tokens and routing (`Trajectory.segments`). Each segment trains as a traje
 reward on its last sampled token (and its group), so the return every segment learns from is the episode's.
 
 An episode cut by the turn limit, the token budget or the wall clock has no outcome yet. algo.cut_episodes:
-'bootstrap' trains it with no reward and its return bootstrapped from the critic's value at the cut (`losses.gae`),
+'bootstrap' trains it with no reward and its return bootstrapped from the critic's value at the cut (`advantages.gae`),
 'terminal' as if it had finished where it stopped (the verifiers scored it there), 'mask' leaves it out.
 """
 

@@ -11,13 +11,14 @@ import torch
 from tqdm import tqdm
 
 from rollout.trajectory import save_trajectories
-from t1core import builders
-from t1core.builders import TaskSets
 from t1core.config import RunConfig
 from t1core.distributed import DataParallel
 from t1core.metrics import Stopwatch
+from t1core.optimizer import make_optimizer
 from t1core.pretrain import pretrain_base
+from t1core.rollout_ranks import agent_config
 from t1core.step import Stream, seed_for
+from t1core.tasks import TaskSets
 from t1core.update import sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
 from t1model.tokenizer import ChatTokenizer
@@ -44,7 +45,7 @@ def run_sft(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, task
     with clock.phase("sft_transcripts"):  # each rank runs its share of the reference solutions
         transcripts, metrics = reference_transcripts(
             tasks.train, tasks.images, tok=tok,
-            config=dataclasses.replace(builders.agent_config(cfg), verify=w.verify_references),
+            config=dataclasses.replace(agent_config(cfg), verify=w.verify_references),
             num_parallel=cfg.rollout.concurrency, pool_size=cfg.sandbox.pool_size, dp=dp)
         if dp.is_main:
             save_trajectories(transcripts, run_dir / "trajectories" / "sft")
@@ -55,8 +56,8 @@ def run_sft(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, task
                             minibatch_tokens=w.sft_minibatch_tokens, generator=gen, dp=dp)
     if w.sft_max_steps is not None:
         planned = min(planned, w.sft_max_steps)
-    opt, sched = builders.make_optimizer(policy, lr=w.sft_lr, cfg=cfg,
-                                         decay_steps=planned if cfg.optim.lr_decay else None)
+    opt, sched = make_optimizer(policy, lr=w.sft_lr, cfg=cfg,
+                                decay_steps=planned if cfg.optim.lr_decay else None)
     steps, epochs, m = 0, 0, {}
     for _ in tqdm(range(w.sft_epochs), desc="sft", leave=False, file=sys.stdout, disable=None):
         if steps >= planned:

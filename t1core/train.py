@@ -2,7 +2,7 @@
 
 Warm start (pretraining, SFT), held-out evaluation, then per RL step collect -> score -> update -> sync, then the
 evaluation after RL and the final HF checkpoint. This file only orchestrates; each phase has its own module
-(t1core.pretrain, .sft, .evaluate, .update, .resume, .export, .cli: `t1core.cli.DESCRIPTION` says more)."""
+(t1core.pretrain, .sft, .evaluate, .update, .checkpoint, .cli: `t1core.cli.DESCRIPTION` says more)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,18 @@ from rollout.sampling import derive_seed
 from rollout.trajectory import Trajectory, save_trajectories
 from sandbox.cli import bad_input
 from sandbox.tasks.format import Task
-from t1core import async_collect, builders, cli, segments
+from t1core import async_collect, cli, config_checks, models, optimizer, pretrain, rollout_ranks, segments, tasks
 from t1core.async_collect import AsyncCollector
 from t1core.config import RunConfig, resolved
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
 from t1core.evaluate import evaluate
 from t1core.metrics import EngineWindow, RunLog, Stopwatch, gpu_stats
-from t1core.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
-from t1core.export import save_hf
+from t1core.checkpoint.hf import export_policy
+from t1core.checkpoint.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
 from t1core.sft import warm_start
-from t1core.step import Stream, StepBatch, TrainerState, push_plan, seed_for, shaped_reward, step_draws
+from t1core.advantages import push_plan, shaped_reward
+from t1core.step import Stream, StepBatch, TrainerState, seed_for, step_draws
 from t1core.update import ActorCritic, ppo_update, score
 
 
@@ -40,31 +41,31 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, dp: DataParallel | None = None) -> None:
         self.cfg, self.run_dir = cfg, run_dir = resolved(cfg), run_dir  # 'auto' values decided in a copy
         self.dp = dp = dp or DataParallel.single()
-        self.pretrains = builders.pretrains(cfg)  # checked first: a config error must not wait for image builds
-        self.replay, notice = builders.routing_replay(cfg)  # R3, or the trainer's own routing (said in one line)
+        self.pretrains = pretrain.pretrains(cfg)  # checked first: a config error must not wait for image builds
+        self.replay, notice = rollout_ranks.routing_replay(cfg)  # R3, or the trainer's own routing (said in one line)
         if notice and dp.is_main:
             print(notice, flush=True)
-        self.tok = builders.load_tokenizer(cfg)
+        self.tok = models.load_tokenizer(cfg)
         self.tasks = self.prepare_tasks()  # written and built by the main rank, on every rank
-        models = builders.ModelBuilder(cfg, self.tok, dp)  # load -> engine copy -> checkpoint + shard, in order
-        self.actor_frozen = builders.frozen_parameters(models.policy, cfg.optim.actor_frozen)  # checked before SFT
-        self.ranks = builders.rollout_ranks(cfg, dp)  # which ranks own an engine (t1core.rollout_ranks)
-        self.engine = models.take_engine_copy()
+        built = models.ModelBuilder(cfg, self.tok, dp)  # load -> engine copy -> checkpoint + shard, in order
+        self.actor_frozen = optimizer.frozen_parameters(built.policy, cfg.optim.actor_frozen)  # checked before SFT
+        self.ranks = rollout_ranks.RolloutRanks.for_run(cfg, dp)  # which ranks own an engine
+        self.engine = built.take_engine_copy()
         # what this rank's engine returned, to check drift against
         self.sampled = CompletionLog(self.engine) if self.engine is not None else None
-        self.policy, self.critic = models.wrap_and_shard()
+        self.policy, self.critic = built.wrap_and_shard()
         self.state = TrainerState()
         rl_progress = (lambda: self.state.step / max(cfg.run.steps, 1)) if cfg.optim.lr_decay else None
-        self.opt_actor, self.sched_actor = builders.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
-                                                                   progress=rl_progress)
-        self.opt_critic, self.sched_critic = builders.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
+        self.opt_actor, self.sched_actor = optimizer.make_optimizer(self.policy, lr=cfg.optim.lr_actor, cfg=cfg,
+                                                                    progress=rl_progress)
+        self.opt_critic, self.sched_critic = optimizer.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
         self.collector: AsyncCollector | None = None  # rollout.max_staleness >= 1: started with the first RL step
 
-    def prepare_tasks(self) -> builders.TaskSets:
+    def prepare_tasks(self) -> tasks.TaskSets:
         """The task sets, their images built (a seam: bench/train_replay.py replays episodes without Docker)."""
-        return builders.prepare_tasks(self.cfg, self.run_dir, self.dp)
+        return tasks.prepare_tasks(self.cfg, self.run_dir, self.dp)
 
     def collect(self, tasks: list[Task], *, seed: int, desc: str, temperature: float | None = None,
                 task_timeouts: bool = False) -> tuple[list[Trajectory], list[int]]:
@@ -73,7 +74,7 @@ class Trainer:
         task_timeouts: each episode's wall clock is its own task's agent timeout (evaluation)."""
         specs = [EpisodeSpec(task=t, image=self.tasks.images[t.name], seed=derive_seed(seed, i))
                  for i, t in enumerate(tasks)]
-        config = builders.agent_config(self.cfg, temperature=temperature, task_timeouts=task_timeouts)
+        config = rollout_ranks.agent_config(self.cfg, temperature=temperature, task_timeouts=task_timeouts)
         return self.ranks.run(specs, self.sampled, self.tok, config=config, concurrency=self.cfg.rollout.concurrency,
                               pool_size=self.cfg.sandbox.pool_size, desc=desc, keep_log=self.collector is not None)
 
@@ -115,7 +116,7 @@ class Trainer:
         plan = push_plan(batch.rewards, batch.group_ids, step=step, algo=cfg.algo, group_size=k,
                          critic_steps=cfg.warmstart.critic_steps)
         if cfg.optim.lr_decay:
-            builders.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
+            optimizer.refresh_lr(self.sched_actor)  # this RL step's rate (progress moved since the last optimizer step)
         if cfg.rollout.engine == "vllm" and cfg.vllm.placement == "colocated" and self.engine.line.sleep:
             self.engine.sleep()  # vLLM gives the shared GPUs back for the update; the weight sync wakes it
         ac, every = self.actor_critic(), cfg.run.routing_agreement_every
@@ -161,7 +162,7 @@ class Trainer:
                                    cut_episodes=self.cfg.algo.cut_episodes, **kw)
 
     def rewards(self, trajs: list[Trajectory]) -> list[float]:
-        """Each episode's reward for the update (`t1core.step.shaped_reward`)."""
+        """Each episode's reward for the update (`t1core.advantages.shaped_reward`)."""
         return [shaped_reward(t, self.cfg.algo) for t in trajs]
 
     def actor_critic(self) -> ActorCritic:
@@ -178,12 +179,12 @@ class Trainer:
         if not self.state.warm_started:
             warm = self.warm_start()
             # Saved once: a resumed run anchors its KL penalty to it, and later runs can start from it.
-            save_hf(self.policy, self.tok, self.run_dir / WARMSTART_DIR, dp)
+            export_policy(self.policy, self.tok, self.run_dir / WARMSTART_DIR, dp)
             log.row(-1, {**warm, **self.evaluate("before"), **self.clock.pop()})
             if cfg.algo.kl_coef > 0:
                 self.ref_policy = frozen_copy(self.policy, dp)
             self.state.warm_started = True
-        builders.freeze(self.policy, self.actor_frozen)  # RL leaves these as pretraining and SFT made them
+        optimizer.freeze(self.policy, self.actor_frozen)  # RL leaves these as pretraining and SFT made them
         if cfg.rollout.max_staleness and self.state.step < cfg.run.steps and self.ranks.owns_engine:
             self.collector = async_collect.for_run(self.cfg, self.tasks, self.sampled, self.tok,
                                                    first_step=self.state.step, ranks=self.ranks)
@@ -204,7 +205,7 @@ class Trainer:
             log.row(cfg.run.steps, {**after, **self.clock.pop()})
             self.state.evaluated_at = cfg.run.steps
         log.close()  # and its plot
-        save_hf(self.policy, self.tok, self.run_dir / "final", dp)
+        export_policy(self.policy, self.tok, self.run_dir / "final", dp)
         log.print_closing_lines(after, cfg)  # fidelity, what RL did to held-out success
 
     def checkpoint(self) -> Path | None:  # collective when sharded
@@ -234,7 +235,7 @@ class Trainer:
 def main(argv: list[str] | None = None) -> int:
     with bad_input(cli.parser()):
         cfg, run_dir = cli.parse_args(argv)
-        builders.check_config(cfg)
+        config_checks.check_config(cfg)
     with cli.session(cfg, run_dir) as (dp, run_dir):  # the ranks, the run's first lines, SIGTERM/SIGINT handling
         trainer = Trainer(cfg, run_dir, dp)
         try:

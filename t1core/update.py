@@ -23,12 +23,13 @@ from t1kernels.logprob import token_logprobs
 from t1kernels.rows import batch_invariant_mode, token_logprobs_rows
 from t1core.batch import PackedBatch, pack, split_by_tokens, tensors_to
 from t1core.config import AlgoSection, OptimSection
-from t1core.step import PushPlan, StepBatch
+from t1core.advantages import PushPlan, gae, place_terminal_rewards, shape_advantages
+from t1core.step import StepBatch
 from t1core.distributed import DataParallel, reshard_
 from t1core.expert_parallel import expert_grad_norm_sq, is_expert_param
 from t1core.segments import bootstrap_flags
-from t1core.losses import (entropy_bonus, first_mismatch, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
-                           ppo_policy_loss, routing_agreement, sft_loss, value_loss)
+from t1core.losses import (entropy_bonus, first_mismatch, kl_penalty, mismatch_metrics, ppo_policy_loss,
+                           routing_agreement, sft_loss, value_loss)
 
 
 @dataclass
@@ -110,8 +111,9 @@ def score(batch: StepBatch, plan: PushPlan, ac: ActorCritic, *, algo: AlgoSectio
     """Pack, compute pi_old / V_old / GAE per minibatch, shape advantages over the whole step as `plan` says.
 
     `plan.baseline` normalises the advantages (`batch.group_ids` are the task instances 'group' needs);
-    `plan.no_push[i]`: trajectory i gets advantage 0 on every token after normalisation (`t1core.step.flat_groups`),
-    its values still train the critic; `plan.negative_scale` then scales negative advantages.
+    `plan.no_push[i]`: trajectory i gets advantage 0 on every token after normalisation
+    (`t1core.advantages.flat_groups`), its values still train the critic; `plan.negative_scale` then scales negative
+    advantages (`t1core.advantages.shape_advantages`).
     `routing_agreement`: also measure how often the trainer's own router picks the replayed experts (one more
     policy forward per minibatch, without replay). `replay=False`: no routing replay (trajectories without routing).
     With several ranks each minibatch is scored on one of them and every rank gets all results.
@@ -165,15 +167,7 @@ def score(batch: StepBatch, plan: PushPlan, ac: ActorCritic, *, algo: AlgoSectio
     reshard_([policy, critic, ref_policy], dp)
     if bitwise:  # every rank holds every minibatch's result here, so all ranks raise together
         _check_bitwise(scored, trajectories, metrics)
-    _normalise_advantages(scored, plan.baseline, batch.group_ids)
-    no_push = plan.no_push
-    if no_push is not None and any(no_push):
-        for s in scored:
-            keep_B = torch.tensor([not no_push[i] for i in s.traj_ids])
-            s.advantages_T = torch.where(keep_B[s.batch.traj_index_T], s.advantages_T, 0.0)
-    if plan.negative_scale != 1.0:
-        for s in scored:
-            s.advantages_T = torch.where(s.advantages_T < 0, s.advantages_T * plan.negative_scale, s.advantages_T)
+    shape_advantages(scored, plan, batch.group_ids)
     return scored, {k: max(v for v, _ in rows) if k == "mismatch/max_abs"
                     else sum(v * n for v, n in rows) / sum(n for _, n in rows) for k, rows in metrics.items()}
 
@@ -232,49 +226,6 @@ def gap_per_lag(trajectories: Sequence, logp_train_T: torch.Tensor, batch: Packe
         m_T = mask_T & (lag_T == lag)
         out[f"fidelity/gap_lag{lag}"] = (float(d_T[m_T].mean()), int(m_T.sum()))
     return out
-
-
-def _normalise_advantages(scored: list[Scored], mode: str, group_ids: Sequence[int] | None = None) -> None:
-    """'center': subtract the step's token-mean advantage; 'group': subtract the token mean of the episodes of the
-    same task instance; 'whiten': center, then divide by the std; 'none': as is.
-
-    Why centring and not whitening: dense rewards are verifier counts, and in most steps of a hard task set every
-    episode scores alike. The advantages of such a step are only the critic's residual noise; dividing by
-    their (small) std would blow that noise up to the size of a real learning signal, and the actor would
-    take a full step in a random direction. Left in reward units, those steps stay small next to steps that
-    hold a success, and Adam's running second moment scales the actor's step across steps instead.
-
-    Why 'group': episodes of one instance share most tokens (the same command with one word wrong). With the
-    instance's own mean as baseline, the shared tokens get +a in one episode and -a in the other, and only the
-    tokens that differ carry a net push; instance difficulty (which the critic explains little of) drops out."""
-    if not scored:
-        return
-    # Baselines are taken over the loss tokens only, and every other token ends at advantage 0.
-    masks = [s.batch.loss_mask_T for s in scored]
-    if mode == "group":
-        if group_ids is None:
-            raise ValueError("baseline 'group' needs the group id (task instance) of every trajectory")
-        # Token sums and counts per group, over all minibatches; then each token minus its group's mean.
-        gid_T = [torch.as_tensor([group_ids[i] for i in s.traj_ids], dtype=torch.long)[s.batch.traj_index_T]
-                 for s in scored]
-        num_groups = max(group_ids) + 1
-        sums = torch.zeros(num_groups, dtype=torch.float64)
-        counts = torch.zeros(num_groups, dtype=torch.float64)
-        for s, g_T, m_T in zip(scored, gid_T, masks):
-            sums.index_add_(0, g_T[m_T], s.advantages_T[m_T].double())
-            counts.index_add_(0, g_T[m_T], torch.ones(int(m_T.sum()), dtype=torch.float64))
-        mean_G = (sums / counts.clamp(min=1)).to(scored[0].advantages_T.dtype)
-        for s, g_T in zip(scored, gid_T):
-            s.advantages_T = s.advantages_T - mean_G[g_T]
-    elif mode in ("center", "whiten"):
-        adv = torch.cat([s.advantages_T[m] for s, m in zip(scored, masks)])
-        if adv.numel() >= 2:
-            mean = adv.mean()
-            scale = adv.std().clamp(min=1e-6) if mode == "whiten" else torch.ones((), dtype=adv.dtype)
-            for s in scored:
-                s.advantages_T = (s.advantages_T - mean) / scale
-    for s, m_T in zip(scored, masks):
-        s.advantages_T = torch.where(m_T, s.advantages_T, 0.0)
 
 
 def _step(loss: torch.Tensor, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from t1core.step import Baseline, PushPlan, StepBatch
+from t1core.advantages import Baseline, PushPlan
+from t1core.step import StepBatch
 from t1core.update import ActorCritic
 
 

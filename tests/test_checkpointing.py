@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from t1model.hf_io import save_pretrained
-from t1core.checkpointing import (capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state,
-                                  save_checkpoint)
+from t1core.checkpoint.rng import capture_rng_state, restore_rng_state
+from t1core.checkpoint.save import latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig
 from t1core.config_toml import load_config
 from tests.machine import gloo_rank
@@ -129,7 +129,7 @@ def test_killed_process_leaves_loadable_checkpoint(tmp_path):
     _save(tmp_path, 1, policy, critic, opt, sched, gens)
     script = textwrap.dedent(f"""
         import os, torch
-        from t1core.checkpointing import save_checkpoint
+        from t1core.checkpoint.save import save_checkpoint
         from t1core.config import RunConfig
         class Dying(torch.nn.Linear):
             def save_pretrained(self, path):
@@ -197,7 +197,7 @@ def _trainer_parts(dp, seed: int):
     """Policy, critic (sharded when dp is distributed) and their optimizers/schedulers, as the trainer names them."""
     from t1core.distributed import ModelOptimizer, shard_
     from t1model.model import MoEModel, ValueModel
-    from t1core.builders import make_optimizer
+    from t1core.optimizer import make_optimizer
     cfg = load_config(None, ["--optim.warmup_steps=3"])
     policy = shard_(MoEModel(_small_cfg(), seed=seed), dp)
     critic = shard_(ValueModel.from_policy(MoEModel(_small_cfg(), seed=seed + 1)), dp)
@@ -226,7 +226,8 @@ def _gathered(policy, critic, dp) -> dict:
 
 
 def _sharded_worker(rank: int, port: int, out: str, phase: str) -> None:
-    from t1core.distributed import (DataParallel, ModelOptimizer, frozen_shards, save_hf, sharded_critic,
+    from t1core.checkpoint.hf import save_hf
+    from t1core.distributed import (DataParallel, ModelOptimizer, frozen_shards, sharded_critic,
                                     sharded_from_pretrained)
     with gloo_rank(rank, 2, port, timeout_s=90):
         dp, out = DataParallel(rank=rank, world_size=2), Path(out)

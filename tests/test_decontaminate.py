@@ -308,7 +308,7 @@ def test_trainer_refuses_training_tasks_that_overlap(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "tasks" / "fixed" / "git-merge-branch", evals / "copied")
     (evals / "copied" / "instruction.md").write_text("A different instruction altogether, about nothing else.\n")
     small = ["--tasks.num_per_family=1", "--tasks.num_rl_per_family=0", "--tasks.num_heldout_per_family=0"]
-    from t1core.builders import check_config
+    from t1core.config_checks import check_config
     from t1core.config_toml import load_config
 
     check_config(load_config(None, [*small, f"--tasks.decontaminate_against=[\"{tmp_path / 'eval' / 'maze'}\"]"]))
@@ -340,9 +340,9 @@ def test_trainer_trains_and_evaluates_on_the_builtin_split(tmp_path: Path) -> No
 
 
 def test_load_tasks_applies_the_policy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """builders.load_tasks: a training directory holding a renamed copy of an evaluation task refuses the run
+    """t1core.tasks.load_tasks: a training directory holding a renamed copy of an evaluation task refuses the run
     (one line naming the pair and the rule), trains on everything with 'warn', and without the copy with 'drop'."""
-    from t1core.builders import load_tasks
+    from t1core.tasks import load_tasks
     from t1core.config_toml import load_config
 
     train, evals = _fixed(tmp_path / "A", BUILTIN_TRAIN), _fixed(tmp_path / "B", BUILTIN_EVAL)

@@ -20,7 +20,7 @@ from t1core.distributed import DataParallel, full_state_dict, iter_hf_tensors, s
 from t1core.losses import sft_loss
 from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1core.update import policy_logprobs, score, sft_update
-from t1core.builders import make_optimizer
+from t1core.optimizer import make_optimizer
 from tests.step_objects import actor_critic, plan, step_batch
 from tests.machine import free_port, gloo_rank, needs_docker
 
@@ -207,7 +207,7 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
     from sandbox.tasks.families import SHORT_FAMILIES
     from sandbox.tasks.suite import family_tasks
     from t1core import train
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])
     common = [f"--tasks.source={tasks}", "--rollout.episodes_per_step=2", "--rollout.group_size=2",
@@ -232,7 +232,7 @@ def test_bf16_run_with_checkpointed_layers_resumes_bit_for_bit(tmp_path) -> None
 
 def test_shard_options_follow_the_config() -> None:
     """bf16 is mixed precision over fp32 masters, fp32 plain; CPU offload is refused off CUDA, naming why."""
-    from t1core.builders import shard_options
+    from t1core.models import shard_options
     assert shard_options(load_config(None, [])) == {"param_dtype": None, "cpu_offload": False, "expert_parallel": 1,
                                                     "shard_experts": False}
     assert shard_options(load_config(None, ["--model.dtype=bfloat16"]))["param_dtype"] == torch.bfloat16

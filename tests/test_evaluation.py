@@ -283,7 +283,7 @@ def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path,
 
 
 def test_benchmarks_are_named_after_their_directories(tmp_path: Path, train_dir: Path) -> None:
-    from t1core import builders
+    from t1core.config_checks import check_config
     from t1core.evaluation import load_benchmarks
 
     a = write_benchmark(tmp_path / "x" / "B", ("probe-os",))
@@ -296,4 +296,4 @@ def test_benchmarks_are_named_after_their_directories(tmp_path: Path, train_dir:
     with pytest.raises(ValueError, match=r"eval.source: task names \['probe-os'\] appear in more than one"):
         load_benchmarks(cfg, load_task_dirs(train_dir))
     with pytest.raises(ValueError, match="eval.source: expected 'builtin' or directories of tasks, got '/nope'"):
-        builders.check_config(load_config(None, ["--eval.source=/nope"]))
+        check_config(load_config(None, ["--eval.source=/nope"]))

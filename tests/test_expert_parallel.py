@@ -169,7 +169,7 @@ def test_expert_parallel_run_equals_one_process_and_resumes_under_ep1(tmp_path) 
     from sandbox.tasks.families import SHORT_FAMILIES
     from sandbox.tasks.suite import family_tasks
     from t1core import train
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     from t1model.hf_io import hf_state_dict
     tasks = tmp_path / "tasks"
     family_tasks(tasks, split="train", num_per_family=1, seed=0, families=list(SHORT_FAMILIES)[:2])

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from t1core.losses import (entropy_bonus, gae, kl_penalty, mismatch_metrics, place_terminal_rewards,
-                           ppo_policy_loss, routing_agreement, sft_loss, traj_index_from_cu_seqlens, value_loss)
+from t1core.advantages import gae, place_terminal_rewards, traj_index_from_cu_seqlens
+from t1core.losses import (entropy_bonus, kl_penalty, mismatch_metrics, ppo_policy_loss, routing_agreement, sft_loss,
+                           value_loss)
 
 
 def _gae_reference(rewards, values, mask, cu, gamma, lam, bootstrap=None):

@@ -267,10 +267,10 @@ def test_backend_switch(monkeypatch):
 # ---- model-level: recompute from the config, one routing check per batch, unfilled scratch -------------------
 
 def _tiny_run_models(overrides: list[str]):
-    from t1core import builders
+    from t1core import models
     from t1core.config_toml import load_config
     cfg = load_config(None, ["--model.name=tiny", *overrides])
-    return builders.load_models(cfg, builders.load_tokenizer(cfg))
+    return models.load_models(cfg, models.load_tokenizer(cfg))
 
 
 def _moe_kept(model, ids_T: torch.Tensor) -> list[object]:

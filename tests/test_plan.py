@@ -64,7 +64,7 @@ def _measure_worker(rank: int, world: int, port: int, out_dir: str, ep: int = 1,
     with gloo_rank(rank, world, port, timeout_s=60):
         from t1core.distributed import DataParallel, shard_
         from t1model.model import MoEModel
-        from t1core.builders import make_optimizer
+        from t1core.optimizer import make_optimizer
         model = shard_(MoEModel(SMALL, seed=0), DataParallel(rank=rank, world_size=world), expert_parallel=ep,
                        shard_experts=shard)
         opt, _ = make_optimizer(model, lr=1e-3, cfg=load_config(None, []))

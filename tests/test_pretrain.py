@@ -12,11 +12,10 @@ from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
 from sandbox.tasks.families import generate
 from sandbox.tasks.families.chain import END, step_command
 from sandbox.tasks.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
-from t1core import builders
 from t1core.config_toml import load_config
 from t1model.model import ModelConfig, MoEModel
 from sandbox.tasks.suite import SEED_STRIDE
-from t1core.pretrain import PretrainConfig, corpus_texts, packed_rows, pretrain
+from t1core.pretrain import PretrainConfig, corpus_texts, packed_rows, pretrain, pretrains
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 FAMS = ["create_file", "count_lines"]
@@ -107,8 +106,8 @@ def test_pretraining_lowers_the_loss_and_is_bitwise_reproducible() -> None:
 def test_from_scratch_model_on_a_task_directory_must_opt_out_of_pretraining(tmp_path) -> None:
     cfg = load_config(None, [f"--tasks.source={tmp_path}"])
     with pytest.raises(ValueError, match="warmstart.pretrain_steps=0"):
-        builders.pretrains(cfg)
-    assert not builders.pretrains(load_config(None, [f"--tasks.source={tmp_path}", "--warmstart.pretrain_steps=0"]))
-    assert builders.pretrains(load_config(None, []))
+        pretrains(cfg)
+    assert not pretrains(load_config(None, [f"--tasks.source={tmp_path}", "--warmstart.pretrain_steps=0"]))
+    assert pretrains(load_config(None, []))
     with pytest.raises(ValueError, match="warmstart.pretrain_seed_block"):
         load_config(None, ["--warmstart.pretrain_seed_block=1"])  # the RL instances' block

@@ -310,7 +310,7 @@ def test_masked_episodes_reach_neither_the_update_nor_the_reward_means(tmp_path:
 
     from t1core.config import RunConfig
     from t1core.distributed import DataParallel
-    from t1core.step import shaped_reward
+    from t1core.advantages import shaped_reward
     from t1core.train import Trainer
 
     cfg = RunConfig()

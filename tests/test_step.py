@@ -1,4 +1,4 @@
-"""The typed step (t1core.step): one reward, the push rules in one place, named seed streams, resumable state."""
+"""The typed step (t1core.step: seed streams, resumable state) and t1core.advantages' one reward and push rules."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from rollout.sampling import derive_seed
 from t1core.config import AlgoSection
-from t1core.step import (Stream, StepBatch, TrainerState, flat_groups, push_plan, seed_for, shaped_reward, solved)
+from t1core.advantages import flat_groups, push_plan, shaped_reward
+from t1core.step import Stream, StepBatch, TrainerState, seed_for, solved
 
 
 def _traj(passed: int, total: int, *, turns: int = 2, malformed: int = 0, verified: bool = True):

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from t1core import cli, train
-from t1core.checkpointing import load_checkpoint
+from t1core.checkpoint.save import load_checkpoint
 from t1core.config_toml import config_to_toml, load_config
 from t1core.update import _step
 from tests.machine import needs_docker
@@ -105,7 +105,7 @@ def test_concurrent_episodes_are_bit_for_bit_with_the_batch_invariant_engine(tmp
     a, b = _state(first), _state(second)
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"the second run differs in {differing[:5]}"
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     rng = [load_checkpoint(d / "checkpoints", restore_rng=False)["rng_states"] for d in (first, second)]
     assert repr(rng[0]) == repr(rng[1])  # the global generators too (seeded by the trainer)
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (first, second)]
@@ -203,28 +203,28 @@ def test_actor_frozen_parameters_stay_as_warm_started(tmp_path: Path, task_dir: 
 
 
 def test_actor_frozen_pattern_that_matches_nothing_is_an_error() -> None:
-    from t1core import builders
+    from t1core.optimizer import frozen_parameters
     from t1model.model import ModelConfig, MoEModel
 
     model = MoEModel(ModelConfig.tiny().replace(num_hidden_layers=1), seed=0)
-    assert builders.frozen_parameters(model, ["lm_head.*"]) == ["lm_head.weight"]
+    assert frozen_parameters(model, ["lm_head.*"]) == ["lm_head.weight"]
     with pytest.raises(ValueError, match=r"optim.actor_frozen: \['lm_hed.\*'\] match no parameter"):
-        builders.frozen_parameters(model, ["lm_head.*", "lm_hed.*"])
+        frozen_parameters(model, ["lm_head.*", "lm_hed.*"])
     with pytest.raises(ValueError, match="optim.actor_frozen: expected non-empty patterns"):
         load_config(None, ['--optim.actor_frozen=[""]'])
 
 
 def test_actor_lr_decay_follows_the_rl_step() -> None:
-    from t1core import builders
+    from t1core.optimizer import make_optimizer, refresh_lr
 
     cfg = load_config(None, ["--optim.warmup_steps=4", "--optim.lr_decay=true"])
     done = {"frac": 0.0}
-    opt, sched = builders.make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, cfg=cfg, progress=lambda: done["frac"])
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, cfg=cfg, progress=lambda: done["frac"])
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 4)  # warmup step 1 of 4
     opt.step()
     sched.step()
     done["frac"] = 0.75
-    builders.refresh_lr(sched)  # the trainer calls this at each RL step
+    refresh_lr(sched)  # the trainer calls this at each RL step
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 4 * 0.25)
 
 
@@ -293,7 +293,7 @@ def test_vllm_engine_without_vllm_is_one_line_and_exit_2(tmp_path: Path) -> None
     """Checked from the installed distributions, before anything is built (no traceback, no run directory)."""
     from importlib import metadata
 
-    from t1core import builders
+    from t1core.config_checks import check_config
 
     try:
         pytest.skip(f"vLLM {metadata.version('vllm')} is installed here")
@@ -309,7 +309,7 @@ def test_vllm_engine_without_vllm_is_one_line_and_exit_2(tmp_path: Path) -> None
     assert not out.exists()
     cfg = load_config(None, ["--rollout.engine=vllm", "--rollout.temperature=0.005"])
     with pytest.raises(ValueError, match=r"rollout.temperature=0.005: vLLM raises"):  # checked before vLLM's presence
-        builders.check_config(cfg)
+        check_config(cfg)
 
 
 def test_the_trainer_file_stays_the_loop() -> None:
@@ -390,12 +390,12 @@ def test_heldout_evaluation_is_greedy_and_sampled_with_the_same_seeds_before_and
 
 
 def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> None:
-    from t1core import builders
+    from t1core.tasks import load_tasks
 
     fams = "--tasks.families=[\"create_file\", \"count_lines\"]"
     cfg, _ = cli.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
                                "--tasks.num_heldout_per_family=4"])
-    sets = builders.load_tasks(cfg, tmp_path)
+    sets = load_tasks(cfg, tmp_path)
     family = sets.rl  # by default RL practises unseen family instances only
     assert len(family) == 10 and all("-train-" in t.name for t in family)
     instructions = [{t.instruction for t in ts if t.name.split("-")[0] in ("create_file", "count_lines")}
@@ -403,11 +403,11 @@ def test_builtin_rl_instances_are_unseen_by_sft_and_heldout(tmp_path: Path) -> N
     assert [len(s) for s in instructions] == [6, 10, 8]  # no repeat within a set either
     assert not (instructions[0] & instructions[1]) and not (instructions[2] & (instructions[0] | instructions[1]))
     # On request the fixed train tasks are practised in RL too; 0 RL instances means RL on the SFT instances.
-    with_fixed = builders.load_tasks(cli.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
-                                                    "--tasks.fixed_tasks=rl"])[0], tmp_path / "c")
+    with_fixed = load_tasks(cli.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=5",
+                                            "--tasks.fixed_tasks=rl"])[0], tmp_path / "c")
     assert [t.name for t in with_fixed.rl] == [t.name for t in family] + [t.name for t in sets.train[6:]]
     cfg0, _ = cli.parse_args([fams, "--tasks.num_per_family=3", "--tasks.num_rl_per_family=0"])
-    same = builders.load_tasks(cfg0, tmp_path / "b")
+    same = load_tasks(cfg0, tmp_path / "b")
     assert [t.name for t in same.rl] == [t.name for t in same.train]
 
 
@@ -435,7 +435,7 @@ def test_data_parallel_run_resumes_bit_for_bit(tmp_path: Path, task_dir: Path) -
     assert a.keys() == b.keys()
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differing, f"resumed data-parallel run differs in {differing[:5]}"
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     opt = [load_checkpoint(d / "checkpoints", restore_rng=False)["optimizers"]["actor"]["state"]
            for d in (straight, split)]
     assert opt[0].keys() == opt[1].keys() and opt[0]

@@ -11,13 +11,11 @@ from t1core.batch import pack
 from t1core.config import AlgoSection
 from t1core.config_toml import load_config
 from tests.step_objects import actor_critic, plan, step_batch
-from t1core.losses import gae, place_terminal_rewards
+from t1core.advantages import flat_groups, gae, normalise_advantages, place_terminal_rewards
 from t1model.model import ModelConfig, MoEModel, ValueModel
 from t1kernels.logprob import token_logprobs
-from t1core.step import flat_groups
-from t1core.update import (Scored, _normalise_advantages, policy_logprobs, score, sft_num_steps,
-                           sft_update)
-from t1core.builders import make_optimizer
+from t1core.update import Scored, policy_logprobs, score, sft_num_steps, sft_update
+from t1core.optimizer import make_optimizer
 
 SMALL = ModelConfig(vocab_size=301, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -104,7 +102,7 @@ def test_advantage_normalisation_modes(mode: str) -> None:
     mask = [torch.rand(40, generator=g) < 0.6, torch.rand(25, generator=g) < 0.6]
     raw = [torch.randn(40, generator=g, dtype=torch.float64) * 2 + 1, torch.randn(25, generator=g, dtype=torch.float64)]
     scored = [_scored(torch.where(m, a, 0.0), m) for a, m in zip(raw, mask)]
-    _normalise_advantages(scored, mode)
+    normalise_advantages(scored, mode)
     flat_raw = torch.cat([a[m] for a, m in zip(raw, mask)])
     flat = torch.cat([s.advantages_T[m] for s, m in zip(scored, mask)])
     expected = {"none": flat_raw, "center": flat_raw - flat_raw.mean(),
@@ -120,8 +118,8 @@ def test_centering_keeps_a_step_without_signal_small() -> None:
     mask = torch.ones(200, dtype=torch.bool)
     noise = 1.0 + 1e-3 * torch.randn(200, generator=g, dtype=torch.float64)
     centred, whitened = [_scored(noise, mask)], [_scored(noise, mask)]
-    _normalise_advantages(centred, "center")
-    _normalise_advantages(whitened, "whiten")
+    normalise_advantages(centred, "center")
+    normalise_advantages(whitened, "whiten")
     assert centred[0].advantages_T.abs().max() < 5e-3
     assert whitened[0].advantages_T.std().item() == pytest.approx(1.0)
 

@@ -355,7 +355,7 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
 @pytest.mark.docker
 def _train_on_the_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                        extra: list[str]) -> tuple[Path, dict[int, dict[str, torch.Tensor]]]:
-    """A tiny `rollout.engine=vllm` run through the trainer (builders.make_engine) on the fake; returns its directory
+    """A tiny `rollout.engine=vllm` run through the trainer (t1core.rollout_ranks.make_engine) on the fake; returns its directory
     and the fake's weights at every version it served."""
     docker = pytest.importorskip("docker")
     try:
@@ -406,7 +406,7 @@ def _routing_as_torch_engine_records(traj: object, weights: dict[str, torch.Tens
 
 
 def test_two_step_training_run_with_the_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`rollout.engine=vllm` through the trainer (builders.make_engine) on the fake: zero drift in both steps, and the
+    """`rollout.engine=vllm` through the trainer (t1core.rollout_ranks.make_engine) on the fake: zero drift in both steps, and the
     routing of every saved trajectory equals what TorchEngine records for those tokens on that step's weights."""
     import json
 

@@ -76,8 +76,8 @@ def test_rollout_ranks_split_the_episodes() -> None:
     assert single.mine(items) == items and single.gather(items, 7) == items
 
 
-def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from t1core import builders
+def test_make_engine_gives_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from t1core.rollout_ranks import RolloutRanks, make_engine
     from t1core.config_toml import load_config
     from t1model.model import ModelConfig, MoEModel
     from tests import fake_vllm
@@ -86,15 +86,15 @@ def test_builders_give_engines_to_the_owning_ranks(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(vllm_api, "require_vllm", fake_vllm.require)
     policy = MoEModel(ModelConfig.tiny(), seed=0)
     disagg = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated"])
-    assert builders.make_engine(policy, disagg, DataParallel(rank=1, world_size=2)) is None
-    assert builders.rollout_ranks(disagg, DataParallel(rank=1, world_size=2)).single_engine
-    assert not builders.rollout_ranks(disagg, DataParallel.single()).single_engine  # one process: as before
+    assert make_engine(policy, disagg, DataParallel(rank=1, world_size=2)) is None
+    assert RolloutRanks.for_run(disagg, DataParallel(rank=1, world_size=2)).single_engine
+    assert not RolloutRanks.for_run(disagg, DataParallel.single()).single_engine  # one process: as before
     colo = load_config(None, ["--rollout.engine=vllm"])
-    with builders.make_engine(policy, colo, DataParallel(rank=1, world_size=2)) as engine:
+    with make_engine(policy, colo, DataParallel(rank=1, world_size=2)) as engine:
         assert engine.placement == "colocated" and engine._llm.args["distributed_executor_backend"] is None
-        assert not builders.rollout_ranks(colo, DataParallel(rank=1, world_size=2)).single_engine
+        assert not RolloutRanks.for_run(colo, DataParallel(rank=1, world_size=2)).single_engine
     ray = load_config(None, ["--rollout.engine=vllm", "--vllm.placement=disaggregated", "--vllm.executor=ray"])
-    with builders.make_engine(policy, ray, DataParallel(rank=0, world_size=2)) as engine:
+    with make_engine(policy, ray, DataParallel(rank=0, world_size=2)) as engine:
         assert engine._llm.args["distributed_executor_backend"] == "ray" and not engine._llm.args["enable_sleep_mode"]
     with pytest.raises(ValueError, match="vllm.executor: expected 'mp' with vllm.placement='colocated'"):
         load_config(None, ["--rollout.engine=vllm", "--vllm.executor=ray"])
@@ -190,7 +190,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
     from rollout.trajectory import load_trajectories
     from sandbox.tasks.families import SHORT_FAMILIES
     from sandbox.tasks.suite import family_tasks
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     from t1core.distributed import _unit_groups
     from t1model.hf_io import load_pretrained
     from t1model.model import ModelConfig, MoEModel
@@ -204,7 +204,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [r["tito/drift_tokens"] for r in rows if "tito/drift_tokens" in r] == [0.0, 0.0], placement
         trainer = load_checkpoint(out / "checkpoints", restore_rng=False)["policy"]  # the consolidated shards
-        export = load_pretrained(out / "final", dtype=torch.float32).state_dict()  # streamed by save_hf
+        export = load_pretrained(out / "final", dtype=torch.float32).state_dict()  # streamed by checkpoint.hf.save_hf
         assert all(torch.equal(export[k], trainer[k]) for k in trainer)
         ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
         owners = [r for r in ranks if r["engine"] is not None]
@@ -230,7 +230,7 @@ def test_two_ranks_train_with_vllm_colocated_and_disaggregated(tmp_path: Path) -
 
 
 def test_async_under_torchrun_needs_one_engine_for_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    from t1core.builders import check_config
+    from t1core.config_checks import check_config
     from t1core.config import RunConfig, RolloutSection, VllmSection
 
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -251,7 +251,7 @@ def test_two_ranks_train_asynchronously_on_one_disaggregated_engine(tmp_path: Pa
     last version holding exactly the trainer's weights."""
     from sandbox.tasks.families import SHORT_FAMILIES
     from sandbox.tasks.suite import family_tasks
-    from t1core.checkpointing import load_checkpoint
+    from t1core.checkpoint.save import load_checkpoint
     from tests.async_checks import async_steps
 
     tasks = tmp_path / "tasks"

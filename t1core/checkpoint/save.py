@@ -1,4 +1,5 @@
-"""Atomic training checkpoints holding everything needed to continue a run bit for bit.
+"""Atomic training checkpoints holding everything needed to continue a run bit for bit (the run's own save and
+resume: t1core.checkpoint.resume; RNG states: .rng; the policy_hf/ export: .hf).
 
 Layout under a checkpoint root (e.g. RUN_DIR/checkpoints):
     step_00000004/
@@ -20,18 +21,16 @@ model), and a whole (single-process) checkpoint loads into W ranks' shards.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from t1core import distributed
-from t1model.hf_io import save_pretrained
-from t1model.model import MoEModel
+from t1core.checkpoint.hf import save_hf, save_hf_unsharded
+from t1core.checkpoint.rng import AnyGenerator, restore_rng_state
 from t1core.config import RunConfig
 from t1core.config_toml import config_to_toml, load_config
 from t1core.distributed import DataParallel
@@ -40,69 +39,10 @@ LATEST = "latest"
 _TMP_PREFIX = ".tmp-"
 DCP_DIR = "dcp"
 
-AnyGenerator = torch.Generator | np.random.Generator | random.Random
-
-
 class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
-
-
-def _generator_state(gen: AnyGenerator) -> dict[str, Any]:
-    if isinstance(gen, torch.Generator):
-        return {"kind": "torch", "state": gen.get_state()}
-    if isinstance(gen, np.random.Generator):
-        return {"kind": "numpy", "state": gen.bit_generator.state}
-    if isinstance(gen, random.Random):
-        return {"kind": "python", "state": gen.getstate()}
-    raise TypeError(f"generator: expected torch.Generator, numpy Generator or random.Random, got {type(gen)}")
-
-
-def _set_generator_state(name: str, gen: AnyGenerator, saved: dict[str, Any]) -> None:
-    kind = _generator_state(gen)["kind"]
-    if kind != saved["kind"]:
-        raise ValueError(f"generator {name!r}: expected a {saved['kind']} generator (as saved), got {kind}")
-    if isinstance(gen, torch.Generator):
-        gen.set_state(saved["state"])
-    elif isinstance(gen, np.random.Generator):
-        gen.bit_generator.state = saved["state"]
-    else:
-        gen.setstate(saved["state"])
-
-
-def capture_rng_state(generators: Mapping[str, AnyGenerator] | None = None) -> dict[str, Any]:
-    """The global RNG states (python, numpy legacy, torch CPU, CUDA if initialised) and those of the
-    run's named generators. Contains only tensors and plain Python values (loadable with weights_only)."""
-    algo, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": (algo, keys.tolist(), pos, has_gauss, cached),
-        "torch": torch.get_rng_state(),
-        # Only when CUDA is in use: asking for CUDA states would otherwise initialise it.
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-        "generators": {name: _generator_state(g) for name, g in (generators or {}).items()},
-    }
-
-
-def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, AnyGenerator] | None = None) -> None:
-    """Undo draws since `capture_rng_state`: the global RNGs, and `generators` in place. The names given must
-    be exactly those captured; without `generators`, only the global RNGs are restored."""
-    random.setstate(state["python"])
-    algo, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((algo, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        if not torch.cuda.is_available():
-            raise ValueError(f"rng state: holds {len(state['cuda'])} CUDA generator states, but CUDA is not "
-                             "available here (load with restore_rng=False to inspect the checkpoint)")
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if generators is not None:
-        saved = state["generators"]
-        if set(generators) != set(saved):
-            raise ValueError(f"generators: expected the captured names {sorted(saved)}, got {sorted(generators)}")
-        for name, gen in generators.items():
-            _set_generator_state(name, gen, saved[name])
 
 
 def _fsync_dir(path: Path) -> None:
@@ -137,15 +77,6 @@ def _read_latest(root: Path) -> str | None:
     return latest.read_text().strip() if latest.exists() else None
 
 
-def _export_hf(policy: torch.nn.Module, path: Path) -> None:
-    """The policy in HF format beside the checkpoint: T1's MoEModel through t1model.hf_io, any other model that
-    can save itself (a transformers model) through its own save_pretrained; a model that cannot is not exported."""
-    if isinstance(policy, MoEModel):
-        save_pretrained(policy, str(path))
-    elif hasattr(policy, "save_pretrained"):
-        policy.save_pretrained(str(path))
-
-
 def _sharded_parts(policy: torch.nn.Module, critic: torch.nn.Module | None,
                    optimizers: Mapping[str, Stateful]) -> dict[str, Any] | None:
     """What DCP saves when the policy is FSDP2-sharded (None otherwise): this rank's shards of both models and of
@@ -167,9 +98,9 @@ def _write_step_dir(tmp: Path, *, step: int, policy: torch.nn.Module, critic: to
         import torch.distributed.checkpoint as dcp
         dcp.save({k: v for k, v in sharded.items() if v is not None}, checkpoint_id=str(tmp / DCP_DIR))
     if distributed.is_sharded(policy):
-        distributed.save_hf(policy, tmp / "policy_hf", dp)
+        save_hf(policy, tmp / "policy_hf", dp)
     elif dp.is_main:
-        _export_hf(policy, tmp / "policy_hf")
+        save_hf_unsharded(policy, tmp / "policy_hf")
     if not dp.is_main:
         return
     in_dcp = set() if sharded is None else set(sharded["optimizers"])

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from t1core import distributed
-from t1core.checkpointing import capture_rng_state, latest_checkpoint, load_checkpoint, save_checkpoint
+from t1core.checkpoint.rng import capture_rng_state
+from t1core.checkpoint.save import latest_checkpoint, load_checkpoint, save_checkpoint
 from t1core.config import RunConfig
 from t1core.distributed import DataParallel
 from t1core.step import TrainerState
