@@ -19,9 +19,9 @@ the seed: the same config gives the same weights.
 
 from __future__ import annotations
 
+import random
 import sys
 from collections import defaultdict
-import random
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -38,8 +38,28 @@ from t1core.optimizer import make_optimizer
 from t1core.distributed import DataParallel
 from t1core.step import SeedBlock
 from t1core.tasks import TaskSets
-from t1model.tokenizer import IM_END, IM_START, ChatTokenizer, format_tool_call
+from t1model.tokenizer import ChatTokenizer, format_tool_call, render_chat
 from t1core.update import _step, _summarise
+
+WALKS: dict[str, Callable[[random.Random], tuple[str, list[tuple[str, str]]]]] = {
+    "follow_chain": lambda rng: chain.walk(rng, rng.randint(*WALK_LINKS)),
+}
+"""Long families whose corpus documents are whole walks of a fresh, short instance."""
+WALK_LINKS = (2, 20)
+"""Links of a corpus chain (inclusive): a document fits a row, and the end (and the done marker after it) is seen."""
+
+
+def walk_text(instruction: str, steps: list[tuple[str, str]]) -> str:
+    """A walk as the agent's contexts hold it, in the chat template (`render_chat`): system, instruction, then per
+    step the tool call and its <tool_response>, and the done marker after the last output. What a long family needs
+    from a base model is to copy a name out of the last output into the next command (the first from the
+    instruction), at every link: a corpus of first commands alone, and SFT on a few chains, left a policy that wrote
+    names it had memorised."""
+    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+    for command, output in steps:
+        messages += [{"role": "assistant", "content": format_tool_call(command)}, {"role": "tool", "content": output}]
+    return render_chat([*messages, {"role": "assistant", "content": DONE_MARKER}])
+
 
 def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[str] = ()) -> Iterator[str]:
     """Endless, deterministic stream of `instruction\\n<tool_call>...</tool_call>\\n`, families in turn; a long
@@ -63,26 +83,6 @@ def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[
         if spec.instruction.strip() not in avoid:
             demo = spec.demonstration if spec.demonstration is not None else spec.turns
             yield f"{spec.instruction.strip()}\n{format_tool_call(demo[0].strip())}\n"
-
-
-WALKS: dict[str, Callable[[random.Random], tuple[str, list[tuple[str, str]]]]] = {
-    "follow_chain": lambda rng: chain.walk(rng, rng.randint(*WALK_LINKS)),
-}
-"""Long families whose corpus documents are whole walks of a fresh, short instance."""
-WALK_LINKS = (2, 20)
-"""Links of a corpus chain (inclusive): a document fits a row, and the end (and the done marker after it) is seen."""
-
-
-def walk_text(instruction: str, steps: list[tuple[str, str]]) -> str:
-    """A walk as the agent's contexts hold it, in the chat template: system, instruction, then per step the tool call
-    and its <tool_response>, and the done marker after the last output. What a long family needs from a base model
-    is to copy a name out of the last output into the next command (the first from the instruction), at every link:
-    a corpus of first commands alone, and SFT on a few chains, left a policy that wrote names it had memorised."""
-    turns = [f"{IM_START}system\n{DEFAULT_SYSTEM_PROMPT}{IM_END}\n{IM_START}user\n{instruction}{IM_END}\n"]
-    for command, output in steps:
-        turns.append(f"{IM_START}assistant\n{format_tool_call(command)}{IM_END}\n"
-                     f"{IM_START}user\n<tool_response>\n{output}\n</tool_response>{IM_END}\n")
-    return "".join(turns) + f"{IM_START}assistant\n{DONE_MARKER}{IM_END}\n"
 
 
 def packed_rows(texts: Iterator[str], tok: ChatTokenizer, *, row_tokens: int

@@ -89,27 +89,8 @@ class ChatTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def render(self, messages: list[dict[str, Any]]) -> str:
-        """ChatML text of a conversation (display and naive re-tokenization baselines; not used for training).
-
-        Roles: system, user, assistant (optional `reasoning_content`, optional `tool_calls` as
-        [{"name": ..., "arguments": {...}}] or OpenAI-style [{"function": {...}}]), tool (rendered as Qwen3 does:
-        a user turn of <tool_response> blocks, consecutive tool messages sharing one turn).
-        """
-        out: list[str] = []
-        for i, msg in enumerate(messages):
-            role, content = msg.get("role"), msg.get("content") or ""
-            if role in ("system", "user"):
-                out.append(f"{IM_START}{role}\n{content}{IM_END}\n")
-            elif role == "assistant":
-                out.append(f"{IM_START}assistant\n{_assistant_body(msg)}{IM_END}\n")
-            elif role == "tool":
-                first = i == 0 or messages[i - 1].get("role") != "tool"
-                last = i == len(messages) - 1 or messages[i + 1].get("role") != "tool"
-                out.append((f"{IM_START}user" if first else "") + f"\n<tool_response>\n{content}\n</tool_response>"
-                           + (f"{IM_END}\n" if last else ""))
-            else:
-                raise ValueError(f"messages[{i}].role: expected system/user/assistant/tool, got {role!r}")
-        return "".join(out)
+        """ChatML text of a conversation: `render_chat` (the template needs no vocabulary)."""
+        return render_chat(messages)
 
     def encode_prompt(self, system: str | None, user: str) -> list[int]:
         """Ids of [system turn] + user turn + "<|im_start|>assistant\\n" (the first prompt of an episode).
@@ -136,6 +117,31 @@ class ChatTokenizer:
     def assistant_turn_end_ids(self) -> list[int]:
         """What closes a sampled reply in the template: <|im_end|> then "\\n" (the model samples only the first)."""
         return [self.im_end_id, *self._newline_ids]
+
+
+def render_chat(messages: list[dict[str, Any]]) -> str:
+    """ChatML text of a conversation (display, naive re-tokenization baselines, and the pretraining corpus's
+    walks, `t1core.pretrain.walk_text`; a sampled transcript is never re-rendered for training).
+
+    Roles: system, user, assistant (optional `reasoning_content`, optional `tool_calls` as
+    [{"name": ..., "arguments": {...}}] or OpenAI-style [{"function": {...}}]), tool (rendered as Qwen3 does:
+    a user turn of <tool_response> blocks, consecutive tool messages sharing one turn).
+    """
+    out: list[str] = []
+    for i, msg in enumerate(messages):
+        role, content = msg.get("role"), msg.get("content") or ""
+        if role in ("system", "user"):
+            out.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+        elif role == "assistant":
+            out.append(f"{IM_START}assistant\n{_assistant_body(msg)}{IM_END}\n")
+        elif role == "tool":
+            first = i == 0 or messages[i - 1].get("role") != "tool"
+            last = i == len(messages) - 1 or messages[i + 1].get("role") != "tool"
+            out.append((f"{IM_START}user" if first else "") + f"\n<tool_response>\n{content}\n</tool_response>"
+                       + (f"{IM_END}\n" if last else ""))
+        else:
+            raise ValueError(f"messages[{i}].role: expected system/user/assistant/tool, got {role!r}")
+    return "".join(out)
 
 
 def _assistant_body(msg: dict[str, Any]) -> str:

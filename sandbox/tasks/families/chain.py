@@ -69,19 +69,19 @@ def chain_task(rng: random.Random, links: int) -> TaskSpec:
     family's own for stress runs."""
     if not 1 <= links <= len(LETTERS) * 100:
         raise ValueError(f"chain_task: expected 1 to {len(LETTERS) * 100} links, got {links}")
-    names = _paths(rng, links)
-    contents = [*names[1:], END]  # what each link's file holds: the next path
-    files = {f"/app/{path}": f"{nxt}\n" for path, nxt in zip(names, contents)}
-    turns = tuple(step_command(path) for path in names)
-    stop = rng.randrange(len(names) // 4, len(names)) if rng.random() >= DEMO_COMPLETE_RATE else None
-    milestones = [-(-len(names) * k // MILESTONES) for k in range(1, MILESTONES + 1)]  # links done at each
+    paths = _paths(rng, links)
+    contents = [*paths[1:], END]  # what each link's file holds: the next path
+    files = {f"/app/{path}": f"{nxt}\n" for path, nxt in zip(paths, contents)}
+    turns = tuple(step_command(path) for path in paths)
+    stop = rng.randrange(len(paths) // 4, len(paths)) if rng.random() >= DEMO_COMPLETE_RATE else None
+    milestones = [-(-len(paths) * k // MILESTONES) for k in range(1, MILESTONES + 1)]  # links done at each
     fails = tuple(f"test_progress_{k}" for k, need in enumerate(milestones, 1) if stop is not None and stop < need)
     tests = "\n".join(f"""
         def test_progress_{k}():
             assert checked_off() >= {need}
         """ for k, need in enumerate(milestones, 1))
     return TaskSpec(
-        instruction=instruction(names[0]),
+        instruction=instruction(paths[0]),
         files=files, inspect=turns[:-1], solution=turns[-1], category="long",
         constants={"EXPECTED": contents, "DONE": DONE_FILE, "CHAIN": {p: sha_of(c) for p, c in files.items()}},
         demonstration=turns[:stop] if stop is not None else None, demonstration_fails=fails,
