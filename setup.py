@@ -10,8 +10,9 @@ setup(
     # Import names of our own (tests/test_packaging.py checks that no other installed distribution provides one):
     # Hugging Face's `kernels`, which transformers imports, is why ours is `t1kernels`. tests/ and bench/ run
     # from the checkout and are never installed as top-level packages.
-    packages=find_packages(include=["t1kernels", "t1kernels.*", "t1model", "t1model.*", "t1core", "t1core.*",
-                                    "rollout", "rollout.*", "sandbox", "sandbox.*", "t1cli", "t1cli.*"]),
+    packages=find_packages(include=["t1config", "t1config.*", "t1kernels", "t1kernels.*", "t1model", "t1model.*",
+                                    "t1core", "t1core.*", "rollout", "rollout.*", "sandbox", "sandbox.*", "t1cli",
+                                    "t1cli.*"]),
     package_data={"t1model": ["assets/*", "assets/**/*"], "t1core": ["configs/*.toml"]},
     # One command for every tool: `t1 train|plan|eval|tasks|reap|report|mismatch` (t1cli.main; `python -m t1cli`
     # runs the same without the script).

@@ -42,6 +42,7 @@ import t1model.cpu_threads  # noqa: E402,F401  (thread settings before torch)
 import torch  # noqa: E402
 
 from t1kernels.logprob import token_logprobs  # noqa: E402
+from rollout.config import VllmSection  # noqa: E402
 from rollout.engine import Completion, SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine, VLLMSettings  # noqa: E402
 from bench import Verdicts  # noqa: E402
@@ -54,8 +55,8 @@ CFG = ModelConfig.tiny().replace(num_hidden_layers=4, mlp_only_layers=(1,))  # L
 
 
 def build(model: MoEModel, args: argparse.Namespace) -> VLLMEngine:
-    return VLLMEngine.from_model(model, VLLMSettings(max_model_len=512, dtype=args.dtype,
-                                                     gpu_memory_utilization=args.mem, enforce_eager=True, seed=0))
+    section = VllmSection(gpu_memory_utilization=args.mem, enforce_eager=True)
+    return VLLMEngine.from_model(model, VLLMSettings(vllm=section, max_model_len=512, dtype=args.dtype, seed=0))
 
 
 def check_tito(engine: VLLMEngine) -> None:

@@ -11,7 +11,6 @@ turn budget (some references look first, then act: more than one turn).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import re
 import time
@@ -52,7 +51,7 @@ def test_reference_transcripts_cost_per_episode(tmp_path: Path, monkeypatch: pyt
             return _original(self, url, *args, **kwargs)
 
         monkeypatch.setattr(docker.APIClient, method, counting)
-    config = dataclasses.replace(AgentConfig(max_turns=RolloutSection().max_turns, max_tokens=4096, max_reply_tokens=512), verify=False)
+    config = AgentConfig(rollout=RolloutSection(max_tokens=4096, max_new_tokens_per_turn=512), verify=False)
     cpu0, t0 = box_cpu_s(), time.perf_counter()
     made, metrics = reference_transcripts(tasks, images, tok=ChatTokenizer.builtin(), config=config,
                                           num_parallel=PARALLEL)

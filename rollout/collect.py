@@ -1,20 +1,26 @@
 """Collect trajectories: run agent episodes of a policy on tasks and write them to a directory.
 
     python -m rollout.collect [--tasks DIR] [--split train|heldout] [--episodes N] [--checkpoint PATH] --out DIR
+        [--config FILE] [--section.key=value ...]
 
 Defaults: the built-in task suite (`sandbox.tasks.suite`, the given split) and the tiny untrained policy
 (`ModelConfig.tiny()`, seed 0) with the built-in tokenizer. `--tasks DIR` takes a task directory or a
 directory of task directories (Harbor or Terminal-Bench 1 layout). Episode i runs task i mod #tasks.
 Writes NNNNNN.safetensors/.json per trajectory (rollout.trajectory) and summary.json; the last line
-printed is the output directory. --host (repeated; the trainer's sandbox.hosts entries) spreads the sandboxes over
-several Docker daemons; an episode the infrastructure ended on every try is written with its "infra" reason and
-counted as unscored (`rollout.report` leaves it out of every rate).
+printed is the output directory.
+
+The episodes run as the trainer's do: its [rollout], [sandbox] and [context] sections, read from the trainer's TOML
+file (`--config`) and `--section.key=value` flags (`rollout.config.ToolConfig`), with the trainer's defaults:
+rollout.concurrency episodes at once, rollout.max_turns, the token budgets, the temperature, sandbox limits,
+sandbox.hosts (several Docker daemons), compaction. An episode the infrastructure ended on every try is written with
+its "infra" reason and counted as unscored (`rollout.report` leaves it out of every rate).
 """
 
 from __future__ import annotations
 
 import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -26,14 +32,16 @@ import torch
 
 from rollout import budget
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout.config import ToolConfig
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, is_infra, save_trajectory
 from sandbox.tasks import suite
 from sandbox.cli import Parser, bad_input
-from sandbox.runtime.hosts import add_host_argument, use_hosts
+from sandbox.runtime.hosts import use_hosts
 from sandbox.images.task_images import build_task_image, default_base_image_overrides, parse_override
 from sandbox.tasks.format import Task, load_task
+from t1config.cli import add_config_argument, parse_known
 from t1model.device import check_device
 from t1model.hf_io import load_pretrained
 from t1model.model import ModelConfig, MoEModel
@@ -93,72 +101,65 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
 
 
 def _parser() -> Parser:
-    return Parser(prog="python -m rollout.collect", description=__doc__.split("\n\n")[0],
-                  epilog="example: python -m rollout.collect --split heldout --num-per-family 12 --temperature 0 "
-                         "--checkpoint runs/exp1/final --out runs/exp1/heldout_final")
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _parser()
+    p = Parser(prog="python -m rollout.collect", description=__doc__.split("\n\n")[0],
+               epilog="Any knob of the [rollout], [sandbox] and [context] sections is a flag --section.key=value. "
+                      "Example: python -m rollout.collect --split heldout --num-per-family 12 "
+                      "--rollout.temperature=0 --checkpoint runs/exp1/final --out runs/exp1/heldout_final")
     p.add_argument("--tasks", default=None, help="task dir or dir of task dirs (default: built-in suite)")
     p.add_argument("--split", choices=("train", "heldout"), default="train", help="built-in suite split")
     p.add_argument("--episodes", type=int, default=None, help="number of episodes (default: one per task)")
     p.add_argument("--checkpoint", default=None, help="HF Qwen3-MoE checkpoint dir (default: tiny untrained)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--num-per-family", type=int, default=1, help="built-in family instances per family")
-    p.add_argument("--parallel", type=int, default=4, help="episodes running at once")
-    p.add_argument("--max-turns", type=int, default=budget.MAX_TURNS, help="the trainer's rollout.max_turns by default")
-    p.add_argument("--max-reply-tokens", type=int, default=budget.MAX_REPLY_TOKENS,
-                   help="tokens per reply at most; a cut reply is an unclosed tool call (the longest built-in "
-                   "reference reply is 323 tokens)")
-    p.add_argument("--max-tokens", type=int, default=budget.MAX_TOKENS,
-                   help="token budget per episode (the trainer's rollout.max_tokens by default; at most the model's "
-                        "positions)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                    help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
-    add_host_argument(p)
     p.add_argument("--no-verify", action="store_true", help="skip the verifiers (reward 0)")
-    p.add_argument("--not-batch-invariant", action="store_true",
-                   help="plain CPU products in the engine: faster decoding, but results then depend on which "
-                        "episodes the engine batched together (EngineConfig.batch_invariant)")
-    args = p.parse_args(argv)
+    add_config_argument(p, "the trainer's; its [rollout], [sandbox] and [context] are read")
+    return p
+
+
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ToolConfig]:
+    p = _parser()
+    with bad_input(p):
+        args, overrides = parse_known(p, argv)
+        config = ToolConfig.load(args.config, overrides)
+    if config.rollout.engine != "torch":
+        p.error("rollout.engine: collect serves its policy with the torch engine, got 'vllm' (rollout.evaluate "
+                "runs a checkpoint on vLLM)")
     if args.episodes is not None and args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
     try:
         check_device(torch.device(args.device), name="--device")
     except (RuntimeError, ValueError) as e:  # RuntimeError: torch.device's own for an unknown device string
         p.error(str(e) if isinstance(e, ValueError) else f"--device {args.device!r}: {e}")
-    return args
+    return args, config
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args, config = _parse_args(argv)
+    r = config.rollout
     out = Path(args.out)
     with bad_input(_parser()):  # a missing task or checkpoint directory is the user's, found before any build
         model, tok = load_policy(args.checkpoint, device=args.device)
-        max_len = budget.engine_slot(args.max_tokens, args.max_reply_tokens, model.config.max_positions)
+        max_len = budget.engine_slot(r.max_tokens, r.max_new_tokens_per_turn, model.config.max_positions)
         out.mkdir(parents=True, exist_ok=True)
         tasks = load_tasks(args.tasks, split=args.split, work_dir=out / "tasks",
                            num_per_family=args.num_per_family, seed=args.seed)
     overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
     n = args.episodes if args.episodes is not None else len(tasks)
     episode_tasks = [tasks[i % len(tasks)] for i in range(n)]
-    hosts = use_hosts(args.host)  # every sandbox pool starts from these
+    hosts = use_hosts(config.sandbox.hosts)  # every sandbox pool starts from these
     hosts.reap()  # containers of crashed runs
     images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in episode_tasks}
-    if args.host:  # built once on DOCKER_HOST's daemon, streamed to each host
+    if config.sandbox.hosts:  # built once on DOCKER_HOST's daemon, streamed to each host
         hosts.distribute({image.ref for image in images.values()})
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=derive_seed(args.seed, i))
              for i, t in enumerate(episode_tasks)]
-    config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens, max_tokens=args.max_tokens,
-                         temperature=args.temperature, top_p=args.top_p, verify=not args.no_verify)
-    engine_cfg = EngineConfig.for_parallel(args.parallel, max_seq_len=max_len,
-                                           batch_invariant=not args.not_batch_invariant)
-    print(f"collect: {n} episodes over {len(tasks)} tasks, {args.parallel} at once, policy "
+    agent = AgentConfig(rollout=r, sandbox=config.sandbox, context=config.context, verify=not args.no_verify)
+    engine_cfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=max_len, batch_invariant=r.batch_invariant)
+    print(f"collect: {n} episodes over {len(tasks)} tasks, {r.concurrency} at once, policy "
           f"{args.checkpoint or 'tiny untrained'} on {args.device}", flush=True)
 
     def on_done(i: int, traj: Trajectory) -> None:
@@ -168,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     with TorchEngine(model, engine_cfg) as engine:
-        trajs = run_episodes(engine, tok, specs, config=config, num_parallel=args.parallel, on_done=on_done)
+        trajs = run_episodes(engine, tok, specs, config=agent, num_parallel=r.concurrency,
+                             pool_size=config.sandbox.pool_size, on_done=on_done)
         stats = dict(engine.stats)
-    summary = summarize(trajs) | {"wall_s": time.monotonic() - t0, "engine": stats, "args": vars(args)}
+    summary = summarize(trajs) | {"wall_s": time.monotonic() - t0, "engine": stats, "args": vars(args),
+                                  "config": dataclasses.asdict(config)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"mean reward {summary['mean_reward']:.2f}, solved {summary['solved']}/{summary['verified']}, "
           f"{summary['sampled_tokens']} sampled tokens, {summary['wall_s']:.1f}s" + (

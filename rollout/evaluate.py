@@ -1,21 +1,24 @@
 """Score a HF checkpoint on a directory of tasks: resolved rate, interval, per-task table; resumable.
 
     python -m rollout.evaluate --checkpoint CKPT --tasks DIR [--attempts N] [--temperature T] --out DIR
+        [--config FILE] [--section.key=value ...]
 
 DIR is a task directory or a directory of task directories (Harbor or Terminal-Bench 1), e.g. a benchmark.
-Every task gets N attempts at temperature T (default: one greedy attempt), each in its own sandbox, at most
---parallel at once, each cut at its own task's agent timeout (task.toml [agent] timeout_sec). A task is resolved
-by an attempt when all its verifiers pass; the resolved rate is the mean over tasks of their rates, with a 95%
-bootstrap interval over tasks (rollout.scorecard).
+Every task gets N attempts at temperature T (default: one greedy attempt; T overrides rollout.temperature, as the
+trainer's greedy evaluation does), each in its own sandbox, rollout.concurrency at once, each cut at its own task's
+agent timeout (task.toml [agent] timeout_sec). Everything else runs as the trainer's episodes do: its [rollout],
+[sandbox], [context] and [vllm] sections, read from the trainer's TOML file (`--config`) and `--section.key=value`
+flags (`rollout.config.ToolConfig`), with the trainer's defaults (rollout.engine picks TorchEngine or vLLM). A
+task is resolved by an attempt when all its verifiers pass; the resolved rate is the mean over tasks of their
+rates, with a 95% bootstrap interval over tasks (rollout.scorecard).
 
 Writes OUT/attempts.jsonl (one record per finished attempt, appended as it finishes), OUT/report.json (settings,
 summary, per-task rows) and OUT/tasks.tsv (task, attempts, resolved, tests passed/total, turns, tokens, time,
 why it failed). Run again with the same arguments and it resumes: finished attempts are not run again (more
 --attempts adds attempts; other settings must match the first run's). The last line printed is report.json.
 
---host (repeated; the trainer's sandbox.hosts entries, docs/sandbox-hosts.md) spreads the sandboxes over several
-Docker daemons. An attempt the infrastructure ended on every try (a daemon or host died, `sandbox.runtime.failure`) is
-no verdict on the checkpoint: it is not recorded, the report counts it as unscored, and running the same command
+sandbox.hosts (docs/sandbox-hosts.md) spreads the sandboxes over several Docker daemons. An attempt the
+infrastructure ended on every try (a daemon or host died, `sandbox.runtime.failure`) is no verdict on the checkpoint: it is not recorded, the report counts it as unscored, and running the same command
 again runs it again.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import t1model.cpu_threads  # noqa: F401  (first: OpenMP reads its settings when torch loads it)
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -35,6 +39,7 @@ import torch
 
 from rollout import scorecard
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout.config import ToolConfig
 from rollout import budget
 from rollout.engine import Engine
 from rollout.sampling import derive_seed
@@ -43,65 +48,60 @@ from rollout.trajectory import Trajectory
 from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from sandbox.images.base_image import ensure_base_image
 from sandbox.cli import Parser, bad_input
-from sandbox.runtime.hosts import add_host_argument, use_hosts
+from sandbox.runtime.hosts import use_hosts
 from sandbox.images.task_images import build_task_images, default_base_image_overrides, parse_override
 from sandbox.tasks.format import Task, load_task_dirs
+from t1config.cli import add_config_argument, parse_known
 from t1model.device import check_device
 from t1model.hf_io import load_pretrained, read_config
 from t1model.tokenizer import ChatTokenizer
 
-RESUME_KEYS = ("checkpoint", "tasks", "temperature", "seed", "max_turns", "max_reply_tokens", "max_tokens")
+RESUME_KEYS = ("checkpoint", "tasks", "temperature", "seed", "max_turns", "max_new_tokens_per_turn", "max_tokens")
 """Settings a resumed evaluation must share with the one it continues (its attempts are comparable then)."""
 
 
 def _parser() -> Parser:
-    return Parser(prog="python -m rollout.evaluate", description=__doc__.split("\n\n")[0],
-                  epilog="example: python -m rollout.evaluate --checkpoint runs/exp1/final --tasks ~/tb2 "
-                         "--attempts 5 --temperature 1 --out runs/exp1/tb2_final")
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _parser()
+    p = Parser(prog="python -m rollout.evaluate", description=__doc__.split("\n\n")[0],
+               epilog="Any knob of the [rollout], [sandbox], [context] and [vllm] sections is a flag "
+                      "--section.key=value. Example: python -m rollout.evaluate --checkpoint runs/exp1/final --tasks "
+                      "~/tb2 --attempts 5 --temperature 1 --rollout.concurrency=8 --out runs/exp1/tb2_final")
     p.add_argument("--checkpoint", required=True, help="HF Qwen3-MoE checkpoint dir (with its tokenizer.json)")
     p.add_argument("--tasks", required=True, help="task dir or dir of task dirs")
     p.add_argument("--out", required=True, help="output directory (an existing one is resumed)")
     p.add_argument("--attempts", type=int, default=1, help="attempts per task")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the attempts; 0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="attempt a of task t samples with seed (seed, t, a)")
-    p.add_argument("--parallel", type=int, default=4, help="attempts running at once (sandboxes and engine slots)")
-    p.add_argument("--max-turns", type=int, default=budget.MAX_TURNS, help="the trainer's rollout.max_turns by default")
-    p.add_argument("--max-reply-tokens", type=int, default=budget.MAX_REPLY_TOKENS,
-                   help="tokens per reply at most (the trainer's rollout.max_new_tokens_per_turn by default)")
-    p.add_argument("--max-tokens", type=int, default=budget.MAX_TOKENS,
-                   help="token budget per attempt (the trainer's rollout.max_tokens by default; at most the model's "
-                        "positions)")
-    p.add_argument("--engine", choices=("torch", "vllm"), default="torch",
-                   help="rollout engine: TorchEngine (any device) or vLLM (CUDA; pip install -e '.[gpu]')")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
                    help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
-    add_host_argument(p)
-    args = p.parse_args(argv)
-    for name in ("attempts", "parallel", "max_turns", "max_reply_tokens"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    add_config_argument(p, "the trainer's; its [rollout], [sandbox], [context] and [vllm] are read")
+    return p
+
+
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ToolConfig]:
+    """The evaluation's arguments and its sections, the attempts' temperature in rollout.temperature."""
+    p = _parser()
+    with bad_input(p):
+        args, overrides = parse_known(p, argv)
+        config = ToolConfig.load(args.config, overrides)
+    if args.attempts < 1:
+        p.error(f"--attempts must be >= 1, got {args.attempts}")
     if args.temperature < 0:
         p.error(f"--temperature must be >= 0, got {args.temperature}")
-    if args.max_tokens <= args.max_reply_tokens:
-        p.error(f"--max-tokens must be > --max-reply-tokens ({args.max_reply_tokens}), got {args.max_tokens}")
     try:
         check_device(torch.device(args.device), name="--device")
     except (RuntimeError, ValueError) as e:  # RuntimeError: torch.device's own for an unknown device string
         p.error(str(e) if isinstance(e, ValueError) else f"--device {args.device!r}: {e}")
-    return args
+    return args, dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, temperature=args.temperature))
 
 
-def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+def settings_of(args: argparse.Namespace, config: ToolConfig) -> dict[str, Any]:
     """What report.json records of the run; RESUME_KEYS of it must match when resuming."""
+    r = config.rollout
     return {"checkpoint": str(Path(args.checkpoint).resolve()), "tasks": str(Path(args.tasks).resolve()),
             "attempts": args.attempts, "temperature": args.temperature, "seed": args.seed,
-            "max_turns": args.max_turns, "max_reply_tokens": args.max_reply_tokens, "max_tokens": args.max_tokens,
-            "engine": args.engine}
+            "max_turns": r.max_turns, "max_new_tokens_per_turn": r.max_new_tokens_per_turn,
+            "max_tokens": r.max_tokens, "engine": r.engine}
 
 
 def check_resumable(out: Path, settings: dict[str, Any]) -> None:
@@ -121,40 +121,40 @@ def attempt_seed(seed: int, task: str, attempt: int) -> int:
     return derive_seed(seed, zlib.crc32(task.encode()), attempt)
 
 
-def open_engine(args: argparse.Namespace) -> tuple[Engine, ChatTokenizer]:
-    """The checkpoint served by TorchEngine or vLLM, and its tokenizer (tokenizer.json, else the built-in one)."""
-    ckpt = args.checkpoint
+def open_engine(args: argparse.Namespace, config: ToolConfig) -> tuple[Engine, ChatTokenizer]:
+    """The checkpoint served by TorchEngine or vLLM (rollout.engine), and its tokenizer (tokenizer.json, else the
+    built-in one)."""
+    ckpt, r = args.checkpoint, config.rollout
     has_tok = (Path(ckpt) / "tokenizer.json").is_file()
     tok = ChatTokenizer.from_pretrained(ckpt) if has_tok else ChatTokenizer.builtin()
-    if args.engine == "vllm":
+    if r.engine == "vllm":
         mcfg = read_config(ckpt)
-        max_len = budget.engine_slot(args.max_tokens, args.max_reply_tokens, mcfg.max_positions)
-        settings = VLLMSettings(max_model_len=max_len, seed=args.seed, trainer_device=args.device)
+        max_len = budget.engine_slot(r.max_tokens, r.max_new_tokens_per_turn, mcfg.max_positions)
+        settings = VLLMSettings(vllm=config.vllm, max_model_len=max_len, seed=args.seed, trainer_device=args.device)
         return VLLMEngine.from_pretrained(ckpt, mcfg, settings), tok
     model = load_pretrained(ckpt, device=args.device).eval().requires_grad_(False)
-    max_len = budget.engine_slot(args.max_tokens, args.max_reply_tokens, model.config.max_positions)
+    max_len = budget.engine_slot(r.max_tokens, r.max_new_tokens_per_turn, model.config.max_positions)
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.config.vocab_size}")
-    cfg = EngineConfig.for_parallel(args.parallel, max_seq_len=max_len)
+    cfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=max_len, batch_invariant=r.batch_invariant)
     return TorchEngine(model, cfg), tok
 
 
-def run_attempts(args: argparse.Namespace, todo: list[tuple[Task, int]], out: Path) -> None:
+def run_attempts(args: argparse.Namespace, config: ToolConfig, todo: list[tuple[Task, int]], out: Path) -> None:
     """Run the `todo` (task, attempt) pairs, appending each finished attempt's record to attempts.jsonl."""
     overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
-    hosts = use_hosts(args.host)  # every sandbox pool starts from these
+    hosts = use_hosts(config.sandbox.hosts)  # every sandbox pool starts from these
     hosts.reap()  # containers of crashed runs
     ensure_base_image()
     images = build_task_images(sorted({t.name: t for t, _ in todo}.values(), key=lambda t: t.name),
                                base_image_overrides=overrides)
-    if args.host:  # built once on DOCKER_HOST's daemon, streamed to each host
+    if config.sandbox.hosts:  # built once on DOCKER_HOST's daemon, streamed to each host
         hosts.distribute({image.ref for image in images.values()})
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=attempt_seed(args.seed, t.name, a)) for t, a in todo]
-    # wall_clock_s None: each attempt is cut at its own task's agent timeout, so one long task stalls nothing else.
+    # task_timeouts: each attempt is cut at its own task's agent timeout, so one long task stalls nothing else.
     # An evaluation replays no routing: vLLM is not asked for it (its CPU build has none, rollout.vllm_api).
-    config = AgentConfig(max_turns=args.max_turns, max_reply_tokens=args.max_reply_tokens,
-                         max_tokens=args.max_tokens, temperature=args.temperature, wall_clock_s=None,
-                         return_routing=args.engine == "torch")
+    agent = AgentConfig(rollout=config.rollout, sandbox=config.sandbox, context=config.context, task_timeouts=True,
+                        return_routing=config.rollout.engine == "torch")
     lock = threading.Lock()
     records = open(out / "attempts.jsonl", "a")
 
@@ -172,10 +172,11 @@ def run_attempts(args: argparse.Namespace, todo: list[tuple[Task, int]], out: Pa
                   f"  tests {rec['passed']}/{rec['total']}  turns {rec['turns']:3d}  tokens {rec['tokens']:6d}  "
                   f"{rec['time_s']:.1f}s  {rec['why']}", flush=True)
 
-    engine, tok = open_engine(args)
+    engine, tok = open_engine(args, config)
     try:
         with engine:
-            run_episodes(engine, tok, specs, config=config, num_parallel=args.parallel, on_done=on_done)
+            run_episodes(engine, tok, specs, config=agent, num_parallel=config.rollout.concurrency,
+                         pool_size=config.sandbox.pool_size, on_done=on_done)
     finally:
         records.close()
 
@@ -193,11 +194,12 @@ def write_report(out: Path, settings: dict[str, Any], records: list[dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args, config = _parse_args(argv)
+    r = config.rollout
     out = Path(args.out)
-    settings = settings_of(args)
+    settings = settings_of(args, config)
     with bad_input(_parser()):  # missing checkpoint, malformed task, another evaluation in --out: the user's
-        budget.engine_slot(args.max_tokens, args.max_reply_tokens, read_config(args.checkpoint).max_positions)
+        budget.engine_slot(r.max_tokens, r.max_new_tokens_per_turn, read_config(args.checkpoint).max_positions)
         tasks = load_task_dirs(args.tasks)
         check_resumable(out, settings)
         done = scorecard.read_records(out / "attempts.jsonl")
@@ -208,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     todo = [(t, a) for t in tasks for a in range(args.attempts) if (t.name, a) not in finished]
     print(f"evaluate: {len(tasks)} tasks x {args.attempts} attempts at T={args.temperature:g}: "
           f"{len(todo)} to run, {len(tasks) * args.attempts - len(todo)} already done; {args.checkpoint} on "
-          f"{args.engine} ({args.device}), {args.parallel} at once", flush=True)
+          f"{r.engine} ({args.device}), {r.concurrency} at once", flush=True)
     if todo:
-        run_attempts(args, todo, out)
+        run_attempts(args, config, todo, out)
     names = {t.name for t in tasks}
     records = [r for r in scorecard.read_records(out / "attempts.jsonl")
                if r["task"] in names and r["attempt"] < args.attempts]

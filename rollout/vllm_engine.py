@@ -68,6 +68,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from rollout import vllm_api
+from rollout.config import VllmSection
 from rollout.engine import Completion, SamplingParams, check_request, generate_via_submit
 from rollout.vllm_convert import (finish_reason, flush_sampling_kwargs, max_new_tokens, moe_routing, sampled_logprobs,
                                   split_routing, vllm_sampling_kwargs)
@@ -114,23 +115,30 @@ class _LoopClient:
 
 @dataclass(frozen=True, kw_only=True)
 class VLLMSettings:
-    """How one vLLM engine starts (the trainer fills it from its [vllm] section, `rollout.evaluate` from its flags)."""
+    """How one vLLM engine starts: the run config's [vllm] section as it is (`rollout.config.VllmSection`), and what
+    the run decides besides (the trainer fills these from its model and run sections, `rollout.evaluate` from the
+    checkpoint and its flags)."""
 
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
+    vllm: VllmSection = VllmSection()
+    """Placement, tensor parallel size, memory share, eager mode, executor, the NCCL rendezvous."""
     max_model_len: int = 4096
-    enforce_eager: bool = False
-    placement: Placement = "colocated"
+    """Positions one sequence may hold (`rollout.budget.engine_slot`)."""
     dtype: torch.dtype = torch.bfloat16
+    """The served weights' dtype: the policy's (model.dtype)."""
     seed: int = 0
-    nccl_init: dict[str, Any] | None = None
-    """Disaggregated: the trainer-vLLM NCCL rendezvous (master_address, master_port, world_size)."""
     trainer_device: str | torch.device | None = None
     """Where the trainer streams weights from; with `local_world_size` (trainer ranks on this node) it places
     vLLM's GPUs (`rollout.vllm_api.engine_gpus`)."""
     local_world_size: int = 1
-    executor: str = "mp"
-    """'ray': vLLM's Ray executor places the workers (no GPU of this node is chosen or pinned)."""
+
+    @property
+    def nccl_init(self) -> dict[str, Any] | None:
+        """Disaggregated: the trainer-vLLM NCCL rendezvous (the owning trainer rank is NCCL rank 0, vLLM's
+        tensor-parallel workers the others); None colocated (CUDA IPC)."""
+        if self.vllm.placement != "disaggregated":
+            return None
+        host, port = self.vllm.nccl_host_port
+        return {"master_address": host, "master_port": port, "world_size": 1 + self.vllm.tensor_parallel_size}
 
 
 class VLLMEngine:
@@ -190,22 +198,22 @@ class VLLMEngine:
                         owned: bool = False) -> VLLMEngine:
         """vLLM loads the HF checkpoint `model_dir` (of `model_config`'s shape); a sharded trainer starts its
         engines so, from the checkpoint its shards were read from. `owned`: `close` deletes the directory."""
-        s = settings
+        s, v = settings, settings.vllm
         api = vllm_api.load_vllm()  # module attribute: the seam tests replace
         wire = gpus = None
         if api.wire_device == "cuda" and s.trainer_device is not None:
             wire = torch.device(s.trainer_device)
-        if wire is not None and s.executor != "mp" and wire.type != "cuda":
+        if wire is not None and v.executor != "mp" and wire.type != "cuda":
             raise ValueError(f"rollout.engine='vllm' needs run.device='cuda' or 'cuda:N', got {str(wire)!r}")
-        if wire is not None and s.executor == "mp":
-            gpus = vllm_api.engine_gpus(wire, placement=s.placement, tensor_parallel_size=s.tensor_parallel_size,
+        if wire is not None and v.executor == "mp":
+            gpus = vllm_api.engine_gpus(wire, placement=v.placement, tensor_parallel_size=v.tensor_parallel_size,
                                         local_world_size=s.local_world_size, device_count=torch.cuda.device_count())
         args = vllm_api.engine_args(model_dir=model_dir, dtype=s.dtype, seed=s.seed,
-                                    tensor_parallel_size=s.tensor_parallel_size,
-                                    gpu_memory_utilization=s.gpu_memory_utilization, max_model_len=s.max_model_len,
-                                    enforce_eager=s.enforce_eager, colocated=s.placement == "colocated",
-                                    executor=s.executor, line=api.line)
-        return cls(model_config, api=api, engine_args=args, placement=s.placement, nccl_init=s.nccl_init,
+                                    tensor_parallel_size=v.tensor_parallel_size,
+                                    gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=s.max_model_len,
+                                    enforce_eager=v.enforce_eager, colocated=v.placement == "colocated",
+                                    executor=v.executor, line=api.line)
+        return cls(model_config, api=api, engine_args=args, placement=v.placement, nccl_init=s.nccl_init,
                    weight_dtype=s.dtype, owned_dir=model_dir if owned else None, wire_device=wire, gpus=gpus)
 
     # ---- public API ----

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import t1core
 from sandbox.cli import Parser, bad_input
-from t1core.config import _check, _field
+from t1config import check, knob
 
 PEAK_FLOPS = 706e12
 """H200 bf16 FLOP/s of a large GEMM, measured in this repo: the LM-head matmul (8192 x 4096 x 151,936) in
@@ -52,24 +52,24 @@ PRESETS = {"30b": ("qwen3_30b_a3b_harbor.toml", "qwen3_30b_a3b"), "122b": ("moe_
 class SimInputs:
     """What the prediction rests on (module docstring)."""
 
-    episodes_per_step: int = _field(64, "episodes a step trains (rollout.episodes_per_step)")
-    group_size: int = _field(4, "episodes per task instance (rollout.group_size)")
-    slots: int = _field(24, "episodes the engines run at once (rollout.concurrency x engine ranks)")
-    min_turns: int = _field(2, "turns of the shortest episode")
-    max_turns: int = _field(40, "turns of the longest episode (log-uniform between)")
-    turn_s: float = _field(8.0, "median seconds per turn (reply decode + command)")
-    turn_sigma: float = _field(0.5, "log-normal sigma of a turn's time")
-    train_s: float = _field(60.0, "trainer seconds per step (score + update)")
-    sync_s: float = _field(15.8, "seconds per weight sync (generation stalls meanwhile)")
+    episodes_per_step: int = knob(64, "episodes a step trains (rollout.episodes_per_step)")
+    group_size: int = knob(4, "episodes per task instance (rollout.group_size)")
+    slots: int = knob(24, "episodes the engines run at once (rollout.concurrency x engine ranks)")
+    min_turns: int = knob(2, "turns of the shortest episode")
+    max_turns: int = knob(40, "turns of the longest episode (log-uniform between)")
+    turn_s: float = knob(8.0, "median seconds per turn (reply decode + command)")
+    turn_sigma: float = knob(0.5, "log-normal sigma of a turn's time")
+    train_s: float = knob(60.0, "trainer seconds per step (score + update)")
+    sync_s: float = knob(15.8, "seconds per weight sync (generation stalls meanwhile)")
 
     def __post_init__(self) -> None:
         for name in ("episodes_per_step", "group_size", "slots", "min_turns"):
-            _check(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
-        _check(self.episodes_per_step % self.group_size == 0, "group_size", "a divisor of episodes_per_step",
+            check(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
+        check(self.episodes_per_step % self.group_size == 0, "group_size", "a divisor of episodes_per_step",
                self.group_size)
-        _check(self.max_turns >= self.min_turns, "max_turns", f">= min_turns ({self.min_turns})", self.max_turns)
+        check(self.max_turns >= self.min_turns, "max_turns", f">= min_turns ({self.min_turns})", self.max_turns)
         for name in ("turn_s", "train_s", "sync_s", "turn_sigma"):
-            _check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))
+            check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{[f.name for f in dataclasses.fields(SimInputs)]}")
             kind = type(getattr(SimInputs(), key))
             overrides[key] = kind(value)
-        _check(args.steps >= 1, "--steps", ">= 1", args.steps)
+        check(args.steps >= 1, "--steps", ">= 1", args.steps)
         runs = []
         for preset in (list(PRESETS) if args.preset == "all" else [args.preset]):
             x, how = planner_inputs(preset) if preset != "none" else (SimInputs(), "SimInputs defaults")

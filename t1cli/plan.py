@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 
 from sandbox.cli import Parser, prog_name
-from t1core.config import RunConfig, _check, _check_types, _field
-from t1core.config_toml import PLAN_KEYS
-from t1core.config_toml import PLANNER_TABLE, _coerce, load_config, read_toml
+from t1config import check, check_types, knob
+from t1core.config import RunConfig
+from t1config.toml import coerce, read_toml
+from t1core.config_toml import PLAN_KEYS, PLANNER_TABLE, load_config
 from t1core.expert_parallel import check_expert_parallel
 from t1cli.plan_comm import comm_rows, ep_choices, is_expert, link_seconds, lower_bound_s
 from t1core.positions import check_positions, describe_context, engine_length
@@ -60,23 +61,23 @@ PROG = "python -m t1cli.plan"
 class Hardware:
     """The machines a plan is made for (read only here; torchrun sets the real ranks)."""
 
-    nodes: int = _field(1, "nodes the run is planned for")
-    gpus_per_node: int = _field(1, "GPUs (ranks) per node")
-    gpu_mem_gib: float = _field(140.0, "memory of one GPU in GiB the plan must fit (H200: 140)")
-    host_mem_gib: float = _field(1800.0, "host memory per node in GiB the plan must fit (what parallel.cpu_offload "
+    nodes: int = knob(1, "nodes the run is planned for")
+    gpus_per_node: int = knob(1, "GPUs (ranks) per node")
+    gpu_mem_gib: float = knob(140.0, "memory of one GPU in GiB the plan must fit (H200: 140)")
+    host_mem_gib: float = knob(1800.0, "host memory per node in GiB the plan must fit (what parallel.cpu_offload "
                                          "moves there)")
-    nvlink_gbs: float = _field(450.0, "GB/s each way per GPU within a node (NVLink 4 on H100/H200 SXM: 450)")
-    ib_gbs: float = _field(50.0, "GB/s per GPU between nodes (one 400 Gb/s NDR InfiniBand NIC per GPU: 50)")
-    pcie_gbs: float = _field(55.0, "GB/s host <-> GPU per GPU (PCIe 5 x16: 64 raw, ~55 in practice)")
+    nvlink_gbs: float = knob(450.0, "GB/s each way per GPU within a node (NVLink 4 on H100/H200 SXM: 450)")
+    ib_gbs: float = knob(50.0, "GB/s per GPU between nodes (one 400 Gb/s NDR InfiniBand NIC per GPU: 50)")
+    pcie_gbs: float = knob(55.0, "GB/s host <-> GPU per GPU (PCIe 5 x16: 64 raw, ~55 in practice)")
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _check(self.nodes >= 1, "plan.nodes", ">= 1", self.nodes)
-        _check(self.gpus_per_node >= 1, "plan.gpus_per_node", ">= 1", self.gpus_per_node)
-        _check(self.gpu_mem_gib > 0, "plan.gpu_mem_gib", "> 0", self.gpu_mem_gib)
-        _check(self.host_mem_gib > 0, "plan.host_mem_gib", "> 0", self.host_mem_gib)
+        check_types(self)
+        check(self.nodes >= 1, "plan.nodes", ">= 1", self.nodes)
+        check(self.gpus_per_node >= 1, "plan.gpus_per_node", ">= 1", self.gpus_per_node)
+        check(self.gpu_mem_gib > 0, "plan.gpu_mem_gib", "> 0", self.gpu_mem_gib)
+        check(self.host_mem_gib > 0, "plan.host_mem_gib", "> 0", self.host_mem_gib)
         for key in LINK_KEYS:
-            _check(getattr(self, key) > 0, f"plan.{key}", "> 0", getattr(self, key))
+            check(getattr(self, key) > 0, f"plan.{key}", "> 0", getattr(self, key))
 
     @property
     def world(self) -> int:
@@ -101,7 +102,7 @@ def hardware_from(toml_path: str | None, **flags: float | int | None) -> Hardwar
         values.update(table)
     values.update({k: v for k, v in flags.items() if v is not None})
     hints = {f.name: f.type for f in dataclasses.fields(Hardware)}
-    return Hardware(**{k: _coerce(v, {"int": int, "float": float}[hints[k]], f"plan.{k}") for k, v in values.items()})
+    return Hardware(**{k: coerce(v, {"int": int, "float": float}[hints[k]], f"plan.{k}") for k, v in values.items()})
 
 
 class PlanError(ValueError):

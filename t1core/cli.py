@@ -18,6 +18,7 @@ import torch
 
 from sandbox.cli import Parser
 from sandbox.runtime.signals import exit_on_signals_while
+from t1config.cli import add_config_argument, parse_known
 from t1core import distributed
 from t1core.config import RunConfig, resolved
 from t1core.config_toml import config_to_toml, format_config, load_config
@@ -44,7 +45,7 @@ def parser() -> Parser:
                       "  python -m t1core.train --rollout.episodes_per_step=16 --run.steps=10\n"
                       "  python -m t1core.train --config t1core/configs/qwen3_30b_a3b_harbor.toml --out runs/exp1\n"
                       "  python -m t1core.train --resume runs/exp1 --run.steps=20   # continue (or extend) a run")
-    p.add_argument("--config", metavar="FILE", help="TOML file with config sections (default: the embedded CPU run)")
+    add_config_argument(p, "default: the embedded CPU run")
     p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<time>-seed<seed>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint, "
                                                         "under its saved config.toml")
@@ -54,12 +55,7 @@ def parser() -> Parser:
 def parse_args(argv: list[str] | None) -> tuple[RunConfig, Path]:
     """(config, run directory) from the command line; ValueError names what is wrong with it. The config comes back
     resolved (`t1core.config.resolved`): what the run will do."""
-    args, overrides = parser().parse_known_args(argv)
-    bad = [o for o in overrides if not o.startswith("--") or "=" not in o]
-    if bad:
-        raise ValueError(f"unrecognised arguments {bad}; config overrides look like --section.key=value")
-    if args.config is not None and not Path(args.config).is_file():
-        raise ValueError(f"--config {args.config}: no such file")
+    args, overrides = parse_known(parser(), argv)
     if args.resume is None:
         cfg = resolved(load_config(args.config, overrides))
         run_dir = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.run.seed}")

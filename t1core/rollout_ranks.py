@@ -19,6 +19,7 @@ or vLLM, None on a rank that owns none) and the agent's settings (`agent_config`
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import sys
 from collections.abc import Iterable
@@ -29,8 +30,7 @@ import torch
 from tqdm import tqdm
 
 from rollout import vllm_api
-from rollout.agent import AgentConfig, EpisodeSpec, SandboxLimits, run_episodes
-from rollout.compaction import COMPACT_AT, Compaction
+from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
 from rollout.engine import Engine
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
@@ -146,19 +146,11 @@ def _make_vllm_engine(policy: MoEModel, cfg: RunConfig, dp: DataParallel) -> VLL
     """Colocated: this rank's own vLLM on its own GPU. Disaggregated: rank 0's vLLM on GPUs no trainer rank holds
     (tensor parallel; vllm.executor='ray': wherever vLLM's Ray executor places it); None elsewhere. A sharded policy
     (read from a checkpoint as shards) is never gathered here: vLLM reads the checkpoint itself."""
-    r, v = cfg.rollout, cfg.vllm
     if not RolloutRanks.for_run(cfg, dp).owns_engine:
         return None
-    max_len = engine_length(cfg, policy.config)
-    nccl = None
-    if v.placement == "disaggregated":  # the owning trainer rank is NCCL rank 0, vLLM's workers the others
-        host, port = v.nccl_host_port
-        nccl = {"master_address": host, "master_port": port, "world_size": 1 + v.tensor_parallel_size}
-    settings = VLLMSettings(tensor_parallel_size=v.tensor_parallel_size,
-                            gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=max_len,
-                            enforce_eager=v.enforce_eager, placement=v.placement, dtype=DTYPES[cfg.model.dtype],
-                            seed=cfg.run.seed, nccl_init=nccl, trainer_device=_trainer_device(cfg),
-                            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), executor=v.executor)
+    settings = VLLMSettings(vllm=cfg.vllm, max_model_len=engine_length(cfg, policy.config),
+                            dtype=DTYPES[cfg.model.dtype], seed=cfg.run.seed, trainer_device=_trainer_device(cfg),
+                            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if distributed.is_sharded(policy):
         return VLLMEngine.from_pretrained(cfg.model.name, policy.config, settings)
     return VLLMEngine.from_model(policy, settings)
@@ -187,15 +179,9 @@ def routing_replay(cfg: RunConfig) -> tuple[bool, str | None]:
 
 
 def agent_config(cfg: RunConfig, *, temperature: float | None = None, task_timeouts: bool = False) -> AgentConfig:
-    """The agent's limits and sampling; `task_timeouts`: each episode is cut at its own task's agent timeout
-    (task.toml) instead of rollout.wall_clock_limit_s (benchmark tasks: their timeouts are part of the benchmark)."""
-    r, s, c = cfg.rollout, cfg.sandbox, cfg.context
-    compaction = None if c.compaction == "off" else Compaction(at_tokens=int(COMPACT_AT * r.max_tokens),
-                                                               keep_turns=c.keep_turns, summary=c.compaction)
-    limits = SandboxLimits(cpus=s.cpus, memory_mb=s.memory_mb, pids=s.pids, output_cap_bytes=s.output_cap_bytes)
-    return AgentConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, max_reply_tokens=r.max_new_tokens_per_turn,
-                       wall_clock_s=None if task_timeouts else r.wall_clock_limit_s,
-                       command_timeout_s=s.command_timeout_s,
-                       temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
-                       sandbox=limits, compaction=compaction, observation_max_tokens=c.observation_max_tokens,
-                       infra_retries=r.infra_retries, return_routing=routing_replay(cfg)[0])
+    """The agent's sections of the run; `temperature` (0: greedy) overrides rollout.temperature, and
+    `task_timeouts` cuts each episode at its own task's agent timeout (task.toml) instead of
+    rollout.wall_clock_limit_s (benchmark tasks: their timeouts are part of the benchmark)."""
+    rollout = cfg.rollout if temperature is None else dataclasses.replace(cfg.rollout, temperature=temperature)
+    return AgentConfig(rollout=rollout, sandbox=cfg.sandbox, context=cfg.context, task_timeouts=task_timeouts,
+                       return_routing=routing_replay(cfg)[0])

@@ -107,7 +107,7 @@ def reference_transcripts(tasks: list[Task], images: dict[str, TaskImage], *, to
                                                num_parallel=num_parallel, pool_size=pool_size)):
             trajs[i] = traj
     every = dp.gather_strided([trajs[i] for i in mine], len(tasks))
-    over_cap = _warn_replies_over_cap(longest, config.max_reply_tokens, quiet=not dp.is_main)
+    over_cap = _warn_replies_over_cap(longest, config.rollout.max_new_tokens_per_turn, quiet=not dp.is_main)
 
     def usable(t: Trajectory) -> bool:
         if config.verify:

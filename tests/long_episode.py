@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from rollout.agent import DONE_MARKER, AgentConfig, run_episode, sandbox_settings
+from rollout.agent import DONE_MARKER, AgentConfig, run_episode
 from rollout.budget import slot_length
-from rollout.compaction import Compaction
+from rollout.config import ContextSection, RolloutSection
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory
 from sandbox.runtime.docker_sandbox import CommandResult, DockerSandbox
@@ -29,6 +29,7 @@ from sandbox.tasks.families.common import write_harbor_task
 from sandbox.tasks.suite import fixed_tasks
 from sandbox.images.task_images import build_task_image, default_base_image_overrides
 from sandbox.tasks.format import load_task
+from sandbox.runtime.settings import SandboxSettings
 from t1core.batch import pack
 from t1core.drift import CompletionLog
 from t1core.update import policy_logprobs
@@ -66,7 +67,7 @@ def _tiny_engine(max_tokens: int, max_reply: int, seed: int) -> tuple[MoEModel, 
     return policy, engine, TimedEngine(engine)
 
 
-def long_episode(*, max_turns: int = 300, max_tokens: int = 1024, at_tokens: int = 768, keep_turns: int = 2,
+def long_episode(*, max_turns: int = 300, max_tokens: int = 1024, keep_turns: int = 2,
                  max_reply: int = 24, seed: int = 0, observation_max_tokens: int | None = 64,
                  ) -> tuple[Trajectory, MoEModel, TimedEngine]:
     """One episode of `max_turns` turns in contexts of at most `max_tokens` tokens (the tiny model samples mostly
@@ -74,9 +75,11 @@ def long_episode(*, max_turns: int = 300, max_tokens: int = 1024, at_tokens: int
     tok = ChatTokenizer.builtin()
     policy, engine, log = _tiny_engine(max_tokens, max_reply, seed)
     task = fixed_tasks("train")[0]
-    cfg = AgentConfig(max_turns=max_turns, max_tokens=max_tokens, max_reply_tokens=max_reply, wall_clock_s=3600.0,
-                      verify=False, compaction=Compaction(at_tokens=at_tokens, keep_turns=keep_turns),
-                      observation_max_tokens=observation_max_tokens)
+    rollout = RolloutSection(max_turns=max_turns, max_tokens=max_tokens, max_new_tokens_per_turn=max_reply,
+                             wall_clock_limit_s=3600.0)
+    context = ContextSection(compaction="extractive", keep_turns=keep_turns,
+                             observation_max_tokens=observation_max_tokens)
+    cfg = AgentConfig(rollout=rollout, context=context, verify=False)
     try:
         traj = run_episode(log, tok, EchoShell(), task, config=cfg, seed=seed)
     finally:
@@ -147,12 +150,14 @@ def chain_episode(*, links: int, max_tokens: int = 1024, keep_turns: int = 2, ob
         spec = chain_task(random.Random(f"stress:{seed}"), links)
         task = load_task(write_harbor_task(spec, Path(tmp) / "chain", family="follow_chain", seed=seed, split="train"))
         image = build_task_image(task, base_image_overrides=default_base_image_overrides())
-        cfg = AgentConfig(max_turns=links + 1, max_tokens=max_tokens, max_reply_tokens=max_reply, wall_clock_s=7200.0,
-                          compaction=Compaction(at_tokens=int(0.8 * max_tokens), keep_turns=keep_turns),
-                          observation_max_tokens=observation_max_tokens)
+        rollout = RolloutSection(max_turns=links + 1, max_tokens=max_tokens, max_new_tokens_per_turn=max_reply,
+                                 wall_clock_limit_s=7200.0)
+        context = ContextSection(compaction="extractive", keep_turns=keep_turns,
+                                 observation_max_tokens=observation_max_tokens)
+        cfg = AgentConfig(rollout=rollout, context=context)
         probes: dict[int, dict[str, int]] = {}
         try:
-            with DockerSandbox(image, sandbox_settings(task)) as sb:
+            with DockerSandbox(image, SandboxSettings.for_run(task)) as sb:
                 def on_turn(n: int) -> None:
                     if n in probe_turns:
                         probes[n] = container_probe(sb.id)

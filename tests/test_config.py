@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -89,7 +91,8 @@ def test_every_field_is_read_outside_the_config():
             if path.name != "config.py":
                 reads |= _section_reads(ast.parse(path.read_text()), sections)
     methods = {}  # public method of a section class -> the self.<field> names it reads
-    for cls in (n for n in ast.parse((root / "t1core/config.py").read_text()).body if isinstance(n, ast.ClassDef)):
+    for section in sections:  # each section's class, wherever it is defined (beside its component's code)
+        cls = ast.parse(textwrap.dedent(inspect.getsource(type(getattr(cfg, section))))).body[0]
         for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")):
             methods[fn.name] = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
     reads |= {(sec, name) for sec, method in list(reads) if method in methods for name in methods[method]}
@@ -157,23 +160,21 @@ def test_bad_overrides_raise_with_expected_and_got(override, message):
         load_config(None, [override])
 
 
-def test_sandbox_minimums_match_the_sandbox():
-    """The config, the rollout's limits and the sandbox's settings share one minimum: a value one below is refused
-    by all three layers, the minimum itself accepted by each."""
-    from rollout.agent import SandboxLimits
+def test_sandbox_minimums_match_the_sandbox(tmp_path):
+    """The run's [sandbox] section and each sandbox's settings share one minimum: a value one below is refused by
+    both, the minimum itself accepted by each and carried from one to the other (`SandboxSettings.for_run`)."""
     from sandbox.runtime.settings import MIN_OUTPUT_CAP, MIN_PIDS, SandboxSettings
     with pytest.raises(ValueError, match=f"pids must be >= {MIN_PIDS}"):  # checked before any daemon is reached
         SandboxSettings(pids=MIN_PIDS - 1)
     with pytest.raises(ValueError, match=f"output_cap must be >= {MIN_OUTPUT_CAP}"):
         SandboxSettings(output_cap=MIN_OUTPUT_CAP - 1)
-    assert SandboxSettings(pids=MIN_PIDS, output_cap=MIN_OUTPUT_CAP).pids == MIN_PIDS
+    lowest = load_config(None, [f"--sandbox.pids={MIN_PIDS}", f"--sandbox.output_cap_bytes={MIN_OUTPUT_CAP}"])
+    task = suite.train_tasks(tmp_path, num_per_family=1, seed=0)[0]
+    settings = SandboxSettings.for_run(task, lowest.sandbox)
+    assert (settings.pids, settings.output_cap) == (MIN_PIDS, MIN_OUTPUT_CAP)
     for field, low in (("pids", MIN_PIDS), ("output_cap_bytes", MIN_OUTPUT_CAP)):
-        assert getattr(load_config(None, [f"--sandbox.{field}={low}"]).sandbox, field) == low
-        assert getattr(SandboxLimits(**{field: low}), field) == low
         with pytest.raises(ValueError, match=f"sandbox.{field}: expected >= {low}"):
             load_config(None, [f"--sandbox.{field}={low - 1}"])
-        with pytest.raises(ValueError, match=f"SandboxLimits.{field}: expected >= {low}"):
-            SandboxLimits(**{field: low - 1})
 
 
 def test_bad_toml_values(tmp_path):

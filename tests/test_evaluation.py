@@ -159,8 +159,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @needs_docker
 def test_evaluate_writes_its_report_and_resumes(tmp_path: Path, checkpoint: Path, capsys) -> None:
     bench, out = write_benchmark(tmp_path / "B"), tmp_path / "out"
-    args = ["--checkpoint", str(checkpoint), "--tasks", str(bench), "--out", str(out), "--max-turns", "2",
-            "--max-reply-tokens", "8", "--max-tokens", "300", "--parallel", "3"]
+    args = ["--checkpoint", str(checkpoint), "--tasks", str(bench), "--out", str(out), "--rollout.max_turns=2",
+            "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=300", "--rollout.concurrency=3"]
     assert evaluate.main(args) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].endswith(" attempts at T=0: 3 to run, 0 already done; " + f"{checkpoint} on torch (cpu), 3 at once")
@@ -200,9 +200,9 @@ def test_evaluate_leaves_infrastructure_failures_unscored_and_retries_them(tmp_p
     import sandbox.runtime.hosts
     monkeypatch.setattr(sandbox.runtime.hosts, "NO_HOST_WAIT_S", 0.5)  # a start gives up on the dead host at once
     bench, out = write_benchmark(tmp_path / "B", ("probe-os", "probe-flag")), tmp_path / "out"
-    args = ["--checkpoint", str(checkpoint), "--tasks", str(bench), "--out", str(out), "--max-turns", "2",
-            "--max-reply-tokens", "8", "--max-tokens", "300", "--parallel", "2"]
-    assert evaluate.main([*args, "--host", f"unix://{tmp_path}/no-daemon.sock"]) == 1
+    args = ["--checkpoint", str(checkpoint), "--tasks", str(bench), "--out", str(out), "--rollout.max_turns=2",
+            "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=300", "--rollout.concurrency=2"]
+    assert evaluate.main([*args, f"--sandbox.hosts=[unix://{tmp_path}/no-daemon.sock]"]) == 1
     io = capsys.readouterr()
     unscored = [line for line in io.out.splitlines() if "unscored (the infrastructure failed on every try" in line]
     assert len(unscored) == 2 and all("no Docker host answers" in line for line in unscored), io.out
@@ -263,7 +263,7 @@ def test_infrastructure_failures_are_left_out_of_every_rate(tmp_path: Path) -> N
 
 def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """--engine picks the engine; both serve the checkpoint's weights (vLLM: the CPU fake of 0.33's AsyncLLM,
+    """rollout.engine picks the engine; both serve the checkpoint's weights (vLLM: the CPU fake of 0.33's AsyncLLM,
     tests/fake_vllm.py, which loads the directory it is given as vLLM would): the same greedy tokens."""
     from rollout import vllm_api
     from rollout.engine import SamplingParams
@@ -271,10 +271,10 @@ def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path,
 
     monkeypatch.setattr(vllm_api, "load_vllm", fake_vllm.fake_api)
     base = ["--checkpoint", str(checkpoint), "--tasks", "unused", "--out", "unused", "--device", "cpu",
-            "--max-reply-tokens", "8", "--max-tokens", "300"]
+            "--rollout.max_new_tokens_per_turn=8", "--rollout.max_tokens=300"]
     tokens = {}
     for name, cls in (("torch", "TorchEngine"), ("vllm", "VLLMEngine")):
-        engine, tok = evaluate.open_engine(evaluate._parse_args([*base, "--engine", name]))
+        engine, tok = evaluate.open_engine(*evaluate._parse_args([*base, f"--rollout.engine={name}"]))
         with engine:
             assert type(engine).__name__ == cls
             prompt = tok.encode_prompt("You are in a shell.", "List the files.")

@@ -1,6 +1,6 @@
 """The house has floors, a folder each, and imports only go down (ARCHITECTURE.md):
 
-    t1kernels  <-  t1model  <-  {sandbox, rollout}  <-  t1core  <-  t1cli  <-  bench
+    {t1config, t1kernels}  <-  t1model  <-  {sandbox, rollout}  <-  t1core  <-  t1cli  <-  bench
 
 sandbox needs neither torch nor the model (nor rollout). t1cli, the `t1` command and the tools off the training path
 (planner, simulator, experiments), may import every floor below it; only bench, which measures what the planner
@@ -22,7 +22,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = {"t1kernels": 0, "t1model": 1, "sandbox": 2, "rollout": 2, "t1core": 3, "t1cli": 4, "bench": 5}
+FLOORS = {"t1config": 0, "t1kernels": 0, "t1model": 1, "sandbox": 2, "rollout": 2, "t1core": 3, "t1cli": 4, "bench": 5}
 """Folder -> floor: a module may import its own floor's folder and the floors below, never above."""
 SIDEWAYS_FORBIDDEN = {"sandbox": {"rollout"}}
 """Same-floor imports that are still refused: sandboxes run where no engine (and no torch) is."""
@@ -170,6 +170,14 @@ def test_sandbox_needs_neither_torch_nor_the_model() -> None:
     offenders = [f"{module}: {n}" for module, path in _modules().items() if module.split(".")[0] == "sandbox"
                  for n in _import_names(module, path)
                  if n.split(".")[0] in ("torch", "t1kernels", "t1model", "t1core", "rollout", "t1cli")]
+    assert not offenders, offenders
+
+
+def test_the_config_schema_stands_alone() -> None:
+    """t1config is the schema every floor's sections are written in: plain Python, no project or torch import, so the
+    sandbox (which has no torch) can define its section with it."""
+    offenders = [f"{module}: {n}" for module, path in _modules().items() if module.split(".")[0] == "t1config"
+                 for n in _import_names(module, path) if n.split(".")[0] in set(FLOORS) - {"t1config"} | {"torch"}]
     assert not offenders, offenders
 
 

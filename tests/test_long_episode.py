@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _check_episode(turns: int) -> None:
-    traj, policy, log = long_episode(max_turns=turns, max_tokens=2048, at_tokens=1280, keep_turns=2, max_reply=16)
+    traj, policy, log = long_episode(max_turns=turns, max_tokens=2048, keep_turns=2, max_reply=16)
     segs = traj.segments()
     assert traj.finish_reason == "max_turns" and traj.metrics["turns"] == turns
     assert len(segs) >= 2 and max(s.num_tokens for s in segs) <= 2048
@@ -66,7 +66,7 @@ def _same(a: Trajectory, b: Trajectory) -> None:
 def test_saved_compacted_episode_reloads_whole(tmp_path: Path) -> None:
     """A compacted episode from the real agent loop, saved the way the trainer saves a step's episodes, reloads with
     every segment: its tokens, loss mask, log-probs, routing and the rest."""
-    traj, _, _ = long_episode(max_turns=16, max_tokens=1024, at_tokens=640, keep_turns=1, max_reply=16,
+    traj, _, _ = long_episode(max_turns=16, max_tokens=1024, keep_turns=1, max_reply=16,
                               observation_max_tokens=32)
     assert len(traj.earlier) >= 2 and all(s.routing is not None for s in traj.segments())
     save_trajectories([traj, traj.earlier[0]], tmp_path)

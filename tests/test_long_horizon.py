@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout.agent import AgentConfig, sandbox_settings
-from rollout.compaction import Compaction
+from rollout.agent import AgentConfig
+from rollout.config import ContextSection, RolloutSection
 from rollout.engine import SamplingParams
 from rollout.torch_engine import EngineConfig, TorchEngine
+from sandbox.runtime.settings import SandboxSettings
 from sandbox.tasks.families import FAMILIES, LONG_FAMILIES, generate
 from sandbox.tasks.families.chain import END, LINKS, MILESTONES
 from sandbox.tasks.suite import demonstration_turns, family_tasks, reference_turns
@@ -74,7 +75,7 @@ def _run_turns(task, image, turns: list[str]) -> dict[str, bool]:
     from sandbox.runtime.docker_sandbox import DockerSandbox
     from sandbox.runtime.verify import run_verifiers
 
-    with DockerSandbox(image, sandbox_settings(task)) as sb:
+    with DockerSandbox(image, SandboxSettings.for_run(task)) as sb:
         for cmd in turns:
             assert sb.run(cmd, timeout=10).exit_code == 0, cmd
         return {k.split("::")[-1]: ok for k, ok in run_verifiers(sb, task).per_test.items()}
@@ -111,8 +112,9 @@ def test_sft_transcript_of_a_compacted_demonstration_follows_its_script(tmp_path
     tok = ChatTokenizer.builtin()
     tasks = family_tasks(tmp_path, split="train", num_per_family=2, seed=0, families=["follow_chain"])
     images = build_task_images(tasks, base_image_overrides=default_base_image_overrides())
-    config = AgentConfig(max_turns=300, max_tokens=1024, max_reply_tokens=48, wall_clock_s=600.0,
-                         compaction=Compaction(at_tokens=819, keep_turns=2), observation_max_tokens=32)
+    config = AgentConfig(rollout=RolloutSection(max_turns=300, max_tokens=1024, max_new_tokens_per_turn=48,
+                                                wall_clock_limit_s=600.0),
+                         context=ContextSection(compaction="extractive", keep_turns=2, observation_max_tokens=32))
     good, metrics = reference_transcripts(tasks, images, tok=tok, config=config, num_parallel=2)
     assert metrics["sft/transcripts"] == 2 and metrics["sft/reference_failures"] == 0
     for task, traj in zip(tasks, good):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"t1kernels", "t1model", "t1core", "rollout", "sandbox", "t1cli"}
+OURS = {"t1config", "t1kernels", "t1model", "t1core", "rollout", "sandbox", "t1cli"}
 """The top-level import names the `t1` distribution installs (setup.py)."""
 TAKEN = {"kernels", "tests", "test", "bench", "benchmarks", "examples", "scripts", "tools", "utils", "common",
          "model", "models", "src", "docs"}

@@ -81,7 +81,7 @@ COMMANDS: tuple[Row, ...] = (
         subs={"runs/r1/tasks": "RUN/tasks", "/data/tb2": "TASKS"}),
     Row(r"^t1 eval --checkpoint runs/exp1/final --tasks /data/tb2 --out runs/exp1/tb2",
         subs={"runs/exp1/tb2": "NEW", "runs/exp1": "RUN", "/data/tb2": "TASKS"},
-        extra=("--max-turns", "1", "--max-reply-tokens", "16")),
+        extra=("--rollout.max_turns=1", "--rollout.max_new_tokens_per_turn=16")),
     Row(r"^t1 report runs/exp1/", subs={"runs/exp1": "RUN"}),
     Row(r"^t1 mismatch ", subs={"runs/mismatch.json": "NEW"},
         extra=("--episodes", "1", "--seeds", "0", "--families", "create_file", "--sft-epochs", "0", "--max-turns", "1",
@@ -187,7 +187,7 @@ def test_readme_command(n: int, line: str, workspace: dict[str, Path]) -> None:
 def test_collect_defaults_fit_the_default_model(workspace: dict[str, Path]) -> None:
     """rollout.collect as issue 58 ran it, on the run's checkpoint (its defaults once asked for 4,097 positions)."""
     argv = [sys.executable, "-m", "rollout.collect", "--tasks", "tasks", "--episodes", "3", "--checkpoint",
-            str(workspace["RUN"] / "final"), "--max-turns", "1", "--max-reply-tokens", "16",
+            str(workspace["RUN"] / "final"), "--rollout.max_turns=1", "--rollout.max_new_tokens_per_turn=16",
             "--out", str(workspace["ROOT"] / "collect")]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -195,16 +195,16 @@ def test_collect_defaults_fit_the_default_model(workspace: dict[str, Path]) -> N
 
 @pytest.mark.parametrize("module", ["rollout.evaluate", "rollout.collect"])
 def test_a_budget_past_the_positions_is_one_line(module: str, tmp_path: Path) -> None:
-    """--max-tokens beyond the model's 4,096 positions: exit 2 and one line naming it, before any sandbox."""
+    """rollout.max_tokens beyond the model's 4,096 positions: exit 2 and one line naming it, before any sandbox."""
     from t1model.hf_io import save_pretrained
     from t1model.model import ModelConfig, MoEModel
 
     ckpt = tmp_path / "ckpt"
     save_pretrained(MoEModel(ModelConfig.tiny(), seed=0), ckpt)  # the default model's 4,096 positions
     argv = [sys.executable, "-m", module, "--checkpoint", str(ckpt), "--tasks", str(ROOT / "tasks" / "fixed"),
-            "--max-tokens", "5000", "--out", str(tmp_path / "out")]
+            "--rollout.max_tokens=5000", "--out", str(tmp_path / "out")]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith(
-        "--max-tokens=5000: a context would run past the model's 4096 positions; lower it (at most 4096)"), proc.stderr
+        "--rollout.max_tokens=5000: a context would run past the model's 4096 positions; lower it (at most 4096)"), proc.stderr
     assert "Traceback" not in proc.stderr

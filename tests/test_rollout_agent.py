@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from t1kernels.logprob import token_logprobs
-from rollout.agent import (DONE_MARKER, AgentConfig, EpisodeSpec, SandboxLimits, is_masked, parse_action, run_episode,
-                           run_episodes, sandbox_settings)
+from rollout.agent import DONE_MARKER, AgentConfig, EpisodeSpec, is_masked, parse_action, run_episode, run_episodes
+from rollout.config import RolloutSection
 from rollout.engine import Completion, SamplingParams, generate_via_submit
 from rollout.tito import retokenization_drift, sampled_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -28,6 +28,7 @@ from sandbox.tasks import suite
 from sandbox.runtime.docker_sandbox import DockerSandbox
 from sandbox.images.task_images import TaskImage, build_task_image, default_base_image_overrides
 from sandbox.tasks.format import Task, load_task
+from sandbox.runtime.settings import SandboxSection, SandboxSettings
 from t1core.drift import CompletionLog
 from t1model.model import ModelConfig, MoEModel
 from t1model.tokenizer import ChatTokenizer, format_tool_call
@@ -98,8 +99,8 @@ def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[
                                                 images: dict[str, TaskImage]) -> None:
     task = tasks[0]
     engine = ScriptedEngine(tok, tasks, solve_then_done)
-    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
-        traj = run_episode(engine, tok, sb, task, config=AgentConfig(max_turns=5), seed=0)
+    with DockerSandbox(images[task.name], SandboxSettings.for_run(task)) as sb:
+        traj = run_episode(engine, tok, sb, task, config=AgentConfig(rollout=RolloutSection(max_turns=5)), seed=0)
     assert traj.finish_reason == "done" and len(traj.turns) == 2
     assert traj.verifier["total"] >= 3 and traj.reward == traj.verifier["total"] == traj.verifier["passed"]
     first = traj.turns[0]
@@ -112,8 +113,8 @@ def test_reference_solution_reaches_full_reward(tok: ChatTokenizer, tasks: list[
     assert traj.metrics["malformed_tool_calls"] == 0 and traj.metrics["tito_prefix_checks"] == 2
     # Control: finishing without doing anything does not get full reward (the verifiers can fail).
     lazy = ScriptedEngine(tok, tasks, lambda t, n: DONE_MARKER)
-    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
-        nothing = run_episode(lazy, tok, sb, task, config=AgentConfig(max_turns=5), seed=0)
+    with DockerSandbox(images[task.name], SandboxSettings.for_run(task)) as sb:
+        nothing = run_episode(lazy, tok, sb, task, config=AgentConfig(rollout=RolloutSection(max_turns=5)), seed=0)
     assert nothing.finish_reason == "done" and nothing.reward < nothing.verifier["total"]
 
 
@@ -124,8 +125,8 @@ def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: 
     replies = ["Let me look around first.", "<tool_call>\n{\"name\": \"bash\", \"arguments\": {oops\n</tool_call>",
                format_tool_call(suite.reference_solution(task)), DONE_MARKER]
     engine = ScriptedEngine(tok, tasks, lambda t, n: replies[n])
-    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
-        traj = run_episode(engine, tok, sb, task, config=AgentConfig(max_turns=6), seed=0)
+    with DockerSandbox(images[task.name], SandboxSettings.for_run(task)) as sb:
+        traj = run_episode(engine, tok, sb, task, config=AgentConfig(rollout=RolloutSection(max_turns=6)), seed=0)
     assert traj.metrics["malformed_tool_calls"] == 2 and traj.finish_reason == "done"
     assert [t.tool_error is not None for t in traj.turns] == [True, True, False, False]
     assert traj.turns[0].output.startswith("ERROR: no_tool_call") and traj.turns[1].tool_error.startswith("bad_json")
@@ -137,12 +138,15 @@ def test_malformed_tool_calls_get_error_observations(tok: ChatTokenizer, tasks: 
 def test_turn_limit_and_token_budget(tok: ChatTokenizer, tasks: list[Task], images: dict[str, TaskImage]) -> None:
     task = tasks[2]
     engine = ScriptedEngine(tok, tasks, lambda t, n: format_tool_call("echo hello"))
-    with DockerSandbox(images[task.name], sandbox_settings(task)) as sb:
-        traj = run_episode(engine, tok, sb, task, config=AgentConfig(max_turns=3, verify=False), seed=0)
+    with DockerSandbox(images[task.name], SandboxSettings.for_run(task)) as sb:
+        config = AgentConfig(rollout=RolloutSection(max_turns=3), verify=False)
+        traj = run_episode(engine, tok, sb, task, config=config, seed=0)
         assert traj.finish_reason == "max_turns" and len(traj.turns) == 3 and traj.verifier is None
         assert traj.turns[0].output.strip() == "hello"
         budget = traj.turns[1].end + 5  # room for turn 2 only after its observation: no
-        cut = run_episode(engine, tok, sb, task, config=AgentConfig(max_turns=9, max_tokens=budget, verify=False))
+        config = AgentConfig(rollout=RolloutSection(max_turns=9, max_tokens=budget, max_new_tokens_per_turn=64),
+                             verify=False)
+        cut = run_episode(engine, tok, sb, task, config=config)
         assert cut.finish_reason == "token_budget" and len(cut.turns) == 2 and cut.num_tokens <= budget
 
 
@@ -162,7 +166,7 @@ def test_eight_concurrent_scripted_episodes(tok: ChatTokenizer, tasks: list[Task
 
     monkeypatch.setattr(docker.APIClient, "create_container", counting)
     t0 = time.monotonic()
-    trajs = run_episodes(engine, tok, specs, config=AgentConfig(max_turns=4), num_parallel=8)
+    trajs = run_episodes(engine, tok, specs, config=AgentConfig(rollout=RolloutSection(max_turns=4)), num_parallel=8)
     wall = time.monotonic() - t0
     # One container life per episode: the pools start no spare (each acquire used to start one, removed unused).
     assert len(created) == len(specs), f"{len(created)} containers for {len(specs)} episodes"
@@ -190,15 +194,16 @@ def test_sandbox_limits_reach_the_container(tok: ChatTokenizer, tasks: list[Task
 
     monkeypatch.setattr(docker.APIClient, "create_container", capture)
     spec = [EpisodeSpec(task=task, image=images[task.name], seed=0)]
-    limits = SandboxLimits(cpus=0.5, memory_mb=300, pids=64, output_cap_bytes=1024)
-    (capped,) = run_episodes(engine, tok, spec, config=AgentConfig(max_turns=2, verify=False, sandbox=limits))
-    (own,) = run_episodes(engine, tok, spec, config=AgentConfig(max_turns=2, verify=False))
+    limits = SandboxSection(cpus=0.5, memory_mb=300, pids=64, output_cap_bytes=1024)
+    two = RolloutSection(max_turns=2)
+    (capped,) = run_episodes(engine, tok, spec, config=AgentConfig(rollout=two, verify=False, sandbox=limits))
+    (own,) = run_episodes(engine, tok, spec, config=AgentConfig(rollout=two, verify=False))
     got = [(h["NanoCpus"], h["Memory"], h["PidsLimit"]) for h in hosts]
     assert got == [(500_000_000, 300 << 20, 64), (int(task.cpus * 1e9), task.memory_mb << 20, 256)], got
     assert own.turns[0].output.count("x") == 3000
     assert 0 < capped.turns[0].output.count("x") <= 1024
-    with pytest.raises(ValueError, match="SandboxLimits.pids: expected >= 16"):
-        SandboxLimits(pids=8)
+    with pytest.raises(ValueError, match="sandbox.pids: expected >= 16"):
+        SandboxSection(pids=8)
 
 
 def _find_container_running(needle: str, api: docker.APIClient, timeout_s: float = 60) -> str:
@@ -242,7 +247,7 @@ def test_sandbox_killed_mid_episode_ends_only_that_episode(tok: ChatTokenizer, t
     # Killed through the API from outside: the infrastructure's doing (sandbox.runtime.failure), not the agent's; with
     # no retry the episode stays masked (tests/test_sandbox_hosts.py covers the retries and the agent's own kill).
     trajs = run_episodes(ScriptedEngine(tok, tasks, script), tok, specs,
-                         config=AgentConfig(max_turns=4, infra_retries=0), num_parallel=2)
+                         config=AgentConfig(rollout=RolloutSection(max_turns=4, infra_retries=0)), num_parallel=2)
     killer.join()
     assert not errors, errors
     dead, alive = trajs
@@ -258,7 +263,8 @@ def test_real_engine_episodes_tito_routing_and_drift(tok: ChatTokenizer, tasks: 
     """4 concurrent episodes of the tiny untrained policy: every token has routing that replays to the engine's
     log-probs, the loss region is exactly what was sampled, and naive re-tokenization would have drifted."""
     model = MoEModel(ModelConfig.tiny(), seed=0)
-    cfg = AgentConfig(max_turns=3, max_reply_tokens=24, max_tokens=1024, temperature=1.0, verify=False)
+    cfg = AgentConfig(rollout=RolloutSection(max_turns=3, max_new_tokens_per_turn=24, max_tokens=1024, temperature=1.0),
+                      verify=False)
     with TorchEngine(model, EngineConfig(max_batch=8, num_slots=8, max_seq_len=1024)) as real:
         engine = CompletionLog(real)
         specs = [EpisodeSpec(task=t, image=images[t.name], seed=i) for i, t in enumerate(tasks[:4])]
@@ -287,8 +293,8 @@ def test_collect_cli(tasks: list[Task], images: dict[str, TaskImage], tmp_path: 
     from rollout.trajectory import load_trajectories
 
     out = tmp_path / "run"
-    rc = main(["--tasks", str(tasks[0].path.parent), "--episodes", "2", "--parallel", "2", "--max-turns", "2",
-               "--max-reply-tokens", "16", "--max-tokens", "1024", "--out", str(out)])
+    rc = main(["--tasks", str(tasks[0].path.parent), "--episodes", "2", "--rollout.concurrency=2", "--rollout.max_turns=2",
+               "--rollout.max_new_tokens_per_turn=16", "--rollout.max_tokens=1024", "--out", str(out)])
     assert rc == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(out.resolve())
     trajs = load_trajectories(out)
@@ -311,7 +317,8 @@ def test_reference_transcripts_keep_apart_tasks_with_one_instruction(tok: ChatTo
     first, second = tasks[0], tasks[1]
     twin = dataclasses.replace(second, instruction=first.instruction)
     assert suite.reference_solution(twin) != suite.reference_solution(first)
-    transcripts, metrics = reference_transcripts([first, twin], images, tok=tok, config=AgentConfig(max_turns=2),
+    two = AgentConfig(rollout=RolloutSection(max_turns=2))
+    transcripts, metrics = reference_transcripts([first, twin], images, tok=tok, config=two,
                                                  num_parallel=2)
     assert metrics["sft/reference_failures"] == 0
     assert [t.task_name for t in transcripts] == [first.name, twin.name]
@@ -336,7 +343,7 @@ def test_incomplete_demonstrations_leave_only_their_step_undone(tok: ChatTokeniz
     demo.write_text("#!/usr/bin/env bash\n# t1: leaves failing: test_scratch_dir_removed\ntrue\n")
     images = {**images, broken.name: build_task_image(broken, base_image_overrides=default_base_image_overrides())}
     transcripts, metrics = reference_transcripts([*tasks, broken], images, tok=tok, num_parallel=4,
-                                                 config=AgentConfig(max_turns=2, verify=True))
+                                                 config=AgentConfig(rollout=RolloutSection(max_turns=2), verify=True))
     assert metrics["sft/reference_failures"] == 1 and [t.task_name for t in transcripts] == [t.name for t in tasks]
     for task, traj in zip(tasks, transcripts):
         turns, fails = suite.demonstration_turns(task)
@@ -347,7 +354,7 @@ def test_incomplete_demonstrations_leave_only_their_step_undone(tok: ChatTokeniz
             assert suite.reference_solution(task) == f"{turns[0]}; rm -r /app/tmp"
     full = run_episodes(ScriptedEngine(tok, tasks, solve_then_done), tok,
                         [EpisodeSpec(task=t, image=images[t.name], seed=0) for t in tasks],
-                        config=AgentConfig(max_turns=2), num_parallel=4)
+                        config=AgentConfig(rollout=RolloutSection(max_turns=2)), num_parallel=4)
     assert all(t.verifier["passed"] == t.verifier["total"] for t in full)
 
 
@@ -361,7 +368,7 @@ def test_two_turn_references_look_first_and_pass_their_verifiers(tok: ChatTokeni
     overrides = default_base_image_overrides()
     images = {t.name: build_task_image(t, base_image_overrides=overrides) for t in tasks}
     transcripts, metrics = reference_transcripts(tasks, images, tok=tok, num_parallel=2,
-                                                 config=AgentConfig(max_turns=4, verify=True))
+                                                 config=AgentConfig(rollout=RolloutSection(max_turns=4), verify=True))
     assert metrics["sft/reference_failures"] == 0 and len(transcripts) == 4
     for task, traj in zip(tasks, transcripts):
         (look, act), fails = suite.demonstration_turns(task)

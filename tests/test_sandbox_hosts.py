@@ -16,6 +16,7 @@ import docker
 import pytest
 
 from rollout.agent import AgentConfig, EpisodeSpec, is_masked, run_episodes
+from rollout.config import RolloutSection
 from sandbox.runtime import hosts as hosts_mod
 from sandbox.tasks import suite
 from sandbox.images.base_image import ensure_base_image
@@ -234,7 +235,7 @@ def test_daemon_sigkilled_mid_collection(daemons: ExtraDaemons, tok: ChatTokeniz
     specs = [EpisodeSpec(task=tasks[i % 3], image=images[tasks[i % 3].name], seed=i) for i in range(12)]
     try:
         trajs = run_episodes(ScriptedEngine(tok, tasks, script), tok, specs, provider=provider, num_parallel=12,
-                             config=AgentConfig(max_turns=4, infra_retries=2))
+                             config=AgentConfig(rollout=RolloutSection(max_turns=4, infra_retries=2)))
         thread.join()
         failures = sum(t.metrics.get("infra/failures/host0", 0) for t in trajs)
         assert failures >= 1, [t.finish_reason for t in trajs]

@@ -29,6 +29,7 @@ except ImportError:
                 ".ci/run runs it)", allow_module_level=True)
 
 from rollout import vllm_api  # noqa: E402
+from rollout.config import VllmSection  # noqa: E402
 from rollout.engine import SamplingParams  # noqa: E402
 from rollout.tito import TitoBuilder  # noqa: E402
 from rollout.vllm_engine import VLLMEngine, VLLMSettings  # noqa: E402
@@ -39,7 +40,7 @@ from t1model.hf_io import hf_state_dict, save_pretrained  # noqa: E402
 from t1model.model import ModelConfig, MoEModel  # noqa: E402
 
 CFG = ModelConfig.tiny()
-SETTINGS = VLLMSettings(dtype=torch.float32, max_model_len=512, enforce_eager=True, seed=0)
+SETTINGS = VLLMSettings(vllm=VllmSection(enforce_eager=True), dtype=torch.float32, max_model_len=512, seed=0)
 PROMPTS = [[5, 6, 7, 8, 9], list(range(100, 140)), [17] * 12 + [3, 1, 4, 1, 5, 9, 2, 6]]
 LOGPROB_TOL = 1e-5
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from rollout import vllm_api
+from rollout.config import RolloutSection, VllmSection
 from rollout.engine import SamplingParams
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.vllm_convert import (finish_reason, max_new_tokens, moe_routing, sampled_logprobs, split_routing,
@@ -229,8 +230,7 @@ def test_a_failed_update_then_a_good_one_serves_requests_again(placement: str) -
     """vLLM cannot abort an update (its worker refuses a second start, gpu_worker.py:1569, as the fake does): the
     engine refuses requests, then restarts vLLM before the next update, which then serves."""
     new = MoEModel(CFG, seed=2)
-    nccl = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
-    vllm, ref = _engines(new, placement=placement, nccl_init=nccl if placement == "disaggregated" else None)
+    vllm, ref = _engines(new, vllm=VllmSection(placement=placement))
     items = list(hf_state_dict(new).items())
     p = SamplingParams(max_new_tokens=5, seed=1)
     with vllm, ref:
@@ -289,8 +289,7 @@ def test_colocated_sleep_wakes_weights_then_kv_cache_on_update() -> None:
         assert [a for c, a in calls if c == "wake_up"] == [["weights"], ["kv_cache"]]
     del model
     disagg = VLLMEngine.from_model(new, VLLMSettings(
-        max_model_len=MAX_LEN, dtype=torch.float32, placement="disaggregated",
-        nccl_init={"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}))
+        vllm=VllmSection(placement="disaggregated"), max_model_len=MAX_LEN, dtype=torch.float32))
     with disagg, pytest.raises(RuntimeError, match="disaggregated"):
         disagg.sleep()
 
@@ -330,7 +329,8 @@ def test_agent_episodes_equal_torch_engine(tmp_path: Path) -> None:
     tasks = suite.family_tasks(tmp_path, split="train", num_per_family=2, families=["create_file"])
     images = {t.name: build_task_image(t, base_image_overrides=default_base_image_overrides()) for t in tasks}
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=i) for i, t in enumerate(tasks * 2)]
-    cfg = AgentConfig(max_turns=3, max_reply_tokens=16, max_tokens=MAX_LEN * 4, temperature=1.0, verify=False)
+    cfg = AgentConfig(rollout=RolloutSection(max_turns=3, max_new_tokens_per_turn=16, max_tokens=MAX_LEN * 4,
+                                             temperature=1.0), verify=False)
     model = MoEModel(ModelConfig.tiny(), seed=0)
     runs = []
     for engine in (VLLMEngine.from_model(model, VLLMSettings(max_model_len=MAX_LEN * 5, dtype=torch.float32)),

@@ -204,21 +204,6 @@ class DockerHosts:
         self._health.join()
 
 
-def add_host_argument(parser: argparse.ArgumentParser) -> None:
-    """`--host ENTRY` (repeated) for a command-line tool: entries as `sandbox.hosts` takes them, each checked as it
-    is parsed (a bad one is the parser's one-line error, exit 2); default: the daemon of DOCKER_HOST."""
-    def entry(text: str) -> str:
-        try:
-            HostSpec.parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return text
-
-    parser.add_argument("--host", action="append", default=[], type=entry, metavar="'URL [max=N] [tls=DIR] ...'",
-                        help="a Docker host for the sandboxes, as an entry of the trainer's sandbox.hosts (repeat for "
-                             "several; default: the daemon of DOCKER_HOST)")
-
-
 def parse_hosts(entries: Sequence[str]) -> list[HostSpec]:
     """`sandbox.hosts` entries as HostSpecs (ValueError naming a bad entry); () is the local daemon."""
     return [HostSpec.parse(e) for e in entries]

@@ -1,4 +1,6 @@
-"""SandboxSettings: how one sandbox is confined and driven, as one frozen value.
+"""SandboxSettings: how one sandbox is confined and driven, as one frozen value; and SandboxSection, the run
+config's [sandbox] table (the limits every episode's sandbox gets, the pool, the hosts), from which each episode's
+SandboxSettings are made (`SandboxSettings.for_task`).
 
     DockerSandbox(image, SandboxSettings(cpus=2.0, memory="4g"), run_id=run_id)
     SandboxPool(image, size=4, settings=SandboxSettings.for_task(task, network=False))
@@ -12,6 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from sandbox.runtime.host_spec import HostSpec  # parsing only: no Docker SDK is loaded
+from t1config import check, check_types, knob
 
 if TYPE_CHECKING:
     from sandbox.tasks.format import Task
@@ -93,3 +98,47 @@ class SandboxSettings:
                    memory=(task.memory_mb if memory_mb is None else memory_mb) << 20,
                    network=network, workdir=task.workdir, env=tuple(sorted(env.items())),
                    **rest)  # type: ignore[arg-type]
+
+    @classmethod
+    def for_run(cls, task: Task, sandbox: SandboxSection | None = None) -> SandboxSettings:
+        """The sandbox of a task's environment under the run's [sandbox] section (its cpus / memory_mb, when set,
+        over the task's own; its process limit and output cap), with the network the task asks for."""
+        sandbox = sandbox or SandboxSection()
+        return cls.for_task(task, network=task.network, cpus=sandbox.cpus, memory_mb=sandbox.memory_mb,
+                            pids=sandbox.pids, output_cap=sandbox.output_cap_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSection:
+    """The run config's [sandbox] table. CPU and memory default to each task's own `[environment]` (Harbor task.toml;
+    `sandbox.tasks.format` fills in 1 CPU and 2048 MiB when it says nothing): a value here overrides them for every
+    task. The process limit, command timeout and output cap are the run's alone (no task format names them)."""
+
+    cpus: float | None = knob(
+        None, "CPU quota of every sandbox container; none = each task's own [environment] cpus (task.toml; 1 when "
+        "it sets none; the built-in tasks ask for 1)")
+    memory_mb: int | None = knob(
+        None, "memory limit of every sandbox container in MiB, swap included; none = each task's own [environment] "
+        "memory_mb (2048 when it sets none; the built-in families ask for 512, the fixed tasks for 1024)")
+    pids: int = knob(256, "process limit per sandbox container (a fork bomb stops there)")
+    command_timeout_s: float = knob(10.0, "wall-clock limit of one agent command; it is killed after that")
+    output_cap_bytes: int = knob(
+        16384, "bytes of a command's output shown to the agent: its first and last halves, the middle cut")
+    pool_size: int = knob(4, "sandboxes kept started ahead of need, per environment (image and limits); never "
+                                  "more than the episodes it still has to serve")
+    hosts: tuple[str, ...] = knob(
+        (), "Docker hosts the sandboxes run on, each 'URL [tls=DIR] [max=N] [memory_mb=M] [name=NAME]' (unix://, "
+        "tcp:// with TLS, ssh://; sandbox.runtime.hosts); placed by free room, a host that stops answering is left "
+        "out until it answers again; none = the one daemon of DOCKER_HOST")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        check(self.cpus is None or self.cpus > 0, "sandbox.cpus", "> 0 or none", self.cpus)
+        check(self.memory_mb is None or self.memory_mb >= 16, "sandbox.memory_mb", ">= 16 or none", self.memory_mb)
+        check(self.pids >= MIN_PIDS, "sandbox.pids", f">= {MIN_PIDS} (the shell machinery needs a few)", self.pids)
+        check(self.command_timeout_s > 0, "sandbox.command_timeout_s", "> 0", self.command_timeout_s)
+        check(self.output_cap_bytes >= MIN_OUTPUT_CAP, "sandbox.output_cap_bytes", f">= {MIN_OUTPUT_CAP}",
+               self.output_cap_bytes)
+        check(self.pool_size >= 1, "sandbox.pool_size", ">= 1", self.pool_size)
+        for entry in self.hosts:
+            HostSpec.parse(entry)  # ValueError naming the entry and what is wrong

@@ -52,6 +52,7 @@ import torch
 
 from t1kernels.moe import route
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout.config import RolloutSection
 from rollout.budget import slot_length
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -144,9 +145,9 @@ class MismatchConfig:
             raise ValueError(f"MismatchConfig.temperature: expected > 0, got {self.temperature}")
 
     def agent_config(self) -> AgentConfig:
-        return AgentConfig(max_turns=self.max_turns, max_tokens=self.max_tokens,
-                           max_reply_tokens=self.max_reply_tokens, command_timeout_s=10.0,
-                           temperature=self.temperature)
+        return AgentConfig(rollout=RolloutSection(max_turns=self.max_turns, max_tokens=self.max_tokens,
+                                                  max_new_tokens_per_turn=self.max_reply_tokens,
+                                                  temperature=self.temperature))
 
 
 def _span_drift(sampled: list[int], trained: list[int]) -> int:
