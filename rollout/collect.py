@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = [EpisodeSpec(task=t, image=images[t.name], seed=derive_seed(args.seed, i))
              for i, t in enumerate(episode_tasks)]
     agent = AgentConfig(rollout=r, sandbox=config.sandbox, context=config.context, verify=not args.no_verify)
-    engine_cfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=max_len, batch_invariant=r.batch_invariant)
+    engine_cfg = EngineConfig.for_rollout(r, max_seq_len=max_len)
     print(f"collect: {n} episodes over {len(tasks)} tasks, {r.concurrency} at once, policy "
           f"{args.checkpoint or 'tiny untrained'} on {args.device}", flush=True)
 

@@ -136,8 +136,7 @@ def open_engine(args: argparse.Namespace, config: ToolConfig) -> tuple[Engine, C
     max_len = budget.engine_slot(r.max_tokens, r.max_new_tokens_per_turn, model.config.max_positions)
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} ids but the model's vocab_size is {model.config.vocab_size}")
-    cfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=max_len, batch_invariant=r.batch_invariant)
-    return TorchEngine(model, cfg), tok
+    return TorchEngine(model, EngineConfig.for_rollout(r, max_seq_len=max_len)), tok
 
 
 def run_attempts(args: argparse.Namespace, config: ToolConfig, todo: list[tuple[Task, int]], out: Path) -> None:

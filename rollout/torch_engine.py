@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from t1kernels.rows import batch_invariant_mode, mm_rows
+from rollout.config import RolloutSection
 from rollout.engine import Completion, SamplingParams, check_request, generate_via_submit
 from rollout.sampling import sample_tokens, uniform
 from t1model.decode_attention import KEY_BLOCK
@@ -63,6 +64,13 @@ class EngineConfig:
     and waking the OpenMP team for each costs more than it saves (t1model.cpu_threads makes idle threads sleep;
     a batch-8 decode step took about twice as long on two threads as on one). Prefill chunks above about 1,000
     tokens gain from the full team."""
+
+    @classmethod
+    def for_rollout(cls, rollout: RolloutSection, *, max_seq_len: int) -> EngineConfig:
+        """The engine of a run's [rollout] section (the trainer's, `rollout.collect`'s and `rollout.evaluate`'s):
+        rollout.concurrency episodes at once, rollout.batch_invariant, slots of `max_seq_len` positions
+        (`rollout.budget.engine_slot`)."""
+        return cls.for_parallel(rollout.concurrency, max_seq_len=max_seq_len, batch_invariant=rollout.batch_invariant)
 
     @classmethod
     def for_parallel(cls, parallel: int, *, max_seq_len: int, batch_invariant: bool = False) -> EngineConfig:

@@ -117,18 +117,21 @@ def parse_override(arg: str) -> tuple[str, str, str]:
 
 
 def load(toml_path: str | None, overrides: list[str], schema: Schema, *,
-         others: tuple[str, ...] | None = ()) -> dict[str, Any]:
-    """The sections of `schema`: their defaults, updated by a TOML file (if given), then by `--section.key=value`
-    overrides. The file's tables named in `others` are someone else's and are skipped; `others=None` skips every
-    table `schema` lacks (a file written for a larger schema: the trainer's, read by a tool that uses part of it).
-    An override must name a section and key of `schema`."""
-    raw: dict[str, dict[str, Any]] = {}
+         others: tuple[str, ...] | None = (), base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sections of `schema`: their defaults (or `base`'s sections: a tool's own preset), updated by a TOML file
+    (if given), then by `--section.key=value` overrides. The file's tables named in `others` are someone else's and
+    are skipped; `others=None` skips every table `schema` lacks (a file written for a larger schema: the trainer's,
+    read by a tool that uses part of it). An override must name a section and key of `schema`."""
+    raw = {name: {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+           for name, section in (base or {}).items()}
     if toml_path is not None:
-        raw = read_toml(toml_path)
-        for name in list(raw):
+        given = read_toml(toml_path)
+        for name in list(given):
             if others is None and name not in schema or others is not None and name in others:
-                raw.pop(name)
-        check_keys(raw, toml_path, schema)
+                del given[name]
+        check_keys(given, toml_path, schema)
+        for name, table in given.items():
+            raw.setdefault(name, {}).update(table)
     for arg in overrides:
         section, key, value = parse_override(arg)
         check_keys({section: {key: value}}, f"--{section}.{key}={value}", schema)

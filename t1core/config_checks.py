@@ -12,13 +12,12 @@ import torch
 
 from rollout import vllm_api
 from rollout.vllm_convert import check_temperature
-from t1core import evaluation
 from t1core.config import RunConfig
 from t1core.expert_parallel import check_expert_parallel
 from t1core.models import shard_options
 from t1core.positions import check_positions
 from t1core.pretrain import pretrains
-from t1core.tasks import check_decontaminated
+from t1core.tasks import BUILTIN, check_decontaminated
 from t1model.device import check_device
 from t1model.hf_io import config_from_hf
 from t1model.model import PRESETS, ModelConfig
@@ -37,7 +36,7 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.tasks.source != "builtin" and not Path(cfg.tasks.source).is_dir():
         raise ValueError(f"tasks.source: expected 'builtin' or a directory of tasks, got {cfg.tasks.source!r}")
     for source in cfg.eval.source:
-        if source != evaluation.BUILTIN and not Path(source).is_dir():
+        if source != BUILTIN and not Path(source).is_dir():
             raise ValueError(f"eval.source: expected 'builtin' or directories of tasks, got {source!r}")
     mcfg, source = _shape(cfg)
     check_positions(cfg, mcfg, source=source)

@@ -1,70 +1,193 @@
-"""Evaluation on benchmark directories (eval.source): resolved rates before, during and after RL.
+"""Evaluation, in one place: before RL, every eval.every steps and after RL, on the built-in held-out split and on
+eval.source's benchmark directories, with the same tasks and sampling seeds each time. Every metric is under
+`eval/`: `eval/builtin/*` for the built-in split, `eval/{benchmark}/*` for each benchmark, `eval/tasks`.
 
-Each directory of eval.source is a benchmark, named after the directory. At every evaluation (before RL, every
-eval.every steps, after RL) each of its tasks gets one greedy attempt (temperature `GREEDY`) and eval.attempts
-attempts at rollout.temperature, with the same sampling seeds every time, at the rollout concurrency, each cut
-at its own task's agent timeout. A task is resolved by an attempt when all its verifiers pass; the benchmark's
-resolved rate is the mean of the task rates with a 95% bootstrap interval over tasks (rollout.scorecard), and
-after RL the paired change per task from the evaluation before RL (rollout.report.paired_change). An attempt the
-infrastructure ended on every try is recorded with `"infra": true` and left out of both (`_unscored` counts it).
+Built-in split ('builtin' in eval.source; its task sets: `t1core.tasks`). The held-out family instances are run
+greedily (pass@1, temperature `GREEDY`) and, with eval.attempts = k > 0, k times each at rollout.temperature; the
+held-out fixed tasks greedily. Metrics `eval/builtin/{family,fixed,family_sampled}_*`; episodes in
+`trajectories/eval_{tag}_family[_sampled]` and `_fixed`. After RL the change is paired per instance: the mean over
+instances of (success rate after - success rate before), with a 95% bootstrap interval that resamples instances
+(`rollout.report.paired_change`, also what `python -m rollout.report DIR --baseline DIR` prints), as
+`eval/builtin/{greedy,sampled}_change*`. Greedy reads the policy's mode; the sampled rate is what RL optimises.
 
-Files: run_dir/eval/{tag}/{benchmark}_{kind}.jsonl (one record per attempt) and .tsv (the per-task table), the
-episodes in run_dir/trajectories/eval_{tag}_{benchmark}_{kind}; metrics `eval/{benchmark}/{kind}_*`. The built-in
-held-out split ('builtin') keeps its own path (t1core.heldout).
+Benchmarks (each directory of eval.source, named after it). Each task gets one greedy attempt and eval.attempts at
+rollout.temperature, each cut at its own task's agent timeout. A task is resolved by an attempt when all its
+verifiers pass; the benchmark's resolved rate is the mean of the task rates with a 95% bootstrap interval over
+tasks (rollout.scorecard), and after RL the paired change per task from the evaluation before RL. Files:
+run_dir/eval/{tag}/{benchmark}_{kind}.jsonl (one record per attempt) and .tsv (the per-task table), the episodes in
+run_dir/trajectories/eval_{tag}_{benchmark}_{kind}; metrics `eval/{benchmark}/{kind}_*`.
+
+An episode the infrastructure ended on every try is no verdict on either policy: it is left out of every rate and
+counted (`*_unscored`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rollout import scorecard
-from rollout.report import paired_change
+from rollout.agent import PROBE_TURNS
+from rollout.report import load_samples, paired_change, scored
 from rollout.trajectory import Trajectory, save_trajectories
-from sandbox.tasks.overlap import check_disjoint
-from sandbox.tasks.format import Task, load_task_dirs
+from sandbox.tasks.format import Task
 from t1core.config import RunConfig
+from t1core.context import RunContext
+from t1core.step import Stream, seed_for, solved
+from t1core.tasks import BUILTIN
 
-BUILTIN = "builtin"
-"""The eval.source item naming the built-in suite's held-out split."""
 KINDS = ("greedy", "sampled")
+"""The greedy attempt and the sampled ones; the built-in family episodes of the sampled kind are saved under
+`eval_{tag}_family_sampled`."""
 GREEDY = 0.0
 """Sampling temperature of every evaluation's first attempt per task: greedy decoding, pass@1 (the `greedy` kind)."""
+PREFIX = f"eval/{BUILTIN}"
+"""The built-in held-out split's metrics."""
+
+Collect = Callable[..., tuple[list[Trajectory], list[int]]]
+"""`Trainer.collect(tasks, *, seed, desc, temperature, task_timeouts)`: one episode per task, on every rank."""
 
 
-def load_benchmarks(cfg: RunConfig, train: list[Task]) -> tuple[dict[str, list[Task]], list[Task]]:
-    """eval.source's directories by name (a repeated directory name gets '-2', '-3'), and the training tasks `train`
-    to keep: ValueError when a task name repeats across the directories; training tasks that overlap one of them
-    (sandbox.tasks.overlap) refuse the run, warn or are dropped, by tasks.decontaminate."""
-    out: dict[str, list[Task]] = {}
-    for source in cfg.eval.source:
-        if source == BUILTIN:
+def evaluate(run: RunContext, collect: Collect, tag: str) -> dict[str, float]:
+    """Held-out success: unseen seeds of the training families, and unseen fixed tasks, separately. The family
+    instances are also sampled eval.attempts times each at the rollout temperature; after RL, both are
+    compared with the evaluation before, instance by instance (`change_metrics`). Then eval.source's benchmark
+    directories, each episode cut at its own task's agent timeout. Same tasks and sampling seeds at every
+    evaluation."""
+    cfg, tasks, run_dir, dp, clock = run.cfg, run.tasks, run.dir, run.dp, run.clock
+    out: dict[str, float] = {}
+    builtin: list[tuple[str, list[Task], int, float]] = [
+        ("family", tasks.heldout_family, 1, GREEDY),
+        ("fixed", tasks.heldout_fixed, 1, GREEDY)]
+    if cfg.eval.attempts:
+        builtin.append(("family_sampled", tasks.heldout_family, cfg.eval.attempts, cfg.rollout.temperature))
+    for i, (name, chosen, k, temperature) in enumerate(builtin):
+        if not chosen:
             continue
-        base = name = Path(source).resolve().name
-        copies = 1
-        while name in out:
-            copies += 1
-            name = f"{base}-{copies}"
-        out[name] = load_task_dirs(source)
-        train = check_disjoint(train, out[name], train_what=f"tasks.source={cfg.tasks.source!r}",
-                               held_out_what=f"eval.source {source!r}", policy=cfg.tasks.decontaminate)
-    names = [t.name for ts in out.values() for t in ts]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ValueError(f"eval.source: task names {repeated[:3]} appear in more than one directory")
-    return out, train
+        # The greedy runs share their seed (as always); the sampled run has its own.
+        seed = seed_for(cfg.run.seed, Stream.HELDOUT) if i < 2 else seed_for(cfg.run.seed, Stream.HELDOUT, i)
+        with clock.phase("eval"):
+            trajs, drift = collect([t for t in chosen for _ in range(k)], seed=seed, desc=f"eval {tag} {name}",
+                                   temperature=temperature)
+        if dp.is_main:
+            save_trajectories(trajs, run_dir / "trajectories" / f"eval_{tag}_{name}")
+        passed = [t.verifier["passed"] / t.verifier["total"] if t.verifier and t.verifier["total"] else 0.0
+                  for t in trajs]
+        num_solved = sum(map(solved, trajs))
+        out[f"{PREFIX}/{name}_solved"] = float(num_solved)
+        out[f"{PREFIX}/{name}_episodes"] = float(len(trajs))
+        out[f"{PREFIX}/{name}_success"] = num_solved / len(trajs)
+        out[f"{PREFIX}/{name}_verifier_frac"] = sum(passed) / len(trajs)
+        out[f"{PREFIX}/{name}_drift_tokens"] = float(sum(drift))
+        out.update(episode_shape(f"{PREFIX}/{name}", trajs))
+    if tag != "before" and dp.is_main:
+        out.update(change_metrics(run_dir, tag))
+    for j, (name, bench) in enumerate(tasks.benchmarks.items()):
+        for kind, episodes, temperature, index in runs(cfg, j, bench):
+            with clock.phase("eval"):
+                trajs, _ = collect(episodes, seed=seed_for(cfg.run.seed, Stream.HELDOUT, index),
+                                   desc=f"eval {tag} {name} {kind}", temperature=temperature, task_timeouts=True)
+            if dp.is_main:
+                out.update(score(run_dir, tag, name, kind, trajs))
+    out["eval/tasks"] = float(tasks.num_eval_tasks)
+    return out
 
 
-def nothing_reason(cfg: RunConfig) -> str:
-    """Why a run evaluates nothing (printed instead of empty lines)."""
-    if not cfg.eval.source:
-        return "eval.source is empty"
-    if cfg.tasks.source != BUILTIN and cfg.eval.source == (BUILTIN,):
-        return (f"eval.source='builtin' is the built-in suite's held-out split, and tasks.source={cfg.tasks.source!r} "
-                "is a directory: pass --eval.source=DIR (a benchmark the run does not train on)")
-    return "the held-out split is empty (tasks.num_heldout_per_family=0 and no held-out fixed task)"
+# ---- the built-in held-out split ----
 
+def eval_dir(run_dir: Path, tag: str, kind: str) -> Path:
+    """Where the trainer saves the held-out family episodes of evaluation `tag` ("before", "after", ...)."""
+    if kind not in KINDS:
+        raise ValueError(f"expected kind in {KINDS}, got {kind!r}")
+    return run_dir / "trajectories" / f"eval_{tag}_family{'' if kind == 'greedy' else '_sampled'}"
+
+
+def change_metrics(run_dir: Path, tag: str) -> dict[str, float]:
+    """`eval/builtin/{kind}_change*` for each kind evaluated both before RL and at `tag`: success before and at tag
+    (mean over instances), the paired change with its 95% bootstrap interval, instances up and down, and the
+    verifier fraction before and at tag. Empty for a kind not evaluated both times."""
+    out: dict[str, float] = {}
+    for kind in KINDS:
+        before_dir, now_dir = eval_dir(run_dir, "before", kind), eval_dir(run_dir, tag, kind)
+        if not (before_dir.is_dir() and now_dir.is_dir()):
+            continue
+        before, now = load_samples(before_dir), load_samples(now_dir)
+        c = paired_change(now, before)
+        p = f"{PREFIX}/{kind}_change"
+        out.update({f"{p}_before": c["baseline_rate"], f"{p}_after": c["rate"], p: c["change"],
+                    f"{p}_lo": c["ci_low"], f"{p}_hi": c["ci_high"], f"{p}_up": float(c["up"]),
+                    f"{p}_down": float(c["down"]), f"{p}_instances": float(c["tasks"]),
+                    f"{p}_samples": len(now) / c["tasks"],
+                    f"{p}_verifier_before": _verifier_frac(before), f"{p}_verifier_after": _verifier_frac(now),
+                    f"{p}_unscored": float(c["unscored"])})
+    return out
+
+
+def _verifier_frac(samples: list[Any]) -> float:
+    ss = scored(samples)
+    return sum(s.verifier_frac for s in ss) / len(ss)
+
+
+def builtin_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
+    """The run's closing lines from the row of the evaluation after RL (the keys of `change_metrics`)."""
+    lines = []
+    for kind in KINDS:
+        p = f"{PREFIX}/{kind}_change"
+        if p not in row:
+            continue
+        n, k = int(row[f"{p}_instances"]), row[f"{p}_samples"]
+        how = "greedy" if kind == "greedy" else f"sampled (mean of {k:.0f} at T={temperature:g})"
+        lines.append(f"held-out success, {how}: {row[f'{p}_before']:.3f} -> {row[f'{p}_after']:.3f}, change "
+                     f"{row[p]:+.3f}, 95% bootstrap [{row[f'{p}_lo']:+.3f}, {row[f'{p}_hi']:+.3f}] over {n} "
+                     f"instances ({row[f'{p}_up']:.0f} up, {row[f'{p}_down']:.0f} down); verifier fraction "
+                     f"{row[f'{p}_verifier_before']:.3f} -> {row[f'{p}_verifier_after']:.3f}"
+                     + (f"; {row[f'{p}_unscored']:.0f} episodes unscored (the infrastructure failed on every try)"
+                        if row.get(f"{p}_unscored") else ""))
+    return lines
+
+
+def episode_shape(prefix: str, trajs: list[Any]) -> dict[str, float]:
+    """How long an evaluation's episodes were: real sandbox commands per episode (median, max), contexts per episode
+    (fewest, mean: a compacted episode has several), the share of prompt tokens served from the engine's prefix cache
+    and the median wall time of turns 10, 100 and 300 where reached."""
+    if not trajs:
+        return {}
+    commands = sorted(t.metrics.get("commands", 0) for t in trajs)
+    segments = [len(t.segments()) for t in trajs]
+    out = {f"{prefix}_commands_median": float(statistics.median(commands)), f"{prefix}_commands_max": float(commands[-1]),
+           f"{prefix}_segments_min": float(min(segments)), f"{prefix}_segments_mean": sum(segments) / len(segments)}
+    cached = sum(t.metrics.get("cached_prompt_tokens", 0) for t in trajs)
+    prompts = cached + sum(t.metrics.get("prefilled_prompt_tokens", 0) for t in trajs)
+    if prompts:  # prompt tokens the engine served from its prefix cache
+        out[f"{prefix}_prefix_cached_frac"] = cached / prompts
+    for n in PROBE_TURNS:
+        times = [t.metrics[f"turn{n}_s"] for t in trajs if f"turn{n}_s" in t.metrics]
+        if times:
+            out[f"{prefix}_turn{n}_s"] = statistics.median(times)
+    return out
+
+
+def shape_lines(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Closing lines on the held-out episodes' length before and after RL (the keys of `episode_shape`)."""
+    lines = []
+    for kind, name in (("greedy", "family"), ("sampled", "family_sampled")):
+        p = f"{PREFIX}/{name}"
+        for tag, row in (("before", before), ("after", after)):
+            if f"{p}_commands_median" not in row:
+                continue
+            turns = ", ".join(f"turn {n} {row[f'{p}_turn{n}_s']:.2f} s" for n in PROBE_TURNS if f"{p}_turn{n}_s" in row)
+            lines.append(f"held-out episodes, {kind}, {tag} RL: real sandbox commands per episode median "
+                         f"{row[f'{p}_commands_median']:.0f}, max {row[f'{p}_commands_max']:.0f}; contexts per episode "
+                         f"at least {row[f'{p}_segments_min']:.0f} (mean {row[f'{p}_segments_mean']:.1f}); TITO drift "
+                         f"{row.get(f'{p}_drift_tokens', 0):.0f} tokens" + (f"; median {turns}" if turns else "")
+                         + (f"; prompt tokens from the prefix cache {row[f'{p}_prefix_cached_frac']:.1%}"
+                            if f"{p}_prefix_cached_frac" in row else ""))
+    return lines
+
+
+# ---- benchmarks (eval.source's directories) ----
 
 def runs(cfg: RunConfig, index: int, tasks: list[Task]) -> list[tuple[str, list[Task], float, int]]:
     """(kind, episodes, temperature, seed index) of benchmark `index`: one greedy attempt per task, then
@@ -113,7 +236,7 @@ def benchmark_keys(row: Mapping[str, Any]) -> list[tuple[str, str]]:
                    for kind in KINDS if k.endswith(f"/{kind}_resolved")})
 
 
-def closing_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
+def benchmark_lines(row: Mapping[str, Any], *, temperature: float) -> list[str]:
     """The run's closing lines for the benchmarks, from the row of the evaluation after RL."""
     lines = []
     for name, kind in benchmark_keys(row):

@@ -1,15 +1,15 @@
-"""Per-step metrics: a JSONL logger, a PNG of the curves, GPU memory/utilisation, a phase stopwatch.
+"""Per-step metrics: a JSONL logger, a PNG of the curves, GPU memory/utilisation (the phase stopwatch: t1core.clock).
 
 Keys are flat "group/name" strings; nested dicts are flattened with "/". The plot groups them by name:
-reward/* (dense reward), outcome/* (outcome rate), heldout/*_{success,verifier_frac} (held-out success; the paired
-change after RL, heldout_change/*, is on the run's last lines and in its row, not plotted),
+reward/* (dense reward), outcome/* (outcome rate), eval/*_{success,resolved,verifier_frac} (held-out success and
+benchmark resolved rates; the paired change after RL, eval/*_change*, is on the run's last lines and in its row,
+not plotted),
 mismatch/{gap,k3,extreme_frac} (train vs rollout log-probs), */loss (losses), time/* (wall seconds per phase,
 stacked; cputime/* holds their CPU seconds). `progress_line` turns a row into one line of text for the log.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -17,7 +17,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,7 +31,7 @@ from rollout.trajectory import Trajectory
 from t1core.config import RunConfig
 from t1core import evaluation
 from t1core.evaluation import benchmark_keys
-from t1core.heldout import shape_lines, summary_lines
+from t1core.tasks import nothing_reason
 from t1core.step import solved
 
 
@@ -150,8 +150,8 @@ class RunLog:
 _PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("dense reward", lambda k: k.startswith("reward/")),
     ("outcome rate", lambda k: k.startswith("outcome/")),
-    ("held-out success, resolved", lambda k: (k.startswith("heldout/") and k.endswith(("_success", "_verifier_frac")))
-     or (k.startswith("eval/") and k.endswith(("_resolved", "_verifier_frac")))),
+    ("held-out success, resolved", lambda k: k.startswith("eval/") and k.endswith(("_success", "_resolved",
+                                                                                  "_verifier_frac"))),
     ("train/rollout log-prob gap", lambda k: k in ("mismatch/gap", "mismatch/max_abs", "mismatch/k3",
                                                  "mismatch/extreme_frac")),
     ("losses", lambda k: k.endswith("/loss")),
@@ -185,14 +185,14 @@ def progress_line(row: Mapping[str, Any], *, total_steps: int) -> str:
         updated = row["train/actor_updated"]
         parts.append(f"actor+critic, KL to warm start {f('policy/kl_ref', '.2g')}" if updated else "critic only")
     for name in ("family", "family_sampled", "fixed"):
-        if f"heldout/{name}_success" in row:
-            count = (f" ({f(f'heldout/{name}_solved', '.0f')}/{f(f'heldout/{name}_episodes', '.0f')})"
-                     if f"heldout/{name}_solved" in row else "")
-            parts.append(f"held-out {name.replace('_', ' ')} solved {f(f'heldout/{name}_success', '.1%')}{count}, "
-                         f"verifiers {f(f'heldout/{name}_verifier_frac', '.3f')}")
-    for kind in ("greedy", "sampled"):
-        if f"heldout_change/{kind}" in row:
-            key = f"heldout_change/{kind}"
+        p = f"{evaluation.PREFIX}/{name}"
+        if f"{p}_success" in row:
+            count = f" ({f(p + '_solved', '.0f')}/{f(p + '_episodes', '.0f')})" if f"{p}_solved" in row else ""
+            parts.append(f"held-out {name.replace('_', ' ')} solved {f(p + '_success', '.1%')}{count}, "
+                         f"verifiers {f(p + '_verifier_frac', '.3f')}")
+    for kind in evaluation.KINDS:
+        key = f"{evaluation.PREFIX}/{kind}_change"
+        if key in row:
             parts.append(f"change {kind} {f(key, '+.3f')} [{f(key + '_lo', '+.3f')}, {f(key + '_hi', '+.3f')}]")
     for name, kind in benchmark_keys(row):
         p = f"eval/{name}/{kind}"
@@ -297,32 +297,6 @@ def gpu_stats(device_index: int = 0) -> dict[str, float]:
     return stats
 
 
-class Stopwatch:
-    """Wall and CPU time per phase: `with sw.phase("generate"): ...`, then `sw.pop()` -> {"time/generate": wall s,
-    "cputime/generate": CPU s, ...}. CPU time is the whole process's (every thread: the engine's, the sandbox
-    clients', the trainer's), so it can exceed the wall time. CUDA work is asynchronous: synchronise before a GPU
-    phase ends if its time must be attributed to it."""
-
-    def __init__(self) -> None:
-        self._totals: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start, cpu_start = time.perf_counter(), time.process_time()
-        try:
-            yield
-        finally:
-            for key, seconds in ((f"time/{name}", time.perf_counter() - start),
-                                 (f"cputime/{name}", time.process_time() - cpu_start)):
-                self._totals[key] = self._totals.get(key, 0.0) + seconds
-
-    def pop(self) -> dict[str, float]:
-        """The accumulated seconds per phase since the last pop, keyed "time/<phase>" (wall) and
-        "cputime/<phase>" (CPU); resets."""
-        totals, self._totals = self._totals, {}
-        return totals
-
-
 _PHASE_ORDER = ("pretrain", "sft_transcripts", "sft_update", "collect", "score", "critic_warmup", "update", "sync",
                 "eval")
 
@@ -383,12 +357,12 @@ def closing_lines(metrics_path: Path, after: Mapping[str, Any], cfg: RunConfig) 
     rows = read_metrics(metrics_path)
     fidelity = fidelity_line(rows, bitwise=cfg.algo.bitwise == "on")
     budget = phase_budget_line(rows)
-    lines = summary_lines(after, temperature=cfg.rollout.temperature)
+    lines = evaluation.builtin_lines(after, temperature=cfg.rollout.temperature)
     if cfg.context.compaction != "off":  # long episodes: how long they were, before and after RL
         before = next((r for r in rows if r.get("step") == -1), {})
-        lines += shape_lines(before, after)
+        lines += evaluation.shape_lines(before, after)
         lines.append(f"peak resident memory of the trainer: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    lines += evaluation.closing_lines(after, temperature=cfg.rollout.temperature)
+    lines += evaluation.benchmark_lines(after, temperature=cfg.rollout.temperature)
     if not after["eval/tasks"]:
-        lines.append(f"evaluation: none ({evaluation.nothing_reason(cfg)})")
+        lines.append(f"evaluation: none ({nothing_reason(cfg)})")
     return ([fidelity] if fidelity else []) + lines + ([budget] if budget else [])

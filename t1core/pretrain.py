@@ -32,12 +32,12 @@ from t1kernels.logprob import token_logprobs
 from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
 from sandbox.tasks.families import FAMILIES, chain, generate, known_families
 from sandbox.tasks.suite import SEED_STRIDE  # seed block b holds instance seeds b * SEED_STRIDE + i
+from t1core.context import RunContext
 from t1core.config import RunConfig
 from t1core.models import is_preset
 from t1core.optimizer import make_optimizer
 from t1core.distributed import DataParallel
 from t1core.step import SeedBlock
-from t1core.tasks import TaskSets
 from t1model.tokenizer import ChatTokenizer, format_tool_call, render_chat
 from t1core.update import _step, _summarise
 
@@ -174,10 +174,10 @@ def pretrains(cfg: RunConfig) -> bool:
     return True
 
 
-def pretrain_base(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, tasks: TaskSets,
-                  dp: DataParallel) -> dict[str, float]:
+def pretrain_base(run: RunContext, policy: torch.nn.Module) -> dict[str, float]:
     """The run's base pretraining (from-scratch presets only, `pretrains`): warmstart.pretrain_steps on the
     corpus of the run's families, RL, held-out and benchmark (eval.source) instructions kept out of it."""
+    cfg, tasks = run.cfg, run.tasks
     w = cfg.warmstart
     opt, sched = make_optimizer(policy, lr=w.pretrain_lr, cfg=cfg)
     config = PretrainConfig(families=list(cfg.tasks.families) or list(FAMILIES), steps=w.pretrain_steps,
@@ -185,4 +185,4 @@ def pretrain_base(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer
                             grad_clip=cfg.optim.grad_clip,
                             avoid={task.instruction.strip() for task in
                                    tasks.rl + tasks.heldout_family + sum(tasks.benchmarks.values(), [])})
-    return pretrain(policy, tok, config, opt=opt, sched=sched, dp=dp)
+    return pretrain(policy, run.tok, config, opt=opt, sched=sched, dp=run.dp)

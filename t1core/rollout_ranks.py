@@ -132,8 +132,7 @@ def make_engine(policy: MoEModel, cfg: RunConfig,
     r = cfg.rollout
     if r.engine == "vllm":
         return _make_vllm_engine(policy, cfg, dp or DataParallel.single())
-    ecfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=engine_length(cfg, policy.config),
-                                     batch_invariant=r.batch_invariant)
+    ecfg = EngineConfig.for_rollout(r, max_seq_len=engine_length(cfg, policy.config))
     dtype = DTYPES[cfg.model.dtype]
     if distributed.is_sharded(policy):  # loaded as shards: the engine's whole copy comes from the checkpoint
         engine_model = load_pretrained(cfg.model.name, dtype=dtype, device=cfg.run.device)

@@ -5,42 +5,36 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from rollout.trajectory import save_trajectories
-from t1core.config import RunConfig
-from t1core.distributed import DataParallel
-from t1core.metrics import Stopwatch
+from t1core.context import RunContext
 from t1core.optimizer import make_optimizer
-from t1core.pretrain import pretrain_base
+from t1core.pretrain import pretrain_base, pretrains
 from t1core.rollout_ranks import agent_config
 from t1core.step import Stream, seed_for
-from t1core.tasks import TaskSets
 from t1core.update import sft_num_steps, sft_update
 from t1core.warmstart import reference_transcripts
-from t1model.tokenizer import ChatTokenizer
 
 
-def warm_start(cfg: RunConfig, policy: torch.nn.Module, *, pretrains: bool, tok: ChatTokenizer, tasks: TaskSets,
-               run_dir: Path, dp: DataParallel, clock: Stopwatch) -> dict[str, float]:
+def warm_start(run: RunContext, policy: torch.nn.Module) -> dict[str, float]:
     """Base pretraining (`pretrains`: from-scratch presets only), then SFT (warmstart.sft_epochs > 0): the metrics of
     both, {} when neither ran (the policy is as loaded)."""
     out = {}
-    if pretrains:
-        with clock.phase("pretrain"):
-            out = pretrain_base(cfg, policy, tok=tok, tasks=tasks, dp=dp)
-    if cfg.warmstart.sft_epochs:
-        out.update(run_sft(cfg, policy, tok=tok, tasks=tasks, run_dir=run_dir, dp=dp, clock=clock))
+    if pretrains(run.cfg):
+        with run.clock.phase("pretrain"):
+            out = pretrain_base(run, policy)
+    if run.cfg.warmstart.sft_epochs:
+        out.update(run_sft(run, policy))
     return out
 
 
-def run_sft(cfg: RunConfig, policy: torch.nn.Module, *, tok: ChatTokenizer, tasks: TaskSets, run_dir: Path,
-            dp: DataParallel, clock: Stopwatch) -> dict[str, float]:
+def run_sft(run: RunContext, policy: torch.nn.Module) -> dict[str, float]:
     """warmstart.sft_epochs passes (at most warmstart.sft_max_steps optimizer steps) over the transcripts, each
     rank building its share of them; the rate decays to 0 over the planned steps with optim.lr_decay."""
+    cfg, tok, tasks, run_dir, dp, clock = run.cfg, run.tok, run.tasks, run.dir, run.dp, run.clock
     w = cfg.warmstart
     with clock.phase("sft_transcripts"):  # each rank runs its share of the reference solutions
         transcripts, metrics = reference_transcripts(

@@ -14,11 +14,13 @@ from sandbox.tasks.suite import family_tasks, fixed_tasks, heldout_tasks, train_
 from sandbox.tasks.format import Task, load_task, load_task_dirs
 from sandbox.cli import bad_input
 from sandbox.runtime.hosts import use_hosts
-from t1core import cli, distributed, evaluation
+from t1core import cli, distributed
 from t1core.config import RunConfig
 from t1core.step import SeedBlock
 
 
+BUILTIN = "builtin"
+"""The eval.source item naming the built-in suite's held-out split."""
 @dataclass
 class TaskSets:
     train: list[Task]           # SFT: reference transcripts of these
@@ -45,10 +47,10 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
     Built-in: SFT instances, RL instances (fresh seeds: RL then practises on instances the warm start has not
     memorised, which is what held-out success measures; the fixed train tasks too if tasks.fixed_tasks='rl') and
     held-out instances, no instruction repeated across the three. Then eval.source's directories, refused when
-    they overlap the training tasks (t1core.evaluation)."""
+    they overlap the training tasks (`load_benchmarks`)."""
     sets = _training_tasks(cfg, run_dir)
     everything = list({t.name: t for t in sets.train + sets.rl}.values())
-    sets.benchmarks, keep = evaluation.load_benchmarks(cfg, everything)
+    sets.benchmarks, keep = load_benchmarks(cfg, everything)
     for d in cfg.tasks.decontaminate_against:
         keep = check_disjoint(keep, load_task_dirs(d), train_what="the training tasks",
                               held_out_what=f"tasks.decontaminate_against {d!r}", policy=cfg.tasks.decontaminate)
@@ -58,6 +60,39 @@ def load_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
         raise ValueError("tasks.decontaminate='drop': no training tasks left once those overlapping the evaluation "
                          "tasks are dropped")
     return sets
+
+
+def load_benchmarks(cfg: RunConfig, train: list[Task]) -> tuple[dict[str, list[Task]], list[Task]]:
+    """eval.source's directories by name (a repeated directory name gets '-2', '-3'), and the training tasks `train`
+    to keep: ValueError when a task name repeats across the directories; training tasks that overlap one of them
+    (sandbox.tasks.overlap) refuse the run, warn or are dropped, by tasks.decontaminate."""
+    out: dict[str, list[Task]] = {}
+    for source in cfg.eval.source:
+        if source == BUILTIN:
+            continue
+        base = name = Path(source).resolve().name
+        copies = 1
+        while name in out or name == BUILTIN:  # 'builtin' names the built-in split's metrics
+            copies += 1
+            name = f"{base}-{copies}"
+        out[name] = load_task_dirs(source)
+        train = check_disjoint(train, out[name], train_what=f"tasks.source={cfg.tasks.source!r}",
+                               held_out_what=f"eval.source {source!r}", policy=cfg.tasks.decontaminate)
+    names = [t.name for ts in out.values() for t in ts]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"eval.source: task names {repeated[:3]} appear in more than one directory")
+    return out, train
+
+
+def nothing_reason(cfg: RunConfig) -> str:
+    """Why a run evaluates nothing (printed instead of empty lines)."""
+    if not cfg.eval.source:
+        return "eval.source is empty"
+    if cfg.tasks.source != BUILTIN and cfg.eval.source == (BUILTIN,):
+        return (f"eval.source='builtin' is the built-in suite's held-out split, and tasks.source={cfg.tasks.source!r} "
+                "is a directory: pass --eval.source=DIR (a benchmark the run does not train on)")
+    return "the held-out split is empty (tasks.num_heldout_per_family=0 and no held-out fixed task)"
 
 
 def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
@@ -71,7 +106,7 @@ def _training_tasks(cfg: RunConfig, run_dir: Path) -> TaskSets:
         if t.num_rl_per_family:
             rl = family_tasks(out, split="train", num_per_family=t.num_rl_per_family, seed=int(SeedBlock.RL),
                               families=families, avoid=train) + (fixed_tasks("train") if t.fixed_tasks == "rl" else [])
-        if evaluation.BUILTIN not in cfg.eval.source:
+        if BUILTIN not in cfg.eval.source:
             return TaskSets(train, rl, [], [])
         fam, fixed = heldout_tasks(out, num_per_family=t.num_heldout_per_family, seed=int(SeedBlock.HELDOUT),
                                    families=families, avoid=train + rl)
@@ -98,7 +133,7 @@ def prepare_tasks(cfg: RunConfig, run_dir: Path, dp: distributed.DataParallel) -
         if cfg.sandbox.hosts:
             hosts.distribute({image.ref for image in tasks.images.values()})
         if not tasks.num_eval_tasks:
-            print(f"evaluation: none ({evaluation.nothing_reason(cfg)})", flush=True)
+            print(f"evaluation: none ({nothing_reason(cfg)})", flush=True)
     return dp.broadcast(tasks)
 
 

@@ -25,8 +25,10 @@ from t1core.async_collect import AsyncCollector
 from t1core.config import RunConfig, resolved
 from t1core.distributed import DataParallel
 from t1core.drift import CompletionLog
-from t1core.evaluate import evaluate
-from t1core.metrics import EngineWindow, RunLog, Stopwatch, gpu_stats
+from t1core.context import RunContext
+from t1core.evaluation import evaluate
+from t1core.clock import Stopwatch
+from t1core.metrics import EngineWindow, RunLog, gpu_stats
 from t1core.checkpoint.hf import export_policy
 from t1core.checkpoint.resume import WARMSTART_DIR, checkpoint, frozen_copy, resume
 from t1core.sft import warm_start
@@ -41,7 +43,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path, dp: DataParallel | None = None) -> None:
         self.cfg, self.run_dir = cfg, run_dir = resolved(cfg), run_dir  # 'auto' values decided in a copy
         self.dp = dp = dp or DataParallel.single()
-        self.pretrains = pretrain.pretrains(cfg)  # checked first: a config error must not wait for image builds
+        pretrain.pretrains(cfg)  # checked first: a config error must not wait for image builds
         self.replay, notice = rollout_ranks.routing_replay(cfg)  # R3, or the trainer's own routing (said in one line)
         if notice and dp.is_main:
             print(notice, flush=True)
@@ -61,6 +63,7 @@ class Trainer:
         self.opt_critic, self.sched_critic = optimizer.make_optimizer(self.critic, lr=cfg.optim.lr_critic, cfg=cfg)
         self.ref_policy = None
         self.clock = Stopwatch()
+        self.context = RunContext(cfg, run_dir, dp, self.tok, self.tasks, self.clock)  # what each phase reads
         self.collector: AsyncCollector | None = None  # rollout.max_staleness >= 1: started with the first RL step
 
     def prepare_tasks(self) -> tasks.TaskSets:
@@ -80,8 +83,7 @@ class Trainer:
 
     def warm_start(self) -> dict[str, float]:
         """Base pretraining, then SFT (`t1core.sft.warm_start`); the critic-only steps are part of the RL loop."""
-        out = warm_start(self.cfg, self.policy, pretrains=self.pretrains, tok=self.tok, tasks=self.tasks,
-                         run_dir=self.run_dir, dp=self.dp, clock=self.clock)
+        out = warm_start(self.context, self.policy)
         if out:  # the policy changed
             self.sync_engine()
             # The critic starts from the warm-started trunk (its head is still zero), not from the random weights
@@ -90,8 +92,7 @@ class Trainer:
         return out
 
     def evaluate(self, tag: str) -> dict[str, float]:
-        return evaluate(self.collect, self.tasks, tag, cfg=self.cfg, run_dir=self.run_dir, dp=self.dp,
-                        clock=self.clock)
+        return evaluate(self.context, self.collect, tag)
 
     def train_step(self, step: int) -> dict[str, float]:
         """collect -> score -> update -> sync (asynchronous: take what the collector has ready, then the same)."""

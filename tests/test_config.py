@@ -255,3 +255,31 @@ def test_shipped_presets_load_without_a_word_on_stderr(capsys):
     for path in sorted(root.glob("*.toml")):
         load_config(str(path), [])
         assert capsys.readouterr().err == "", path.name
+
+
+@pytest.mark.parametrize("tool", ["rollout.collect", "rollout.evaluate"])
+def test_the_tools_read_the_trainers_sections(tool: str, tmp_path, capsys):
+    """rollout.collect and rollout.evaluate take the trainer's TOML file and --section.key=value flags: the same
+    [rollout], [sandbox], [context] and [vllm] the trainer builds from them (its other tables left to it); an old
+    flag or a section they do not read is one line, exit 2."""
+    import importlib
+
+    module = importlib.import_module(tool)
+    run = _write(tmp_path, '[rollout]\nmax_turns = 5\nconcurrency = 3\n[sandbox]\npids = 64\nhosts = ["unix:///x.sock"]\n'
+                           '[context]\ncompaction = "extractive"\n[algo]\ngamma = 0.9\n')
+    flags = ["--rollout.max_tokens=1500", "--vllm.enforce_eager=true"]
+    base = ["--checkpoint", "ckpt", "--tasks", "tasks", "--out", "out"] if tool == "rollout.evaluate" else ["--out", "o"]
+    _, got = module._parse_args([*base, "--config", run, *flags])
+    trainer = load_config(run, flags)
+    rollout = trainer.rollout if tool == "rollout.collect" else dataclasses.replace(trainer.rollout, temperature=0.0)
+    assert (got.rollout, got.sandbox, got.context, got.vllm) == (rollout, trainer.sandbox, trainer.context,
+                                                                 trainer.vllm)
+    assert got.rollout.max_turns == 5 and got.sandbox.hosts == ("unix:///x.sock",) and got.rollout.max_tokens == 1500
+    for argv, said in ((["--max-turns", "2"], "unrecognised arguments ['--max-turns', '2']"),
+                       (["--algo.gamma=0.5"], "unknown section 'algo'"),
+                       (["--rollout.max_turnz=2"], "unknown key rollout.max_turnz"),
+                       (["--config", str(tmp_path / "none.toml")], "none.toml: no such file")):
+        with pytest.raises(SystemExit) as e:
+            module._parse_args([*base, *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and said in err[0], err

@@ -87,7 +87,7 @@ def test_scorecard_rates_interval_and_table() -> None:
 def test_a_row_that_evaluated_nothing_says_so() -> None:
     assert progress_line({"step": -1, "eval/tasks": 0.0}, total_steps=2) == "warm start: nothing evaluated"
     cfg = load_config(None, ["--tasks.source=/tmp", "--eval.source=builtin"])
-    from t1core.evaluation import nothing_reason
+    from t1core.tasks import nothing_reason
     assert "pass --eval.source=DIR" in nothing_reason(cfg)
     assert nothing_reason(load_config(None, ["--eval.source=[]"])) == "eval.source is empty"
 
@@ -223,7 +223,7 @@ def test_infrastructure_failures_are_left_out_of_every_rate(tmp_path: Path) -> N
     out of the rates and count it; against the same outcomes with those episodes removed by hand."""
     from rollout.report import family_table, load_samples, paired_change
     from rollout.trajectory import Trajectory, Turn, save_trajectory
-    from t1core import heldout
+    from t1core import evaluation
 
     def episode(task: str, passed: int, reason: str = "done") -> Trajectory:
         mask = torch.tensor([False, True])
@@ -239,18 +239,18 @@ def test_infrastructure_failures_are_left_out_of_every_rate(tmp_path: Path) -> N
     after = [episode("a-heldout-0", 0, dead), episode("b-heldout-0", 2), episode("c-heldout-0", 2)]
     for tag, trajs in (("before", before), ("after", after)):
         for i, t in enumerate(trajs):
-            save_trajectory(t, heldout.eval_dir(tmp_path, tag, "greedy"), i)
-    b, a = (load_samples(heldout.eval_dir(tmp_path, tag, "greedy")) for tag in ("before", "after"))
+            save_trajectory(t, evaluation.eval_dir(tmp_path, tag, "greedy"), i)
+    b, a = (load_samples(evaluation.eval_dir(tmp_path, tag, "greedy")) for tag in ("before", "after"))
     assert [s.infra for s in b] == [False, False, True]
     table = family_table(b)
     assert table["total"]["instances"] == 2 and table["total"]["unscored"] == 1
     assert "c" not in table  # a family with no scored episode drops out; the total counts its episode
     c = paired_change(a, b)
     assert (c["tasks"], c["change"], c["unscored"]) == (1, 0.0, 2)  # only b is scored on both sides
-    m = heldout.change_metrics(tmp_path, "after")
-    assert m["heldout_change/greedy_unscored"] == 2 and m["heldout_change/greedy_instances"] == 1
-    assert m["heldout_change/greedy_verifier_before"] == 0.5 and m["heldout_change/greedy_verifier_after"] == 1.0
-    line = heldout.summary_lines(m, temperature=1.0)[0]
+    m = evaluation.change_metrics(tmp_path, "after")
+    assert m["eval/builtin/greedy_change_unscored"] == 2 and m["eval/builtin/greedy_change_instances"] == 1
+    assert m["eval/builtin/greedy_change_verifier_before"] == 0.5 and m["eval/builtin/greedy_change_verifier_after"] == 1.0
+    line = evaluation.builtin_lines(m, temperature=1.0)[0]
     assert line.endswith("; 2 episodes unscored (the infrastructure failed on every try)"), line
     recs = [scorecard.attempt_record(t, attempt=0) for t in after]
     assert [r["infra"] for r in recs] == [True, False, False] and recs[0]["why"] == dead
@@ -284,7 +284,7 @@ def test_evaluate_serves_the_checkpoint_with_torch_or_vllm(checkpoint: Path,
 
 def test_benchmarks_are_named_after_their_directories(tmp_path: Path, train_dir: Path) -> None:
     from t1core.config_checks import check_config
-    from t1core.evaluation import load_benchmarks
+    from t1core.tasks import load_benchmarks
 
     a = write_benchmark(tmp_path / "x" / "B", ("probe-os",))
     b = write_benchmark(tmp_path / "y" / "B", ("probe-flag",))

@@ -1,4 +1,4 @@
-"""t1core.heldout on trajectories written by `save_trajectory`: the before/after change of the held-out
+"""t1core.evaluation's built-in held-out split on trajectories written by `save_trajectory`: the before/after change of the held-out
 evaluations against plain per-instance loops over the same outcomes, and the run's closing lines."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rollout.trajectory import Trajectory, Turn, save_trajectory
-from t1core import heldout
+from t1core import evaluation
 
 
 def _episode(task: str, passed: int, total: int) -> Trajectory:
@@ -41,8 +41,8 @@ def test_change_metrics_match_a_plain_per_instance_loop(tmp_path: Path) -> None:
     plan = {("before", "greedy"): _outcomes(0, 1, 0.3), ("after", "greedy"): _outcomes(1, 1, 0.8),
             ("before", "sampled"): _outcomes(2, 3, 0.3), ("after", "sampled"): _outcomes(3, 3, 0.8)}
     for (tag, kind), outcomes in plan.items():
-        _write(heldout.eval_dir(tmp_path, tag, kind), outcomes)
-    m = heldout.change_metrics(tmp_path, "after")
+        _write(evaluation.eval_dir(tmp_path, tag, kind), outcomes)
+    m = evaluation.change_metrics(tmp_path, "after")
     for kind, k in (("greedy", 1), ("sampled", 3)):
         before, after = plan[("before", kind)], plan[("after", kind)]
 
@@ -52,7 +52,7 @@ def test_change_metrics_match_a_plain_per_instance_loop(tmp_path: Path) -> None:
             return sum(p == 5 for p in mine) / k
 
         diffs = [rate(after, t) - rate(before, t) for t in TASKS]
-        p = f"heldout_change/{kind}"
+        p = f"eval/builtin/{kind}_change"
         assert m[p] == pytest.approx(sum(diffs) / len(TASKS))
         assert m[f"{p}_before"] == pytest.approx(sum(rate(before, t) for t in TASKS) / len(TASKS))
         assert m[f"{p}_after"] == pytest.approx(sum(rate(after, t) for t in TASKS) / len(TASKS))
@@ -63,7 +63,7 @@ def test_change_metrics_match_a_plain_per_instance_loop(tmp_path: Path) -> None:
         assert m[f"{p}_verifier_before"] == pytest.approx(sum(v / 5 for _, v in before) / len(before))
         assert m[f"{p}_verifier_after"] == pytest.approx(sum(v / 5 for _, v in after) / len(after))
 
-    lines = heldout.summary_lines(m, temperature=1.0)
+    lines = evaluation.builtin_lines(m, temperature=1.0)
     assert len(lines) == 2 and lines[0].startswith("held-out success, greedy: ")
     assert "sampled (mean of 3 at T=1)" in lines[1] and "95% bootstrap [" in lines[1]
     assert f"over {len(TASKS)} instances" in lines[0] and "verifier fraction" in lines[0]
@@ -71,11 +71,11 @@ def test_change_metrics_match_a_plain_per_instance_loop(tmp_path: Path) -> None:
 
 def test_unchanged_outcomes_give_no_change_and_a_missing_evaluation_no_keys(tmp_path: Path) -> None:
     same = _outcomes(5, 2, 0.5)
-    _write(heldout.eval_dir(tmp_path, "before", "sampled"), same)
-    _write(heldout.eval_dir(tmp_path, "after", "sampled"), same)
-    m = heldout.change_metrics(tmp_path, "after")
-    assert not any(k.startswith("heldout_change/greedy") for k in m)  # never evaluated greedily here
-    assert m["heldout_change/sampled"] == m["heldout_change/sampled_lo"] == m["heldout_change/sampled_hi"] == 0
-    assert heldout.summary_lines({}, temperature=1.0) == []
+    _write(evaluation.eval_dir(tmp_path, "before", "sampled"), same)
+    _write(evaluation.eval_dir(tmp_path, "after", "sampled"), same)
+    m = evaluation.change_metrics(tmp_path, "after")
+    assert not any(k.startswith("eval/builtin/greedy_change") for k in m)  # never evaluated greedily here
+    assert m["eval/builtin/sampled_change"] == m["eval/builtin/sampled_change_lo"] == m["eval/builtin/sampled_change_hi"] == 0
+    assert evaluation.builtin_lines({}, temperature=1.0) == []
     with pytest.raises(ValueError, match="kind"):
-        heldout.eval_dir(tmp_path, "after", "beam")
+        evaluation.eval_dir(tmp_path, "after", "beam")

@@ -130,16 +130,16 @@ def test_episode_shape_and_its_closing_lines() -> None:
     mean), the median time of turns 10/100/300 where reached; and the closing lines before and after RL."""
     from types import SimpleNamespace
 
-    from t1core.heldout import episode_shape, shape_lines
+    from t1core.evaluation import episode_shape, shape_lines
 
     def ep(commands: int, contexts: int, **turn_s: float):
         return SimpleNamespace(metrics={"commands": commands, **turn_s}, segments=lambda: [None] * contexts)
 
     eps = [ep(120, 5, turn10_s=0.3, turn100_s=0.5), ep(30, 2, turn10_s=0.1), ep(101, 4, turn10_s=0.2, turn100_s=0.4)]
-    got = episode_shape("heldout/family", eps)
-    assert got == {"heldout/family_commands_median": 101.0, "heldout/family_commands_max": 120.0,
-                   "heldout/family_segments_min": 2.0, "heldout/family_segments_mean": 11 / 3,
-                   "heldout/family_turn10_s": 0.2, "heldout/family_turn100_s": 0.45}
-    lines = shape_lines(got, {**got, "heldout/family_commands_median": 110.0})
+    got = episode_shape("eval/builtin/family", eps)
+    assert got == {"eval/builtin/family_commands_median": 101.0, "eval/builtin/family_commands_max": 120.0,
+                   "eval/builtin/family_segments_min": 2.0, "eval/builtin/family_segments_mean": 11 / 3,
+                   "eval/builtin/family_turn10_s": 0.2, "eval/builtin/family_turn100_s": 0.45}
+    lines = shape_lines(got, {**got, "eval/builtin/family_commands_median": 110.0})
     assert len(lines) == 2 and "before RL" in lines[0] and "median 110" in lines[1] and "turn 100 0.45 s" in lines[0]
-    assert episode_shape("heldout/family", []) == {} and shape_lines({}, {}) == []
+    assert episode_shape("eval/builtin/family", []) == {} and shape_lines({}, {}) == []

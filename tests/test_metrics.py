@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from t1core.metrics import (EngineWindow, MetricsLogger, RunLog, Stopwatch, fidelity_line, gpu_stats,
+from t1core.clock import Stopwatch
+from t1core.metrics import (EngineWindow, MetricsLogger, RunLog, fidelity_line, gpu_stats,
                             phase_budget_line, plot_metrics, progress_line, read_metrics)
 
 
@@ -24,7 +25,7 @@ def _fake_run(path, num_steps: int = 6) -> None:
                 "mismatch": {"gap": 0.02 - 0.001 * step, "k3": 1e-3, "extreme_frac": 0.0},
                 "policy/loss": torch.tensor(-0.1, dtype=torch.float64), "value/loss": np.float32(2.0 / (step + 1)),
                 "time/generate": 1.5, "time/update": 0.5, "skipped": None,
-                **({"heldout/success": 0.25 * step} if step % 3 == 0 else {}),
+                **({"eval/builtin/success": 0.25 * step} if step % 3 == 0 else {}),
             })
 
 
@@ -119,8 +120,8 @@ def test_phase_budget_line_sums_phases_over_rows():
 
 def test_progress_line_says_what_a_row_says():
     warm = {"step": -1, "pretrain/steps": 300.0, "pretrain/loss_first": 3.25, "pretrain/loss_last": 0.26,
-            "heldout/family_success": 0.5, "heldout/family_solved": 56.0, "heldout/family_episodes": 112.0,
-            "heldout/family_verifier_frac": 0.71, "time/pretrain": 100.0, "time/sft_update": 20.5}
+            "eval/builtin/family_success": 0.5, "eval/builtin/family_solved": 56.0, "eval/builtin/family_episodes": 112.0,
+            "eval/builtin/family_verifier_frac": 0.71, "time/pretrain": 100.0, "time/sft_update": 20.5}
     assert progress_line(warm, total_steps=24) == ("warm start: pretrain loss 3.25 -> 0.26 | held-out family solved "
                                                    "50.0% (56/112), verifiers 0.710 | 120 s")
     step = {"step": 3, "reward/dense_mean": 2.5, "outcome/rate": 0.625, "mismatch/gap": None,
@@ -130,9 +131,9 @@ def test_progress_line_says_what_a_row_says():
                                                    "gap nan (max nan), drift 0 | "
                                                    "actor+critic, KL to warm start 0.0042 | 10 s")
     assert progress_line({"step": 24}, total_steps=24) == "after RL: "
-    after = {"step": 24, "heldout/family_sampled_success": 0.25, "heldout/family_sampled_solved": 56.0,
-             "heldout/family_sampled_episodes": 224.0, "heldout/family_sampled_verifier_frac": 0.8,
-             "heldout_change/greedy": 0.125, "heldout_change/greedy_lo": 0.0625, "heldout_change/greedy_hi": 0.1875}
+    after = {"step": 24, "eval/builtin/family_sampled_success": 0.25, "eval/builtin/family_sampled_solved": 56.0,
+             "eval/builtin/family_sampled_episodes": 224.0, "eval/builtin/family_sampled_verifier_frac": 0.8,
+             "eval/builtin/greedy_change": 0.125, "eval/builtin/greedy_change_lo": 0.0625, "eval/builtin/greedy_change_hi": 0.1875}
     assert progress_line(after, total_steps=24) == ("after RL: held-out family sampled solved 25.0% (56/224), "
                                                     "verifiers 0.800 | change greedy +0.125 [+0.062, +0.188]")
 

@@ -3,6 +3,7 @@ Docker sandboxes, the real bf16 TorchEngine, the real tokenizer, an untrained ti
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from rollout.tito import retokenization_drift
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, Turn, load_trajectories
 from t1core.drift import CompletionLog
-from t1cli.experiments.mismatch import (CONDITIONS, MismatchConfig, MismatchResult, _routing_counts,
+from t1cli.experiments.mismatch import (CONDITIONS, ROLLOUT, MismatchConfig, MismatchResult, _parse_args,
+                                         _routing_counts,
                                          format_table, loss_region_drift, router_choices, run_experiment)
 from t1core.losses import routing_agreement
 from t1model.model import ModelConfig, MoEModel
@@ -88,7 +90,8 @@ def test_recording_engine_keeps_what_the_engine_returned() -> None:
 def small_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[MismatchResult, list[Trajectory]]:
     tmp = Path(tmp_path_factory.mktemp("mismatch"))
     cfg = MismatchConfig(num_episodes=2, seeds=(0,), families=("create_file", "append_line"), sft_epochs=0,
-                         max_turns=2, max_reply_tokens=24, max_tokens=512, num_parallel=2,
+                         rollout=dataclasses.replace(ROLLOUT, max_turns=2, max_new_tokens_per_turn=24, max_tokens=512,
+                                                     concurrency=2),
                          work_dir=str(tmp / "tasks"), trajectories_dir=str(tmp / "trajectories"))
     result = run_experiment(cfg)
     return result, load_trajectories(tmp / "trajectories")
@@ -120,3 +123,21 @@ def test_small_run_drift_and_gap_ordering(small_run: tuple[MismatchResult, list[
     assert d["routing_agreement"] == 1.0
     table = format_table(result)
     assert all(label in table for label in CONDITIONS.values())
+
+
+def test_the_episodes_are_set_as_the_trainer_sets_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The experiment's [rollout] preset, then a trainer's --config file, then --rollout.key=value flags; anything
+    else is one line, exit 2."""
+    cfg, _ = _parse_args([])
+    assert cfg.rollout == ROLLOUT and cfg.rollout.max_turns == 3 and not cfg.rollout.batch_invariant
+    trainer = tmp_path / "run.toml"
+    trainer.write_text("[rollout]\nmax_turns = 5\ntemperature = 0.7\n[algo]\ngamma = 0.9\n")
+    cfg, _ = _parse_args(["--config", str(trainer), "--rollout.max_turns=2"])
+    assert cfg.rollout == dataclasses.replace(ROLLOUT, max_turns=2, temperature=0.7)
+    for argv, said in ((["--max-turns", "2"], "unrecognised arguments ['--max-turns', '2']"),
+                       (["--rollout.temperature=0"], "rollout.temperature: expected > 0"),
+                       (["--algo.gamma=0.5"], "unknown section 'algo'")):
+        with pytest.raises(SystemExit) as e:
+            _parse_args(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and said in err[0], err

@@ -84,8 +84,8 @@ COMMANDS: tuple[Row, ...] = (
         extra=("--rollout.max_turns=1", "--rollout.max_new_tokens_per_turn=16")),
     Row(r"^t1 report runs/exp1/", subs={"runs/exp1": "RUN"}),
     Row(r"^t1 mismatch ", subs={"runs/mismatch.json": "NEW"},
-        extra=("--episodes", "1", "--seeds", "0", "--families", "create_file", "--sft-epochs", "0", "--max-turns", "1",
-               "--max-reply-tokens", "32")),
+        extra=("--episodes", "1", "--seeds", "0", "--families", "create_file", "--sft-epochs", "0",
+               "--rollout.max_turns=1", "--rollout.max_new_tokens_per_turn=32")),
 )
 
 

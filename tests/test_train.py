@@ -370,13 +370,13 @@ def test_heldout_evaluation_is_greedy_and_sampled_with_the_same_seeds_before_and
     lines = capsys.readouterr().out.strip().splitlines()
     rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     before, after = rows[-1], rows[0]
-    assert before["heldout/family_episodes"] == 3 and before["heldout/family_sampled_episodes"] == 6
-    assert not any(k.startswith("heldout_change/") for k in before)
+    assert before["eval/builtin/family_episodes"] == 3 and before["eval/builtin/family_sampled_episodes"] == 6
+    assert not any(k.endswith(("greedy_change", "sampled_change")) for k in before)
     for kind in ("greedy", "sampled"):
-        p = f"heldout_change/{kind}"
+        p = f"eval/builtin/{kind}_change"
         assert after[p] == after[f"{p}_lo"] == after[f"{p}_hi"] == 0.0 and after[f"{p}_instances"] == 3
         assert after[f"{p}_verifier_before"] == after[f"{p}_verifier_after"]
-    assert after["heldout_change/sampled_samples"] == 2
+    assert after["eval/builtin/sampled_change_samples"] == 2
     for name in ("family", "family_sampled"):
         a, b = (sorted((run / "trajectories" / f"eval_{tag}_{name}").glob("*.json")) for tag in ("before", "after"))
         assert len(a) == len(b) == 3 * (1 + (name == "family_sampled"))

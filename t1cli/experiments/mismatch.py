@@ -1,6 +1,8 @@
 """The TITO / R3 ablation: how far the trainer's log-probs are from the rollout engine's, and why.
 
-`t1 mismatch [--episodes N] [--seeds 0,1,2] [--out result.json] ...` (or `python -m t1cli.experiments.mismatch`)
+`t1 mismatch [--episodes N] [--seeds 0,1,2] [--out result.json] [--rollout.key=value ...]` (or
+`python -m t1cli.experiments.mismatch`); the episodes' limits are a [rollout] section (`ROLLOUT`, changed by
+`--config FILE` and `--rollout.key=value` as the trainer's are)
 
 Legend: T packed tokens, L_moe MoE layers, K top-k experts.
 
@@ -53,7 +55,6 @@ import torch
 from t1kernels.moe import route
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
 from rollout.config import RolloutSection
-from rollout.budget import slot_length
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
 from rollout.trajectory import Trajectory, save_trajectories
@@ -61,6 +62,8 @@ from sandbox.tasks import suite
 from sandbox.cli import Parser, bad_input
 from sandbox.images.task_images import TaskImage, build_task_image, default_base_image_overrides
 from sandbox.tasks.format import Task
+from t1config.cli import add_config_argument, parse_known
+from t1config.toml import load
 from t1core.batch import PackedBatch, pack
 from t1core.drift import CompletionLog
 from t1core.losses import mismatch_metrics
@@ -80,6 +83,12 @@ CONDITIONS: dict[str, str] = {
     "control": "control: rollout model, full fwd, (c)",
     "bitwise": "(d) bitwise: fp32 engine order, (c)",
 }
+
+
+ROLLOUT = RolloutSection(max_turns=3, max_new_tokens_per_turn=48, max_tokens=1024, concurrency=4,
+                         batch_invariant=False)
+"""The experiment's episodes: three short turns of the tiny model, four at once. batch_invariant is the bitwise
+condition's alone ((d) builds its own engine); (a)-(c) sample as a plain engine does."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,23 +116,15 @@ class MismatchConfig:
     """Initialisation (and SFT order) seed of the tiny policy."""
     rollout_dtype: str = "bfloat16"
     """dtype of the engine's copy of the policy; the trainer side is always fp32."""
-    max_turns: int = 3
-    """Assistant turns per episode at most."""
-    max_reply_tokens: int = 48
-    """Tokens sampled per turn at most."""
-    max_tokens: int = 1024
-    """Token budget of an episode."""
-    temperature: float = 1.0
-    """Sampling temperature; the trainer's log-probs use the same one."""
-    num_parallel: int = 4
-    """Episodes (and sandboxes) at once."""
+    rollout: RolloutSection = ROLLOUT
+    """The episodes' turns, token budgets, temperature (the trainer's log-probs use the same one) and concurrency."""
     work_dir: str | None = None
     """Where task instances are written; None: a temporary directory removed at the end."""
     trajectories_dir: str | None = None
     """Save the collected episodes here (`rollout.trajectory.save_trajectories`); None: not saved."""
 
     def __post_init__(self) -> None:
-        for name in ("num_episodes", "max_turns", "max_reply_tokens", "num_parallel", "sft_minibatch_tokens"):
+        for name in ("num_episodes", "sft_minibatch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MismatchConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if not self.seeds or any(s < 0 for s in self.seeds):
@@ -138,16 +139,12 @@ class MismatchConfig:
         if self.rollout_dtype not in DTYPES:
             raise ValueError(f"MismatchConfig.rollout_dtype: expected one of {list(DTYPES)}, got "
                              f"{self.rollout_dtype!r}")
-        if self.max_tokens <= self.max_reply_tokens:
-            raise ValueError(f"MismatchConfig.max_tokens: expected > max_reply_tokens={self.max_reply_tokens}, "
-                             f"got {self.max_tokens}")
-        if not self.temperature > 0:
-            raise ValueError(f"MismatchConfig.temperature: expected > 0, got {self.temperature}")
+        if not self.rollout.temperature > 0:
+            raise ValueError(f"rollout.temperature: expected > 0 (the experiment scores sampled tokens), got "
+                             f"{self.rollout.temperature}")
 
     def agent_config(self) -> AgentConfig:
-        return AgentConfig(rollout=RolloutSection(max_turns=self.max_turns, max_tokens=self.max_tokens,
-                                                  max_new_tokens_per_turn=self.max_reply_tokens,
-                                                  temperature=self.temperature))
+        return AgentConfig(rollout=self.rollout)
 
 
 def _span_drift(sampled: list[int], trained: list[int]) -> int:
@@ -342,13 +339,13 @@ def measure_bitwise(policy: MoEModel, trajs: list[Trajectory], record: Completio
 def collect(rollout_model: MoEModel, tasks: list[Task], images: dict[str, TaskImage], tok: ChatTokenizer,
             cfg: MismatchConfig, *, seed: int, batch_invariant: bool = False) -> tuple[list[Trajectory], CompletionLog]:
     """`num_episodes` real episodes sampled by a fresh engine over `rollout_model`, and the engine's record."""
-    ecfg = EngineConfig.for_parallel(cfg.num_parallel, max_seq_len=slot_length(cfg.max_tokens, cfg.max_reply_tokens),
-                                     batch_invariant=batch_invariant)
+    r = cfg.rollout
+    ecfg = EngineConfig.for_parallel(r.concurrency, max_seq_len=r.max_seq_len, batch_invariant=batch_invariant)
     specs = [EpisodeSpec(task=tasks[i % len(tasks)], image=images[tasks[i % len(tasks)].name],
                          seed=derive_seed(seed, i)) for i in range(cfg.num_episodes)]
     with TorchEngine(rollout_model, ecfg) as engine:
         record = CompletionLog(engine)
-        trajs = run_episodes(record, tok, specs, config=cfg.agent_config(), num_parallel=cfg.num_parallel)
+        trajs = run_episodes(record, tok, specs, config=cfg.agent_config(), num_parallel=r.concurrency)
     return trajs, record
 
 
@@ -413,9 +410,9 @@ def run_experiment(config: MismatchConfig | None = None, *,
         for seed in cfg.seeds:
             log(f"seed {seed}: {cfg.num_episodes} episodes ({time.perf_counter() - t0:.0f}s)")
             trajs, record = collect(rollout_model, tasks, images, tok, cfg, seed=seed)
-            scores = measure(policy, rollout_model, trajs, record, tok, temperature=cfg.temperature)
+            scores = measure(policy, rollout_model, trajs, record, tok, temperature=cfg.rollout.temperature)
             bw_trajs, bw_record = collect(policy, tasks, images, tok, cfg, seed=seed, batch_invariant=True)
-            scores["bitwise"] = measure_bitwise(policy, bw_trajs, bw_record, temperature=cfg.temperature)
+            scores["bitwise"] = measure_bitwise(policy, bw_trajs, bw_record, temperature=cfg.rollout.temperature)
             per_seed[seed] = {name: s.summary() for name, s in scores.items()}
             for name, s in scores.items():
                 parts[name].append(s)
@@ -471,17 +468,15 @@ def _parse_args(argv: list[str] | None) -> tuple[MismatchConfig, str | None]:
     p.add_argument("--sft-lr", type=float, default=d.sft_lr)
     p.add_argument("--checkpoint", default=None, help="HF checkpoint dir to use as the policy (skips warm start)")
     p.add_argument("--rollout-dtype", default=d.rollout_dtype, choices=sorted(DTYPES))
-    p.add_argument("--max-turns", type=int, default=d.max_turns)
-    p.add_argument("--max-reply-tokens", type=int, default=d.max_reply_tokens)
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--parallel", type=int, default=d.num_parallel, help="episodes at once")
     p.add_argument("--work-dir", default=None, help="where task instances are written (default: a temp dir)")
     p.add_argument("--trajectories", default=None, help="save the collected episodes in this directory")
     p.add_argument("--out", default=None, help="write the result as JSON here")
-    a = p.parse_args(argv)
+    add_config_argument(p, "a trainer's; its [rollout] is read over the experiment's ROLLOUT")
     with bad_input(p):
-        return _config(a), a.out
+        a, overrides = parse_known(p, argv)
+        (rollout,) = load(a.config, overrides, {"rollout": RolloutSection}, others=None,
+                          base={"rollout": ROLLOUT}).values()
+        return _config(a, rollout), a.out
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:
@@ -491,12 +486,11 @@ def _int_list(text: str, flag: str) -> tuple[int, ...]:
         raise ValueError(f"{flag}: expected comma-separated integers, got {text!r}") from None
 
 
-def _config(a: argparse.Namespace) -> MismatchConfig:
+def _config(a: argparse.Namespace, rollout: RolloutSection) -> MismatchConfig:
     return MismatchConfig(num_episodes=a.episodes, seeds=_int_list(a.seeds, "--seeds"),
                          families=tuple(f for f in a.families.split(",") if f), sft_epochs=a.sft_epochs,
                          sft_lr=a.sft_lr, checkpoint=a.checkpoint, rollout_dtype=a.rollout_dtype,
-                         max_turns=a.max_turns, max_reply_tokens=a.max_reply_tokens, max_tokens=a.max_tokens,
-                         temperature=a.temperature, num_parallel=a.parallel, work_dir=a.work_dir,
+                         rollout=rollout, work_dir=a.work_dir,
                          trajectories_dir=a.trajectories)
 
 
