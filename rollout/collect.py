@@ -28,10 +28,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from rollout import budget
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout import tool_cli
 from rollout.config import ToolConfig
 from rollout.sampling import derive_seed
 from rollout.torch_engine import EngineConfig, TorchEngine
@@ -39,10 +39,8 @@ from rollout.trajectory import Trajectory, is_infra, save_trajectory
 from sandbox.tasks import suite
 from sandbox.cli import Parser, bad_input
 from sandbox.runtime.hosts import use_hosts
-from sandbox.images.task_images import build_task_image, default_base_image_overrides, parse_override
+from sandbox.images.task_images import build_task_image
 from sandbox.tasks.format import Task, load_task
-from t1config.cli import add_config_argument, parse_known
-from t1model.device import check_device
 from t1model.hf_io import load_pretrained
 from t1model.model import ModelConfig, MoEModel
 from t1model.tokenizer import ChatTokenizer
@@ -112,28 +110,19 @@ def _parser() -> Parser:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--num-per-family", type=int, default=1, help="built-in family instances per family")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
-                   help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
     p.add_argument("--no-verify", action="store_true", help="skip the verifiers (reward 0)")
-    add_config_argument(p, "the trainer's; its [rollout], [sandbox] and [context] are read")
+    tool_cli.add_shared_arguments(p, "[rollout], [sandbox] and [context]")
     return p
 
 
 def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ToolConfig]:
     p = _parser()
-    with bad_input(p):
-        args, overrides = parse_known(p, argv)
-        config = ToolConfig.load(args.config, overrides)
+    args, config = tool_cli.parse(p, argv)
     if config.rollout.engine != "torch":
         p.error("rollout.engine: collect serves its policy with the torch engine, got 'vllm' (rollout.evaluate "
                 "runs a checkpoint on vLLM)")
     if args.episodes is not None and args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
-    try:
-        check_device(torch.device(args.device), name="--device")
-    except (RuntimeError, ValueError) as e:  # RuntimeError: torch.device's own for an unknown device string
-        p.error(str(e) if isinstance(e, ValueError) else f"--device {args.device!r}: {e}")
     return args, config
 
 
@@ -147,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         tasks = load_tasks(args.tasks, split=args.split, work_dir=out / "tasks",
                            num_per_family=args.num_per_family, seed=args.seed)
-    overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
+    overrides = tool_cli.base_image_overrides(args)
     n = args.episodes if args.episodes is not None else len(tasks)
     episode_tasks = [tasks[i % len(tasks)] for i in range(n)]
     hosts = use_hosts(config.sandbox.hosts)  # every sandbox pool starts from these

@@ -35,10 +35,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from rollout import scorecard
 from rollout.agent import AgentConfig, EpisodeSpec, run_episodes
+from rollout import tool_cli
 from rollout.config import ToolConfig
 from rollout import budget
 from rollout.engine import Engine
@@ -49,10 +49,8 @@ from rollout.vllm_engine import VLLMEngine, VLLMSettings
 from sandbox.images.base_image import ensure_base_image
 from sandbox.cli import Parser, bad_input
 from sandbox.runtime.hosts import use_hosts
-from sandbox.images.task_images import build_task_images, default_base_image_overrides, parse_override
+from sandbox.images.task_images import build_task_images
 from sandbox.tasks.format import Task, load_task_dirs
-from t1config.cli import add_config_argument, parse_known
-from t1model.device import check_device
 from t1model.hf_io import load_pretrained, read_config
 from t1model.tokenizer import ChatTokenizer
 
@@ -71,27 +69,18 @@ def _parser() -> Parser:
     p.add_argument("--attempts", type=int, default=1, help="attempts per task")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the attempts; 0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="attempt a of task t samples with seed (seed, t, a)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--base-image", action="append", default=[], metavar="PATTERN=IMAGE",
-                   help="map FROM images onto local ones (default: debian/ubuntu/python -> the sandbox base)")
-    add_config_argument(p, "the trainer's; its [rollout], [sandbox], [context] and [vllm] are read")
+    tool_cli.add_shared_arguments(p, "[rollout], [sandbox], [context] and [vllm]")
     return p
 
 
 def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ToolConfig]:
     """The evaluation's arguments and its sections, the attempts' temperature in rollout.temperature."""
     p = _parser()
-    with bad_input(p):
-        args, overrides = parse_known(p, argv)
-        config = ToolConfig.load(args.config, overrides)
+    args, config = tool_cli.parse(p, argv)
     if args.attempts < 1:
         p.error(f"--attempts must be >= 1, got {args.attempts}")
     if args.temperature < 0:
         p.error(f"--temperature must be >= 0, got {args.temperature}")
-    try:
-        check_device(torch.device(args.device), name="--device")
-    except (RuntimeError, ValueError) as e:  # RuntimeError: torch.device's own for an unknown device string
-        p.error(str(e) if isinstance(e, ValueError) else f"--device {args.device!r}: {e}")
     return args, dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, temperature=args.temperature))
 
 
@@ -141,7 +130,7 @@ def open_engine(args: argparse.Namespace, config: ToolConfig) -> tuple[Engine, C
 
 def run_attempts(args: argparse.Namespace, config: ToolConfig, todo: list[tuple[Task, int]], out: Path) -> None:
     """Run the `todo` (task, attempt) pairs, appending each finished attempt's record to attempts.jsonl."""
-    overrides = dict(parse_override(s) for s in args.base_image) if args.base_image else default_base_image_overrides()
+    overrides = tool_cli.base_image_overrides(args)
     hosts = use_hosts(config.sandbox.hosts)  # every sandbox pool starts from these
     hosts.reap()  # containers of crashed runs
     ensure_base_image()
