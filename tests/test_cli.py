@@ -22,7 +22,9 @@ BAD_INPUT = {
                      (["--config", "/nonexistent.toml"], "--config /nonexistent.toml: no such file"),
                      (["--resume", "/nonexistent-run"], "no config.toml there")],
     "rollout.collect": [(["--out", "/tmp/t1-cli-test", "--checkpoint", "/nonexistent-ckpt"], "/nonexistent-ckpt"),
-                        (["--out", "/tmp/t1-cli-test", "--episodes", "0"], "--episodes must be >= 1")],
+                        (["--out", "/tmp/t1-cli-test", "--episodes", "0"], "--episodes must be >= 1"),
+                        (["--out", "/tmp/t1-cli-test", "--rollout.engine=vllm"], "collect serves its policy with the "
+                         "torch engine")],
     "rollout.report": [(["/nonexistent-trajs"], "no trajectories")],
     "t1cli.experiments.mismatch": [(["--seeds", "a"], "--seeds: expected comma-separated integers")],
     "t1cli.experiments.copy_probe": [(["/nonexistent-ckpt"], "/nonexistent-ckpt"),
@@ -35,7 +37,9 @@ BAD_INPUT = {
                             (["/tmp", "--parallel", "0"], "--parallel and --sample must be >= 1")],
     "sandbox.decontaminate": [(["/nonexistent-dir", "--against", "/tmp"], "/nonexistent-dir: not a directory"),
                               (["/tmp"], "the following arguments are required: --against")],
-    "sandbox.reap": [(["--keep", "x"], "--keep: invalid int value")],
+    "sandbox.reap": [(["--keep", "x"], "--keep: invalid int value"),
+                     (["--sandbox.hosts=[bogus://x]"], "sandbox.hosts: 'bogus://x': expected a unix://"),
+                     (["--host", "x"], "unrecognised arguments ['--host', 'x']")],
     "sandbox.base_image": [(["frobnicate"], "invalid choice: 'frobnicate'")],
 }
 
@@ -75,3 +79,15 @@ def test_a_real_process_prints_no_traceback() -> None:
     assert proc.returncode == 2
     assert proc.stderr == "python -m t1core.train: error: run.steps: expected int, got 'abc'\n"
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_reap_takes_the_hosts_of_a_run(tmp_path) -> None:
+    """`t1 reap` reads sandbox.hosts as the trainer does: from the run's TOML file, then --sandbox.hosts."""
+    from sandbox.runtime.reap import run_hosts
+
+    run = tmp_path / "run.toml"
+    run.write_text('[sandbox]\nhosts = ["unix:///a.sock max=4", "ssh://me@box"]\n[rollout]\nmax_turns = 9\n')
+    assert [h.url for h in run_hosts(str(run), [])] == ["unix:///a.sock", "ssh://me@box"]
+    assert [h.url for h in run_hosts(str(run), ["--sandbox.hosts=[unix:///b.sock]"])] == ["unix:///b.sock"]
+    assert run_hosts(None, []) == []
+

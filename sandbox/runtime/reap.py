@@ -2,7 +2,8 @@
 cached task images.
 
     python -m sandbox.reap [--run-id ID] [--everything]            containers
-    python -m sandbox.reap --host 'tcp://box:2376 tls=DIR' --host ...   the same on each of a run's hosts
+    python -m sandbox.reap --config run.toml                      the same on each host of its sandbox.hosts
+    python -m sandbox.reap --sandbox.hosts='[tcp://box:2376 tls=DIR, ...]'   (as the trainer's flag)
     python -m sandbox.reap --images [--keep N] [--idle-hours H]    task images (sandbox.images.image_cache)
 
 Every sandbox container carries labels naming its run (`t1.run_id`) and its owner process (`t1.owner_pid`,
@@ -20,6 +21,7 @@ import docker
 from sandbox.daemon import (LABEL_HOST, LABEL_PID, LABEL_RUN, LABEL_START, docker_client,
                                     docker_errors)
 from sandbox.errors import SandboxError
+from sandbox.runtime.host_spec import HostSpec  # parsing only: the clients it makes are for the hosts given
 
 
 def owner_alive(labels: dict[str, str]) -> bool:
@@ -88,35 +90,42 @@ def _reap_networks(api: docker.APIClient, run_id: str | None, *, everything: boo
                     raise
 
 
+def run_hosts(config: str | None, overrides: list[str]) -> list[HostSpec]:
+    """The hosts of a run's [sandbox] section (its TOML file, `--sandbox.key=value` flags); [] = DOCKER_HOST's daemon.
+    ValueError naming a bad entry or an unknown flag."""
+    from sandbox.runtime.settings import SandboxSection
+    from t1config.toml import load
+
+    (section,) = load(config, overrides, {"sandbox": SandboxSection}, others=None).values()
+    return [HostSpec.parse(entry) for entry in section.hosts]
+
+
 def main(argv: list[str] | None = None) -> int:
-    from sandbox.cli import Parser
+    from sandbox.cli import Parser, bad_input
     from sandbox.images.image_cache import prune_task_images
+    from t1config.cli import add_config_argument, parse_known
 
     parser = Parser(prog="python -m sandbox.reap", description=__doc__.split("\n\n")[0],
                     epilog="examples: python -m sandbox.reap   (containers of dead runs);  "
                            "python -m sandbox.reap --images --keep 50   (task images beyond the 50 last used)")
     parser.add_argument("--run-id", default=None, help="also remove every container of this run")
     parser.add_argument("--everything", action="store_true", help="every T1 container, live owners too")
-    parser.add_argument("--host", action="append", default=[],
-                        help="a host of sandbox.hosts ('URL [tls=DIR]'); repeat for each; default: DOCKER_HOST")
     parser.add_argument("--images", action="store_true", help="prune cached task images instead")
     parser.add_argument("--keep", type=int, default=0, help="--images: keep this many most recently used")
     parser.add_argument("--idle-hours", type=float, default=1.0, help="--images: only images idle this long")
-    args = parser.parse_args(argv)
+    add_config_argument(parser, "a run's; its [sandbox] hosts are reaped, as --sandbox.hosts=[...] names them; "
+                                "default: DOCKER_HOST")
+    with bad_input(parser):
+        args, overrides = parse_known(parser, argv)
+        hosts = run_hosts(args.config, overrides)
     if args.images:
         if args.keep < 0 or args.idle_hours < 0:
             parser.error(f"--keep and --idle-hours must be >= 0, got {args.keep}, {args.idle_hours}")
         removed = prune_task_images(keep=args.keep, min_idle_s=args.idle_hours * 3600)
         print(f"removed {len(removed)} task image(s)" + "".join(f"\n  {r}" for r in removed))
         return 0
-    if args.host:
-        from sandbox.runtime.host_spec import HostSpec
-
-        try:
-            specs = [HostSpec.parse(h) for h in args.host]
-        except ValueError as e:
-            parser.error(str(e))
-        for spec in specs:
+    if hosts:
+        for spec in hosts:
             print(f"{spec.url}: removed {reap_api(spec.client(), args.run_id, everything=args.everything)} "
                   "container(s)")
         return 0
