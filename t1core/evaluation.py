@@ -156,7 +156,8 @@ def episode_shape(prefix: str, trajs: list[Any]) -> dict[str, float]:
         return {}
     commands = sorted(t.metrics.get("commands", 0) for t in trajs)
     segments = [len(t.segments()) for t in trajs]
-    out = {f"{prefix}_commands_median": float(statistics.median(commands)), f"{prefix}_commands_max": float(commands[-1]),
+    out = {f"{prefix}_commands_median": float(statistics.median(commands)),
+           f"{prefix}_commands_max": float(commands[-1]),
            f"{prefix}_segments_min": float(min(segments)), f"{prefix}_segments_mean": sum(segments) / len(segments)}
     cached = sum(t.metrics.get("cached_prompt_tokens", 0) for t in trajs)
     prompts = cached + sum(t.metrics.get("prefilled_prompt_tokens", 0) for t in trajs)
