@@ -66,7 +66,9 @@ def _parser(prog: str, table: Table, description: str) -> Parser:
     listing = "\n".join(f"  {name:<{width}}{command.summary}" for name, command in rows)
     return Parser(prog=prog, usage=f"{prog} COMMAND [ARGS ...]", formatter_class=argparse.RawDescriptionHelpFormatter,
                   description=description, epilog=f"commands:\n{listing}\n\n`{prog} COMMAND --help` is that "
-                                                  "command's own help.")
+                                                  "command's own help. train, plan, eval, reap and mismatch read a "
+                                                  "run's config the same way: --config FILE, then any knob as "
+                                                  "--section.key=value.")
 
 
 def _dispatch(prog: str, table: Table, argv: list[str]) -> int:
