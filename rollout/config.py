@@ -70,16 +70,16 @@ class RolloutSection:
         for name in ("episodes_per_step", "concurrency", "max_turns", "max_new_tokens_per_turn"):
             check(getattr(self, name) >= 1, f"rollout.{name}", ">= 1", getattr(self, name))
         check(self.group_size >= 1 and self.episodes_per_step % self.group_size == 0, "rollout.group_size",
-               f">= 1 and a divisor of episodes_per_step ({self.episodes_per_step})", self.group_size)
+              f">= 1 and a divisor of episodes_per_step ({self.episodes_per_step})", self.group_size)
         check(self.max_tokens > self.max_new_tokens_per_turn, "rollout.max_tokens",
-               f"> max_new_tokens_per_turn ({self.max_new_tokens_per_turn})", self.max_tokens)
+              f"> max_new_tokens_per_turn ({self.max_new_tokens_per_turn})", self.max_tokens)
         check(self.wall_clock_limit_s > 0, "rollout.wall_clock_limit_s", "> 0", self.wall_clock_limit_s)
         check(self.temperature >= 0, "rollout.temperature", ">= 0", self.temperature)
         check(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
         check(self.max_staleness >= 0, "rollout.max_staleness", ">= 0", self.max_staleness)
         check(self.engine != "vllm" or self.top_p == 1, "rollout.top_p",
-               "1.0 with rollout.engine='vllm' (vLLM's log-prob of a top-p sample is renormalised, T1's is not)",
-               self.top_p)
+              "1.0 with rollout.engine='vllm' (vLLM's log-prob of a top-p sample is renormalised, T1's is not)",
+              self.top_p)
 
     @property
     def max_seq_len(self) -> int:
@@ -104,7 +104,7 @@ class ContextSection:
         check_types(self)
         check(self.keep_turns >= 1, "context.keep_turns", ">= 1", self.keep_turns)
         check(self.observation_max_tokens is None or self.observation_max_tokens >= 16,
-               "context.observation_max_tokens", ">= 16 or none", self.observation_max_tokens)
+              "context.observation_max_tokens", ">= 16 or none", self.observation_max_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,14 +130,14 @@ class VllmSection:
         check(self.tensor_parallel_size >= 1, "vllm.tensor_parallel_size", ">= 1", self.tensor_parallel_size)
         # CUDA IPC hands vLLM handles to the trainer's one GPU: every vLLM worker must live on it.
         check(self.placement == "disaggregated" or self.tensor_parallel_size == 1, "vllm.tensor_parallel_size",
-               "1 with vllm.placement='colocated' (more GPUs: placement='disaggregated')", self.tensor_parallel_size)
+              "1 with vllm.placement='colocated' (more GPUs: placement='disaggregated')", self.tensor_parallel_size)
         check(0 < self.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization", "in (0, 1]",
-               self.gpu_memory_utilization)
+              self.gpu_memory_utilization)
         m = _ENDPOINT_RE.match(self.nccl_endpoint)
         check(m is not None and 1 <= int(m["port"]) < 65536, "vllm.nccl_endpoint", "'HOST:PORT' with a port in "
-               "[1, 65535]", self.nccl_endpoint)
+              "[1, 65535]", self.nccl_endpoint)
         check(self.executor == "mp" or self.placement == "disaggregated", "vllm.executor",
-               "'mp' with vllm.placement='colocated' (a colocated engine shares its trainer rank's GPU)", self.executor)
+              "'mp' with vllm.placement='colocated' (a colocated engine shares its trainer rank's GPU)", self.executor)
 
     @property
     def nccl_host_port(self) -> tuple[str, int]:

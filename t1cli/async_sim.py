@@ -66,7 +66,7 @@ class SimInputs:
         for name in ("episodes_per_step", "group_size", "slots", "min_turns"):
             check(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
         check(self.episodes_per_step % self.group_size == 0, "group_size", "a divisor of episodes_per_step",
-               self.group_size)
+              self.group_size)
         check(self.max_turns >= self.min_turns, "max_turns", f">= min_turns ({self.min_turns})", self.max_turns)
         for name in ("turn_s", "train_s", "sync_s", "turn_sigma"):
             check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))

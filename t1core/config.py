@@ -80,7 +80,7 @@ class TasksSection:
         check(bool(self.source), "tasks.source", "'builtin' or a directory", self.source)
         check(self.num_per_family >= 1, "tasks.num_per_family", ">= 1", self.num_per_family)
         check(self.num_heldout_per_family >= 0, "tasks.num_heldout_per_family", ">= 0",
-               self.num_heldout_per_family)
+              self.num_heldout_per_family)
         check(self.num_rl_per_family >= 0, "tasks.num_rl_per_family", ">= 0", self.num_rl_per_family)
         for pair in self.base_image_overrides:
             pattern, sep, image = pair.partition("=")
@@ -140,12 +140,12 @@ class AlgoSection:
         check(0 <= self.critic_lambda <= 1, "algo.critic_lambda", "in [0, 1]", self.critic_lambda)
         check(0 < self.clip_eps < 1, "algo.clip_eps", "in (0, 1)", self.clip_eps)
         check(self.value_clip_eps is None or self.value_clip_eps > 0, "algo.value_clip_eps", "> 0 or none",
-               self.value_clip_eps)
+              self.value_clip_eps)
         for name in ("vf_coef", "entropy_coef", "kl_coef", "outcome_bonus", "turn_penalty", "format_penalty"):
             check(getattr(self, name) >= 0, f"algo.{name}", ">= 0", getattr(self, name))
         check(self.tis_cap is None or self.tis_cap >= 1, "algo.tis_cap", ">= 1 or none", self.tis_cap)
         check(self.icepop is None or 0 < self.icepop[0] < 1 < self.icepop[1], "algo.icepop",
-               "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
+              "[lo, hi] with 0 < lo < 1 < hi, or none", self.icepop)
         check(self.ppo_epochs >= 1, "algo.ppo_epochs", ">= 1", self.ppo_epochs)
         check(self.minibatch_tokens >= 1, "algo.minibatch_tokens", ">= 1", self.minibatch_tokens)
 
@@ -177,7 +177,7 @@ class WarmstartSection:
         check(self.pretrain_row_tokens >= 64, "warmstart.pretrain_row_tokens", ">= 64", self.pretrain_row_tokens)
         check(self.sft_epochs >= 0, "warmstart.sft_epochs", ">= 0", self.sft_epochs)
         check(self.sft_max_steps is None or self.sft_max_steps >= 1, "warmstart.sft_max_steps", ">= 1 or none",
-               self.sft_max_steps)
+              self.sft_max_steps)
         check(self.sft_lr > 0, "warmstart.sft_lr", "> 0", self.sft_lr)
         check(self.sft_minibatch_tokens >= 1, "warmstart.sft_minibatch_tokens", ">= 1", self.sft_minibatch_tokens)
         check(self.critic_steps >= 0, "warmstart.critic_steps", ">= 0", self.critic_steps)
@@ -277,7 +277,7 @@ class ParallelSection:
         check_types(self)
         check(self.expert_parallel >= 1, "parallel.expert_parallel", ">= 1", self.expert_parallel)
         check(not self.shard_experts or self.expert_parallel > 1, "parallel.shard_experts",
-               "parallel.expert_parallel > 1 (it shards the expert-parallel experts)", self.expert_parallel)
+              "parallel.expert_parallel > 1 (it shards the expert-parallel experts)", self.expert_parallel)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,21 +302,21 @@ class RunConfig:
               "evaluation: rollout.evaluate)", self.rollout.temperature)
         # Minibatches pack whole trajectories, so the longest one must fit in one.
         check(self.algo.minibatch_tokens >= self.rollout.max_tokens, "algo.minibatch_tokens",
-               f">= rollout.max_tokens ({self.rollout.max_tokens})", self.algo.minibatch_tokens)
+              f">= rollout.max_tokens ({self.rollout.max_tokens})", self.algo.minibatch_tokens)
         check(self.warmstart.sft_minibatch_tokens >= self.rollout.max_tokens, "warmstart.sft_minibatch_tokens",
-               f">= rollout.max_tokens ({self.rollout.max_tokens})", self.warmstart.sft_minibatch_tokens)
+              f">= rollout.max_tokens ({self.rollout.max_tokens})", self.warmstart.sft_minibatch_tokens)
         check(not self.algo.actor_push.startswith("group") or self.rollout.group_size >= 2, "algo.actor_push",
-               "a rule without the group baseline when rollout.group_size is 1 (a lone episode would be its own "
-               "baseline)", self.algo.actor_push)
+              "a rule without the group baseline when rollout.group_size is 1 (a lone episode would be its own "
+              "baseline)", self.algo.actor_push)
         # A colocated vLLM sleeps through every update (it gives the GPU back): nothing would sample meanwhile.
         check(self.rollout.max_staleness == 0 or self.rollout.engine == "torch"
-               or self.vllm.placement == "disaggregated", "rollout.max_staleness",
-               "0 with vllm.placement='colocated' (the engine sleeps while the trainer updates; asynchronous RL needs "
-               "vllm.placement='disaggregated')", self.rollout.max_staleness)
+              or self.vllm.placement == "disaggregated", "rollout.max_staleness",
+              "0 with vllm.placement='colocated' (the engine sleeps while the trainer updates; asynchronous RL needs "
+              "vllm.placement='disaggregated')", self.rollout.max_staleness)
         if self.algo.bitwise == "on":
             for name, (got, want) in _bitwise_needs(self).items():
                 check(got == want, name, f"{want!r} with algo.bitwise='on' (bit-equal log-probs are built for the "
-                       "CPU engine; set algo.bitwise='off')", got)
+                      "CPU engine; set algo.bitwise='off')", got)
 
 
 def _bitwise_needs(cfg: RunConfig) -> dict[str, tuple[Any, Any]]:

@@ -138,7 +138,7 @@ class SandboxSection:
         check(self.pids >= MIN_PIDS, "sandbox.pids", f">= {MIN_PIDS} (the shell machinery needs a few)", self.pids)
         check(self.command_timeout_s > 0, "sandbox.command_timeout_s", "> 0", self.command_timeout_s)
         check(self.output_cap_bytes >= MIN_OUTPUT_CAP, "sandbox.output_cap_bytes", f">= {MIN_OUTPUT_CAP}",
-               self.output_cap_bytes)
+              self.output_cap_bytes)
         check(self.pool_size >= 1, "sandbox.pool_size", ">= 1", self.pool_size)
         for entry in self.hosts:
             HostSpec.parse(entry)  # ValueError naming the entry and what is wrong
