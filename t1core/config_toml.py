@@ -8,11 +8,8 @@ The schema itself is `t1core.config`.
 
 from __future__ import annotations
 
-from t1config.toml import format_sections, load, parse_bool, parse_override, read_toml, to_toml
+from t1config.toml import format_sections, load, to_toml
 from t1core.config import RunConfig, sections
-
-__all__ = ["PLANNER_TABLE", "PLAN_KEYS", "config_to_toml", "format_config", "load_config", "parse_bool",
-           "parse_override", "read_toml"]
 
 PLANNER_TABLE = "plan"
 """A TOML table the trainer skips: the hardware `t1 plan` plans for (`t1cli.plan.Hardware`)."""

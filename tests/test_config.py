@@ -12,7 +12,8 @@ import pytest
 
 from sandbox.tasks import suite
 from t1core.config import AlgoSection, RunConfig, TasksSection, num_fields, resolved
-from t1core.config_toml import config_to_toml, format_config, load_config, parse_override
+from t1config.toml import parse_override
+from t1core.config_toml import config_to_toml, format_config, load_config
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 
