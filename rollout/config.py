@@ -36,7 +36,8 @@ class RolloutSection:
     max_turns: int = knob(budget.MAX_TURNS, "assistant turns per episode before it is cut")
     max_new_tokens_per_turn: int = knob(
         budget.MAX_REPLY_TOKENS, "tokens sampled per assistant turn at most (a cut reply is an unclosed tool call: "
-        "keep it above the longest reference reply, 323 tokens in the built-in suite; the trainer warns when SFT teaches longer ones)")
+        "keep it above the longest reference reply, 323 tokens in the built-in suite; the trainer warns when SFT "
+        "teaches longer ones)")
     max_tokens: int = knob(budget.MAX_TOKENS, "token budget of an episode: prompt, replies and observations together")
     wall_clock_limit_s: float = knob(120.0, "wall-clock limit of one episode, verification excluded")
     temperature: float = knob(

@@ -18,7 +18,8 @@ why it failed). Run again with the same arguments and it resumes: finished attem
 --attempts adds attempts; other settings must match the first run's). The last line printed is report.json.
 
 sandbox.hosts (docs/sandbox-hosts.md) spreads the sandboxes over several Docker daemons. An attempt the
-infrastructure ended on every try (a daemon or host died, `sandbox.runtime.failure`) is no verdict on the checkpoint: it is not recorded, the report counts it as unscored, and running the same command
+infrastructure ended on every try (a daemon or host died, `sandbox.runtime.failure`) is no verdict on the checkpoint:
+it is not recorded, the report counts it as unscored, and running the same command
 again runs it again.
 """
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-OVERRIDES_HELP = "any knob of these sections as --section.key=value"
-
-
 def add_config_argument(parser: argparse.ArgumentParser, what: str) -> None:
     """`--config FILE`: a TOML file of config sections (`what` says which are read)."""
     parser.add_argument("--config", metavar="FILE", help=f"TOML file with config sections ({what})")

@@ -2,14 +2,13 @@
 
     @dataclass(frozen=True, kw_only=True)
     class SandboxSection:
-        SECTION = "sandbox"
         pids: int = knob(256, "process limit per sandbox container")
 
         def __post_init__(self) -> None:
             check_types(self)
             check(self.pids >= 16, "sandbox.pids", ">= 16", self.pids)
 
-`SECTION` (a class attribute, not a field) is the section's TOML table name; errors name `section.key`.
+Errors name `section.key`; `check_types` takes the section's name from its class (SandboxSection -> sandbox).
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ from typing import Any, Literal
 
 
 def knob(default: Any, help: str) -> Any:
-    """A section field: its default and the help printed by `--help-config` and written above it in config.toml."""
+    """A section field: its default and its help (printed beside its value at the start of a run, written above it
+    in the run's config.toml: `t1config.toml.format_sections`, `to_toml`)."""
     return field(default=default, metadata={"help": help})
 
 
@@ -32,19 +32,14 @@ def check(ok: bool, name: str, expected: str, got: Any) -> None:
         raise ValueError(f"{name}: expected {expected}, got {got!r}")
 
 
-def section_name(section: Any) -> str:
-    """The TOML table of a section (its SECTION attribute; else the class name less 'Section', lower case)."""
-    cls = section if isinstance(section, type) else type(section)
-    return getattr(cls, "SECTION", cls.__name__.removesuffix("Section").lower())
-
-
 def check_types(section: Any) -> None:
     """Every field's value matches its annotation (catches e.g. a string where a float belongs)."""
     hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if not _matches(value, hints[f.name]):
-            raise ValueError(f"{section_name(section)}.{f.name}: expected {type_name(hints[f.name])}, "
+            where = type(section).__name__.removesuffix("Section").lower()  # SandboxSection -> sandbox
+            raise ValueError(f"{where}.{f.name}: expected {type_name(hints[f.name])}, "
                              f"got {value!r} ({type(value).__name__})")
 
 
