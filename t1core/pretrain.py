@@ -13,8 +13,10 @@ text `instruction \\n <tool_call>{...}</tool_call> \\n` (the first call of the i
 the corpus does the finishing step as often as the demonstrations do, see `sandbox.tasks.families.finish`; a two-turn
 reference gives its look, the second call depends on output the corpus does not hold), packed into rows of
 whole pairs, next-token loss on every token. A long family (`WALKS`) gives whole walks of fresh short instances in
-the chat template instead, each command copied from the output before it (`walk_text`). No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond
-the seed: the same config gives the same weights.
+the chat template instead, each command copied from the output before it (`walk_text`); such a corpus teaches the
+tiny model no copying alone, mixed with the short families' first commands it does (`corpus_families`).
+No sandbox is involved (the text is what a corpus would hold), and nothing here is random beyond the seed: the same
+config gives the same weights.
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ def walk_text(instruction: str, steps: list[tuple[str, str]]) -> str:
     for command, output in steps:
         messages += [{"role": "assistant", "content": format_tool_call(command)}, {"role": "tool", "content": output}]
     return render_chat([*messages, {"role": "assistant", "content": DONE_MARKER}])
+
+
+def corpus_families(families: Sequence[str]) -> list[str]:
+    """The families a run's corpus draws from: its own (every short family when none is named), and with a long
+    family the short ones as well. Walks alone teach the tiny model no copying (0 of 105 calls after 600 steps); the
+    short families' first commands teach it to copy out of an instruction, and the walks then use that (102 of 105
+    after 750 steps of the mix; docs/long-horizon.md)."""
+    families = list(families) or list(FAMILIES)
+    if any(f in WALKS for f in families):
+        families += [f for f in FAMILIES if f not in families]
+    return families
 
 
 def corpus_texts(families: Sequence[str], *, seed_block: int, avoid: Collection[str] = ()) -> Iterator[str]:
@@ -176,11 +189,12 @@ def pretrains(cfg: RunConfig) -> bool:
 
 def pretrain_base(run: RunContext, policy: torch.nn.Module) -> dict[str, float]:
     """The run's base pretraining (from-scratch presets only, `pretrains`): warmstart.pretrain_steps on the
-    corpus of the run's families, RL, held-out and benchmark (eval.source) instructions kept out of it."""
+    corpus of the run's families (`corpus_families`), RL, held-out and benchmark (eval.source) instructions kept out
+    of it."""
     cfg, tasks = run.cfg, run.tasks
     w = cfg.warmstart
     opt, sched = make_optimizer(policy, lr=w.pretrain_lr, cfg=cfg)
-    config = PretrainConfig(families=list(cfg.tasks.families) or list(FAMILIES), steps=w.pretrain_steps,
+    config = PretrainConfig(families=corpus_families(cfg.tasks.families), steps=w.pretrain_steps,
                             row_tokens=w.pretrain_row_tokens, seed_block=int(SeedBlock.PRETRAIN),
                             grad_clip=cfg.optim.grad_clip,
                             avoid={task.instruction.strip() for task in

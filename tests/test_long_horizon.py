@@ -33,6 +33,20 @@ def _walk(files: dict[str, str], first: str) -> list[str]:
     return names
 
 
+def test_chain_paths_are_the_same_six_tokens_in_the_output_and_in_the_command() -> None:
+    """What makes the copy learnable for the tiny model (the module's docstring): every path is six tokens, and the
+    output's tokens of it are the command's, so each stands at one fixed distance before its copy."""
+    tok = ChatTokenizer.builtin()
+    spec = generate("follow_chain", 3, "train")
+    paths = [p.removeprefix("/app/") for p in spec.files]
+    assert len(paths) >= LINKS[0]
+    for path in paths:
+        ids = tok.encode(path)
+        assert len(ids) == 6, (path, [tok.decode([i]) for i in ids])
+        assert tok.encode(f"{path}\n")[:6] == ids  # as the tool response holds it
+        assert tok.encode(f"tee -a done < {path}")[-6:] == ids  # as the command holds it
+
+
 def test_follow_chain_instances_are_seeded_and_each_command_follows_the_last_output() -> None:
     assert "follow_chain" in LONG_FAMILIES and "follow_chain" not in FAMILIES  # never part of "every family"
     stops = 0

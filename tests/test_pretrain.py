@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from rollout.agent import DEFAULT_SYSTEM_PROMPT, DONE_MARKER
-from sandbox.tasks.families import generate
+from sandbox.tasks.families import FAMILIES, generate
 from sandbox.tasks.families.chain import END, step_command
 from sandbox.tasks.families.finish import CLEANUP, DEMO_COMPLETE_RATE, SCRATCH_DIR
 from t1core.config_toml import load_config
 from t1model.model import ModelConfig, MoEModel
 from sandbox.tasks.suite import SEED_STRIDE
-from t1core.pretrain import PretrainConfig, corpus_texts, packed_rows, pretrain, pretrains
+from t1core.pretrain import PretrainConfig, corpus_families, corpus_texts, packed_rows, pretrain, pretrains
 from t1model.tokenizer import ChatTokenizer, format_tool_call
 
 FAMS = ["create_file", "count_lines"]
@@ -33,6 +33,15 @@ def test_corpus_is_deterministic_alternates_families_and_skips_avoided_instructi
     assert list(itertools.islice(corpus_texts(FAMS, seed_block=3), 1)) != first[:1]
     with pytest.raises(ValueError, match="family names"):
         next(corpus_texts(["no_such_family"], seed_block=2))
+
+
+def test_a_long_familys_corpus_adds_the_short_families_that_teach_the_copy() -> None:
+    short = list(FAMILIES)
+    assert corpus_families([]) == short
+    assert corpus_families(["create_file", "sort_file"]) == ["create_file", "sort_file"]
+    assert corpus_families(["follow_chain"]) == ["follow_chain", *short]
+    assert corpus_families(["sort_file", "follow_chain"]) == ["sort_file", "follow_chain",
+                                                              *[f for f in short if f != "sort_file"]]
 
 
 def test_corpus_does_the_finishing_step_as_often_as_the_demonstrations() -> None:
